@@ -1,0 +1,42 @@
+# Every target creates (or reuses) the local virtual environment in .venv by itself.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test test-fast lint format bench experiment clean venv
+
+$(STAMP): setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test,images]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/esa run --output results
+
+test: $(STAMP)
+	$(PY) -m pytest -n 2 tests
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -n 2 -m "not slow" tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(STAMP)
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+bench: $(STAMP)
+	$(PY) -m benchmarks.run --output bench-results
+
+experiment: $(STAMP)
+	$(VENV)/bin/esa experiment all --output results/experiment
+
+clean:
+	rm -rf $(VENV) results bench-results build *.egg-info .pytest_cache .ruff_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

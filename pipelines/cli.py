@@ -1,0 +1,52 @@
+"""The ``esa`` command line.
+
+Each subcommand lives in its own module that exposes ``register(subparsers)``; the module's
+handler returns a process exit code. Errors the user can fix (bad parameters, unknown recipe,
+unreadable input) are raised as ``UsageError`` and printed as one line with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Modules under pipelines/ that add subcommands, in the order shown by --help.
+COMMAND_MODULES = [
+    "pipelines.privacy_cli",
+]
+
+
+class UsageError(Exception):
+    """A problem with the user's input: printed as one line, exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="esa",
+        description="Encode-Shuffle-Analyze telemetry with shuffled differential privacy.",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module_name in COMMAND_MODULES:
+        importlib.import_module(module_name).register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    # Beam's standard flags (--runner, --direct_num_workers, ...) pass through untouched.
+    args, extra = parser.parse_known_args(argv)
+    handler = args.handler
+    try:
+        if getattr(args, "accepts_pipeline_args", False):
+            return int(handler(args, extra) or 0)
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        return int(handler(args) or 0)
+    except (UsageError, ValueError) as error:
+        print(f"esa {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
