@@ -1,0 +1,383 @@
+"""Recipes: what devices and analyzer agree on for one query (samplable-anonymous-aggregation 4.1).
+
+A recipe names a channel, a local randomizer and every one of its parameters, the fragmentation,
+the local budget (epsilon_local), the central target (epsilon_central_target, delta) and the
+smallest crowd it may be released in, the query class and the data fields the query reads (what a
+device verifies before answering, Sections 4.2-4.3), and how a device spreads its messages over the
+K shuffler instances (instance_weights: the respondents' trust, Section II-C of
+esa-privacy-revisited). Recipes are JSON files (``schemas/recipes/*.json``, documented by
+``schemas/recipe.schema.json``); ``id`` is ``name@version`` and is stamped on every report.
+
+Validation is strict and names the offending field: an unknown randomizer, parameters its
+constructor refuses, or an epsilon_local that is not the randomizer's own are errors. The stated
+epsilon_local may round the randomizer's up by at most 1e-6 and never down: a recipe must not
+understate the local privacy loss that a device's budget is charged with.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from privacy.budget import Query
+from privacy.randomizers import RANDOMIZERS, LocalRandomizer, build_randomizer
+
+__all__ = [
+    "RECIPE_DIR",
+    "RecipeError",
+    "Recipe",
+    "recipe_from_dict",
+    "load_recipe",
+    "shipped_recipes",
+    "recipe_names",
+]
+
+RECIPE_DIR = Path(__file__).resolve().parent / "recipes"
+ATTRIBUTE = "attribute"
+REPORT = "report"
+# A stated epsilon_local may exceed the randomizer's by this much (rounding up), never fall short.
+EPSILON_LOCAL_ROUNDING = 1e-6
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
+_WINDOW = re.compile(r"^([1-9][0-9]*)([smhd])$")
+_WINDOW_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_REPORT_KEYS = ("tau", "epsilon_backstop", "epsilon_fragment")
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot be used; the message names the recipe and the field."""
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return MappingProxyType({k: _freeze(v) for k, v in value.items()})
+    if isinstance(value, list | tuple):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def _thaw(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [_thaw(v) for v in value]
+    return value
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One validated recipe. Build it with :func:`recipe_from_dict` or :func:`load_recipe`."""
+
+    name: str
+    version: int
+    channel: str
+    randomizer: str
+    randomizer_params: Mapping[str, Any] = field(hash=False)
+    fragmentation: str | Mapping[str, Mapping[str, Any]] = field(hash=False)
+    epsilon_local: float
+    epsilon_central_target: float
+    delta: float
+    min_crowd_size: int
+    query_class: str
+    data_fields: tuple[str, ...]
+    shuffler_instances: int = 1
+    instance_weights: tuple[float, ...] = ()
+    window: str = "1d"
+    description: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "randomizer_params", _freeze(dict(self.randomizer_params)))
+        if isinstance(self.fragmentation, Mapping):
+            object.__setattr__(self, "fragmentation", _freeze(self.fragmentation))
+        if isinstance(self.data_fields, list | tuple | set | frozenset):
+            object.__setattr__(self, "data_fields", tuple(self.data_fields))
+        if isinstance(self.instance_weights, list | tuple):
+            object.__setattr__(self, "instance_weights", tuple(self.instance_weights))
+        self._check_plain_fields()
+        built = self._check_randomizer()
+        object.__setattr__(self, "_randomizer", built)
+        self._check_fragmentation(built)
+        self._check_privacy(built)
+
+    # -- validation -----------------------------------------------------------------------
+
+    def _fail(self, field_name: str, message: str) -> RecipeError:
+        label = f"{self.name}@{self.version}" if isinstance(self.name, str) else "recipe"
+        return RecipeError(f"recipe {label}: field {field_name!r}: {message}")
+
+    def _check_plain_fields(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise self._fail("name", f"must match {_NAME.pattern} (no '@'), got {self.name!r}")
+        if not isinstance(self.version, int) or isinstance(self.version, bool) or self.version < 1:
+            raise self._fail("version", f"must be a positive integer, got {self.version!r}")
+        for name in ("channel", "query_class"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise self._fail(name, f"must be a non-empty string, got {value!r}")
+        if (
+            not isinstance(self.data_fields, tuple)
+            or not self.data_fields
+            or not all(isinstance(f, str) and f for f in self.data_fields)
+            or len(set(self.data_fields)) != len(self.data_fields)
+        ):
+            raise self._fail(
+                "data_fields", f"must be distinct non-empty names, got {self.data_fields!r}"
+            )
+        if (
+            not isinstance(self.min_crowd_size, int)
+            or isinstance(self.min_crowd_size, bool)
+            or (self.min_crowd_size < 1)
+        ):
+            raise self._fail(
+                "min_crowd_size", f"must be a positive integer, got {self.min_crowd_size!r}"
+            )
+        k = self.shuffler_instances
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise self._fail("shuffler_instances", f"must be a positive integer, got {k!r}")
+        weights = self.instance_weights
+        if weights == ():
+            object.__setattr__(self, "instance_weights", (1.0 / k,) * k)
+        elif (
+            not isinstance(weights, tuple)
+            or len(weights) != k
+            or not all(_is_number(w) and math.isfinite(w) and w >= 0 for w in weights)
+            or abs(math.fsum(weights) - 1) > 1e-9
+        ):
+            raise self._fail(
+                "instance_weights",
+                f"must be {k} non-negative numbers summing to 1 (one per shuffler instance), "
+                f"got {weights!r}",
+            )
+        if not isinstance(self.window, str) or not _WINDOW.match(self.window):
+            raise self._fail(
+                "window", f"must look like '1d', '6h', '15m' or '30s', got {self.window!r}"
+            )
+        if not isinstance(self.description, str):
+            raise self._fail("description", "must be a string")
+        target = self.epsilon_central_target
+        if not _is_number(target) or not math.isfinite(target) or target <= 0:
+            raise self._fail(
+                "epsilon_central_target", f"must be a finite number > 0, got {target!r}"
+            )
+        if not _is_number(self.delta) or not 0 < self.delta < 1:
+            raise self._fail("delta", f"must be in (0, 1), got {self.delta!r}")
+
+    def _check_randomizer(self) -> LocalRandomizer:
+        if self.randomizer not in RANDOMIZERS:
+            raise self._fail(
+                "randomizer",
+                f"unknown randomizer {self.randomizer!r}; known: {sorted(RANDOMIZERS)}",
+            )
+        try:
+            return build_randomizer(self.randomizer, _thaw(self.randomizer_params))
+        except (ValueError, TypeError) as error:
+            raise self._fail("randomizer_params", str(error)) from error
+
+    def _check_fragmentation(self, built: LocalRandomizer) -> None:
+        fragmentation = self.fragmentation
+        if fragmentation == ATTRIBUTE:
+            if self.randomizer == "report_fragmented":
+                raise self._fail(
+                    "fragmentation",
+                    "report_fragmented needs {'report': {tau, epsilon_backstop, ...}}",
+                )
+            return
+        if not (isinstance(fragmentation, Mapping) and set(fragmentation) == {REPORT}):
+            raise self._fail(
+                "fragmentation",
+                f"must be 'attribute' or {{'report': {{...}}}}, got {fragmentation!r}",
+            )
+        report = fragmentation[REPORT]
+        if not isinstance(report, Mapping) or set(report) != set(_REPORT_KEYS):
+            raise self._fail(
+                "fragmentation", f"'report' must have exactly the keys {list(_REPORT_KEYS)}"
+            )
+        if self.randomizer != "report_fragmented":
+            raise self._fail(
+                "fragmentation", "report fragmentation needs randomizer 'report_fragmented'"
+            )
+        expected = {
+            "tau": built.fragments,
+            "epsilon_backstop": built.backstop_epsilon,
+            "epsilon_fragment": built.fragment_epsilon,
+        }
+        for key, value in expected.items():
+            if report[key] != value:
+                raise self._fail(
+                    "fragmentation",
+                    f"report.{key}={report[key]!r} differs from the randomizer's {value!r}",
+                )
+
+    def _check_privacy(self, built: LocalRandomizer) -> None:
+        actual = float(built.epsilon_local)
+        stated = self.epsilon_local
+        if stated is None:
+            stated = math.inf
+            object.__setattr__(self, "epsilon_local", stated)
+        if not _is_number(stated) or math.isnan(stated):
+            raise self._fail(
+                "epsilon_local", f"must be a number (or null for none), got {stated!r}"
+            )
+        if math.isinf(actual) or math.isinf(stated):
+            if not (math.isinf(actual) and math.isinf(stated)):
+                raise self._fail(
+                    "epsilon_local",
+                    f"is {stated!r} but the randomizer's local epsilon is {actual!r}",
+                )
+        elif not actual <= stated <= actual + EPSILON_LOCAL_ROUNDING:
+            raise self._fail(
+                "epsilon_local",
+                f"is {stated!r} but {self.randomizer} with these parameters gives {actual!r} "
+                f"(state it rounded up by at most {EPSILON_LOCAL_ROUNDING})",
+            )
+        central = getattr(built, "central_epsilon", None)
+        if central is not None and self.epsilon_central_target < central:
+            raise self._fail(
+                "epsilon_central_target",
+                f"{self.epsilon_central_target!r} is below the randomizer's guarantee {central!r}",
+            )
+        central_delta = getattr(built, "central_delta", None)
+        if central_delta is not None and self.delta < central_delta:
+            raise self._fail("delta", f"{self.delta!r} is below the randomizer's {central_delta!r}")
+        calibrated_for = getattr(built, "respondents", None)
+        if calibrated_for is not None and self.min_crowd_size < calibrated_for:
+            raise self._fail(
+                "min_crowd_size",
+                f"{self.min_crowd_size} is below the {calibrated_for} respondents the randomizer "
+                "is calibrated for",
+            )
+
+    # -- derived values ---------------------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        """``name@version``: the recipe_id stamped on reports."""
+        return f"{self.name}@{self.version}"
+
+    @property
+    def payload_kind(self) -> str:
+        """The payload kind of the randomizer's messages (``schemas/payloads.avsc``)."""
+        return RANDOMIZERS[self.randomizer].payload_kind
+
+    @property
+    def report_fragments(self) -> int:
+        """tau for report fragmentation, 1 for attribute fragmentation."""
+        if isinstance(self.fragmentation, Mapping):
+            return int(self.fragmentation[REPORT]["tau"])
+        return 1
+
+    @property
+    def window_seconds(self) -> int:
+        match = _WINDOW.match(self.window)
+        assert match is not None  # validated in __post_init__
+        return int(match.group(1)) * _WINDOW_SECONDS[match.group(2)]
+
+    def build_randomizer(self) -> LocalRandomizer:
+        """The recipe's local randomizer (immutable; built once at validation)."""
+        return self._randomizer  # type: ignore[attr-defined]
+
+    def to_query(self) -> Query:
+        """What a device's budget accountant checks before answering (privacy.budget)."""
+        return Query(
+            query_id=self.id,
+            query_class=self.query_class,
+            data_fields=frozenset(self.data_fields),
+            epsilon_local=self.epsilon_local,
+            epsilon_central=self.epsilon_central_target,
+            delta=self.delta,
+            min_crowd_size=self.min_crowd_size,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (``recipe_from_dict`` inverts it)."""
+        result = {f.name: _thaw(getattr(self, f.name)) for f in fields(self)}
+        if math.isinf(self.epsilon_local):
+            result["epsilon_local"] = None
+        return result
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False)
+
+
+_FIELD_NAMES = tuple(f.name for f in fields(Recipe))
+_REQUIRED = tuple(
+    f.name for f in fields(Recipe) if f.default is MISSING and f.default_factory is MISSING
+)
+
+
+def recipe_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Recipe:
+    """Validate and build a recipe from its JSON form; errors name ``source`` and the field."""
+    if not isinstance(data, Mapping):
+        raise RecipeError(f"recipe {source}: must be a JSON object, got {type(data).__name__}")
+    unknown = sorted(set(data) - set(_FIELD_NAMES))
+    if unknown:
+        raise RecipeError(
+            f"recipe {source}: field {unknown[0]!r}: unknown field (known: {list(_FIELD_NAMES)})"
+        )
+    missing = [name for name in _REQUIRED if name not in data]
+    if missing:
+        raise RecipeError(f"recipe {source}: field {missing[0]!r}: required field is missing")
+    values = dict(data)
+    if not isinstance(values["randomizer_params"], Mapping):
+        raise RecipeError(f"recipe {source}: field 'randomizer_params': must be a JSON object")
+    for name in ("data_fields", "instance_weights"):
+        if name in values and not isinstance(values[name], list | tuple):
+            raise RecipeError(f"recipe {source}: field {name!r}: must be a JSON array")
+    return Recipe(**values)
+
+
+def _load_file(path: Path) -> Recipe:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise RecipeError(f"recipe {path}: cannot be read: {error}") from error
+    return recipe_from_dict(data, source=str(path))
+
+
+@functools.cache
+def _shipped() -> MappingProxyType[str, Recipe]:
+    recipes: dict[str, Recipe] = {}
+    for path in sorted(RECIPE_DIR.glob("*.json")):
+        recipe = _load_file(path)
+        if recipe.id in recipes:
+            raise RecipeError(f"recipe {path}: id {recipe.id} is shipped twice")
+        recipes[recipe.id] = recipe
+    return MappingProxyType(recipes)
+
+
+def shipped_recipes() -> Mapping[str, Recipe]:
+    """Every recipe in ``schemas/recipes/``, by id (validated once per process)."""
+    return _shipped()
+
+
+def recipe_names() -> list[str]:
+    """Names of the shipped recipes (sorted)."""
+    return sorted({recipe.name for recipe in _shipped().values()})
+
+
+def load_recipe(name_or_path: str | os.PathLike[str]) -> Recipe:
+    """A recipe by file path, by id (``name@version``) or by name (its highest shipped version)."""
+    text = os.fspath(name_or_path)
+    path = Path(text)
+    if text.endswith(".json") or os.sep in text or isinstance(name_or_path, Path):
+        return _load_file(path)
+    recipes = _shipped()
+    if "@" in text:
+        if text in recipes:
+            return recipes[text]
+        raise RecipeError(f"no shipped recipe {text!r}; shipped: {sorted(recipes)}")
+    versions = [r for r in recipes.values() if r.name == text]
+    if not versions:
+        raise RecipeError(f"no shipped recipe named {text!r}; shipped: {recipe_names()}")
+    return max(versions, key=lambda r: r.version)
