@@ -1,0 +1,175 @@
+"""Result types, the module error and input validation shared by the accounting functions."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+__all__ = [
+    "BoundOutOfRange",
+    "CentralGuarantee",
+    "PrivacyLoss",
+    "LEMMA_II6",
+    "THEOREM_III1_EXACT",
+    "THEOREM_III1_SIMPLIFIED",
+    "FMT_CLOSED_FORM",
+    "FMT_NUMERICAL",
+    "THEOREM_IV2",
+    "LOCAL",
+    "BASIC_COMPOSITION",
+    "ADVANCED_COMPOSITION",
+    "BOUND_DESCRIPTIONS",
+]
+
+# Names of the bounds, as they appear in results, reports and on the command line.
+LEMMA_II6 = "lemma_ii6"
+THEOREM_III1_EXACT = "theorem_iii1_exact"
+THEOREM_III1_SIMPLIFIED = "theorem_iii1_simplified"
+FMT_CLOSED_FORM = "fmt_closed_form"
+FMT_NUMERICAL = "fmt_numerical"
+THEOREM_IV2 = "theorem_iv2"
+LOCAL = "local"
+BASIC_COMPOSITION = "basic_composition"
+ADVANCED_COMPOSITION = "advanced_composition"
+
+BOUND_DESCRIPTIONS: Mapping[str, str] = MappingProxyType(
+    {
+        LEMMA_II6: "Lemma II.6 (esa-privacy-revisited): shuffled binary randomized response",
+        THEOREM_III1_EXACT: "Theorem III.1 (esa-privacy-revisited), exact form via Lemma II.6 "
+        "with lambda = 2n/(1+e^eps_l)",
+        THEOREM_III1_SIMPLIFIED: "Theorem III.1 (esa-privacy-revisited): "
+        "sqrt(64 e^eps_l log(4/delta) / n)",
+        FMT_CLOSED_FORM: "Feldman-McMillan-Talwar closed form (samplable-anonymous-aggregation "
+        "Theorem 3.1)",
+        FMT_NUMERICAL: "Feldman-McMillan-Talwar numerical bound (hockey-stick divergence of the "
+        "clone reduction, binomial window plus dropped mass)",
+        THEOREM_IV2: "Theorem IV.2 (esa-privacy-revisited): report fragments of attribute-"
+        "fragmented k-RAPPOR",
+        LOCAL: "the local guarantee itself (no amplification)",
+        BASIC_COMPOSITION: "basic composition: epsilons and deltas add up",
+        ADVANCED_COMPOSITION: "Theorem II.7 (esa-privacy-revisited), Bun-Steinke advanced "
+        "composition",
+    }
+)
+
+
+class BoundOutOfRange(ValueError):
+    """Parameters lie outside the validity range of the requested bound.
+
+    The message names the violated condition. Outside its conditions a closed form can return a
+    number below the true epsilon, so no number is returned at all.
+    """
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_epsilon(value: object, name: str, *, allow_zero: bool = False) -> float:
+    """A finite epsilon (> 0, or >= 0 with ``allow_zero``) as a float; ValueError naming ``name``."""
+    if not _is_real(value) or not math.isfinite(float(value)):  # type: ignore[arg-type]
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    result = float(value)  # type: ignore[arg-type]
+    if result < 0 or (result == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be {bound}, got {value!r}")
+    return result
+
+
+def check_delta(value: object, name: str = "delta", *, allow_zero: bool = False) -> float:
+    """A probability delta in (0, 1) (or [0, 1) with ``allow_zero``); ValueError naming ``name``."""
+    if not _is_real(value) or not math.isfinite(float(value)):  # type: ignore[arg-type]
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    result = float(value)  # type: ignore[arg-type]
+    low_ok = result >= 0 if allow_zero else result > 0
+    if not low_ok or result >= 1:
+        interval = "[0, 1)" if allow_zero else "(0, 1)"
+        raise ValueError(f"{name} must be in {interval}, got {value!r}")
+    return result
+
+
+def check_count(value: object, name: str, *, minimum: int = 1) -> int:
+    """A whole number >= ``minimum`` (integral floats such as 1e6 are accepted)."""
+    if isinstance(value, bool) or not _is_real(value):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    as_float = float(value)  # type: ignore[arg-type]
+    if not math.isfinite(as_float) or as_float != math.floor(as_float):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    result = int(value)  # type: ignore[call-overload]
+    if result < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    return result
+
+
+@dataclass(frozen=True)
+class PrivacyLoss:
+    """An (epsilon, delta)-DP guarantee and the bound that produced it."""
+
+    epsilon: float
+    delta: float
+    bound: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "epsilon", check_epsilon(self.epsilon, "epsilon", allow_zero=True))
+        if not _is_real(self.delta) or not 0 <= float(self.delta) <= 1:
+            raise ValueError(f"delta must be in [0, 1], got {self.delta!r}")
+        object.__setattr__(self, "delta", float(self.delta))
+        if not isinstance(self.bound, str) or not self.bound:
+            raise ValueError(f"bound must be a non-empty string, got {self.bound!r}")
+
+
+@dataclass(frozen=True)
+class CentralGuarantee:
+    """The central (epsilon, delta)-DP guarantee of n shuffled epsilon_local-DP reports.
+
+    ``bound`` names the result that produced ``epsilon`` (one of the names in
+    ``BOUND_DESCRIPTIONS``); ``details`` holds the bound's inputs and intermediate values (for
+    ``amplify``, every candidate bound with its value or the reason it does not apply).
+    """
+
+    epsilon: float
+    delta: float
+    bound: str
+    epsilon_local: float
+    respondents: int
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "epsilon", check_epsilon(self.epsilon, "epsilon", allow_zero=True))
+        object.__setattr__(self, "delta", check_delta(self.delta, "delta", allow_zero=True))
+        if not isinstance(self.bound, str) or not self.bound:
+            raise ValueError(f"bound must be a non-empty string, got {self.bound!r}")
+        object.__setattr__(
+            self, "epsilon_local", check_epsilon(self.epsilon_local, "epsilon_local")
+        )
+        object.__setattr__(self, "respondents", check_count(self.respondents, "respondents"))
+        if not isinstance(self.details, Mapping):
+            raise ValueError(f"details must be a mapping, got {type(self.details).__name__}")
+        object.__setattr__(self, "details", MappingProxyType(dict(self.details)))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dictionary (``epsilon_central`` is the central epsilon)."""
+        return {
+            "epsilon_central": self.epsilon,
+            "delta": self.delta,
+            "bound": self.bound,
+            "bound_description": BOUND_DESCRIPTIONS.get(self.bound, self.bound),
+            "epsilon_local": self.epsilon_local,
+            "respondents": self.respondents,
+            "details": to_plain(self.details),
+        }
+
+
+def to_plain(value: Any) -> Any:
+    """Mappings and sequences turned into dicts and lists (for JSON)."""
+    if isinstance(value, Mapping):
+        return {str(key): to_plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_plain(item) for item in value]
+    if isinstance(value, CentralGuarantee | PrivacyLoss):
+        return value.to_dict() if isinstance(value, CentralGuarantee) else vars(value).copy()
+    return value

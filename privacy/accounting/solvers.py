@@ -1,0 +1,514 @@
+"""Entry points: the tightest valid central guarantee, the solvers behind the paper's tables and
+samplable-anonymous-aggregation's Check 3, and the analyzer's privacy report."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from scipy import optimize
+
+from privacy.accounting.core import (
+    FMT_CLOSED_FORM,
+    FMT_NUMERICAL,
+    LEMMA_II6,
+    LOCAL,
+    THEOREM_III1_EXACT,
+    THEOREM_III1_SIMPLIFIED,
+    BoundOutOfRange,
+    CentralGuarantee,
+    check_count,
+    check_delta,
+    check_epsilon,
+    to_plain,
+)
+from privacy.accounting.fragments import LocalGuarantee, report_fragment_local_guarantee
+from privacy.accounting.shuffle import (
+    fmt_closed_form_epsilon,
+    fmt_closed_form_max_epsilon_local,
+    fmt_numerical_delta,
+    fmt_numerical_epsilon,
+    theorem_iii1_epsilon,
+    theorem_iii1_range,
+)
+
+__all__ = [
+    "ONE_HOT_RAPPOR",
+    "BINARY_RR",
+    "GENERIC",
+    "MECHANISMS",
+    "REPLACEMENT",
+    "REMOVAL",
+    "TIGHTEST",
+    "PAPER_BOUNDS",
+    "mechanism_bounds",
+    "central_epsilon",
+    "amplify",
+    "cohort_epsilon",
+    "solve_epsilon_local",
+    "min_respondents",
+    "PrivacyReport",
+    "privacy_report",
+]
+
+ONE_HOT_RAPPOR = "one_hot_rappor"
+BINARY_RR = "binary_rr"
+GENERIC = "generic"
+MECHANISMS = (ONE_HOT_RAPPOR, BINARY_RR, GENERIC)
+REPLACEMENT = "replacement"
+REMOVAL = "removal"
+TIGHTEST = "tightest"
+
+# The bound each mechanism's solver uses by default: the one behind the paper's tables for
+# attribute-fragmented k-RAPPOR (Theorem III.1 in its exact Lemma II.6 form), Lemma II.6 for binary
+# randomized response, and the FMT numerical bound for any other randomizer.
+PAPER_BOUNDS: Mapping[str, str] = MappingProxyType(
+    {ONE_HOT_RAPPOR: THEOREM_III1_EXACT, BINARY_RR: LEMMA_II6, GENERIC: FMT_NUMERICAL}
+)
+
+_MECHANISM_BOUNDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        ONE_HOT_RAPPOR: (
+            THEOREM_III1_EXACT,
+            THEOREM_III1_SIMPLIFIED,
+            FMT_NUMERICAL,
+            FMT_CLOSED_FORM,
+        ),
+        BINARY_RR: (LEMMA_II6, FMT_NUMERICAL, FMT_CLOSED_FORM),
+        GENERIC: (FMT_NUMERICAL, FMT_CLOSED_FORM),
+    }
+)
+
+
+def _check_mechanism(mechanism: str) -> str:
+    if mechanism not in MECHANISMS:
+        raise ValueError(f"mechanism must be one of {', '.join(MECHANISMS)}; got {mechanism!r}")
+    return mechanism
+
+
+def _check_local_model(local_model: str) -> str:
+    if local_model not in (REPLACEMENT, REMOVAL):
+        raise ValueError(f"local_model must be {REPLACEMENT!r} or {REMOVAL!r}; got {local_model!r}")
+    return local_model
+
+
+def mechanism_bounds(mechanism: str) -> tuple[str, ...]:
+    """The amplification bounds that apply to a mechanism, in the order they are tried."""
+    return _MECHANISM_BOUNDS[_check_mechanism(mechanism)]
+
+
+def _fmt_epsilon0(epsilon_local: float, mechanism: str, local_model: str) -> float:
+    """The replacement eps_0 the FMT bounds take. Attribute-fragmented k-RAPPOR is bounded per
+    attribute, as in the proof of Theorem III.1: each shuffler receives n bits, each an eps_l
+    (replacement) randomized response, and removing a respondent changes one bit of one attribute.
+    A removal eps_l-DP generic randomizer is replacement 2 eps_l-DP (samplable-anonymous-aggregation
+    after Theorem 3.1)."""
+    if mechanism == GENERIC and local_model == REMOVAL:
+        return 2.0 * epsilon_local
+    return epsilon_local
+
+
+def central_epsilon(
+    bound: str,
+    epsilon_local: float,
+    respondents: int,
+    delta: float,
+    mechanism: str = GENERIC,
+    local_model: str = REPLACEMENT,
+) -> float:
+    """The central epsilon one named bound gives (BoundOutOfRange outside its range, ValueError
+    for a bound that does not apply to the mechanism)."""
+    mechanism = _check_mechanism(mechanism)
+    local_model = _check_local_model(local_model)
+    if bound not in _MECHANISM_BOUNDS[mechanism]:
+        raise ValueError(
+            f"bound {bound!r} does not apply to mechanism {mechanism!r}; "
+            f"use one of {', '.join(_MECHANISM_BOUNDS[mechanism])}"
+        )
+    eps = check_epsilon(epsilon_local, "epsilon_local")
+    n = check_count(respondents, "respondents")
+    d = check_delta(delta)
+    if bound == THEOREM_III1_EXACT:
+        return theorem_iii1_epsilon(eps, n, d, "exact")
+    if bound == THEOREM_III1_SIMPLIFIED:
+        return theorem_iii1_epsilon(eps, n, d, "simplified")
+    if bound == LEMMA_II6:
+        # Lemma II.6 with lambda = 2n/(1+e^eps_l): the same expression as Theorem III.1's exact
+        # form, whose range check is the lambda condition (and clamps rounding at its ends).
+        return theorem_iii1_epsilon(eps, n, d, "exact")
+    eps0 = _fmt_epsilon0(eps, mechanism, local_model)
+    if bound == FMT_CLOSED_FORM:
+        return fmt_closed_form_epsilon(eps0, n, d)
+    return fmt_numerical_epsilon(eps0, n, d)
+
+
+def amplify(
+    epsilon_local: float,
+    respondents: int,
+    delta: float,
+    mechanism: str = GENERIC,
+    *,
+    local_model: str = REPLACEMENT,
+) -> CentralGuarantee:
+    """The tightest valid central (eps_c, delta) guarantee of n shuffled eps_l-DP reports.
+
+    ``mechanism``:
+
+    * ``one_hot_rappor``: attribute-fragmented k-RAPPOR (Algorithm 1), eps_l the per-bit
+      randomized-response parameter (removal eps_l-LDP). Theorem III.1 (exact and simplified) and
+      the FMT bounds applied per attribute (see :func:`_fmt_epsilon0`).
+    * ``binary_rr``: one eps_l randomized-response bit per respondent: Lemma II.6 and FMT.
+    * ``generic``: any eps_l-DP local randomizer (``local_model`` says replacement or removal):
+      the FMT numerical bound, with the closed form where it holds.
+
+    The local guarantee itself (no amplification) is always a candidate. Every candidate is
+    evaluated; ``details["candidates"]`` holds each value or the reason it does not apply, and
+    ``bound`` names the smallest.
+    """
+    mechanism = _check_mechanism(mechanism)
+    local_model = _check_local_model(local_model)
+    eps = check_epsilon(epsilon_local, "epsilon_local")
+    n = check_count(respondents, "respondents")
+    d = check_delta(delta)
+    candidates: dict[str, float | str] = {}
+    for bound in _MECHANISM_BOUNDS[mechanism]:
+        try:
+            candidates[bound] = central_epsilon(bound, eps, n, d, mechanism, local_model)
+        except BoundOutOfRange as error:
+            candidates[bound] = f"not applicable: {error}"
+    candidates[LOCAL] = eps
+    best = min(
+        (name for name, value in candidates.items() if isinstance(value, float)),
+        key=lambda name: candidates[name],
+    )
+    details = {
+        "mechanism": mechanism,
+        "local_model": REMOVAL if mechanism == ONE_HOT_RAPPOR else local_model,
+        "fmt_epsilon_0": _fmt_epsilon0(eps, mechanism, local_model),
+        "candidates": candidates,
+    }
+    return CentralGuarantee(
+        epsilon=float(candidates[best]),
+        delta=d,
+        bound=best,
+        epsilon_local=eps,
+        respondents=n,
+        details=details,
+    )
+
+
+def cohort_epsilon(epsilon_local: float, respondents: int, delta: float) -> float:
+    """Central epsilon of aggregating n replacement eps_0-DP reports (generic randomizer): the
+    ``cohort_bound`` callable of ``privacy.budget`` for Check 3."""
+    return amplify(epsilon_local, respondents, delta, GENERIC).epsilon
+
+
+# ---------------------------------------------------------------------------------------------
+# Solvers
+# ---------------------------------------------------------------------------------------------
+
+
+def _fmt_margin(
+    eps: float, mechanism: str, local_model: str, n: int, d: float, target: float
+) -> float:
+    """log(delta(target)) - log(delta) of the FMT numerical bound at eps_l: <= 0 exactly when
+    the bound certifies (target, delta). One delta evaluation instead of a search over eps."""
+    eps0 = _fmt_epsilon0(eps, mechanism, local_model)
+    upper = fmt_numerical_delta(eps0, n, target, tail_mass=1e-4 * d).upper
+    return math.log(max(upper, 1e-300)) - math.log(d)
+
+
+def _epsilon_local_range(
+    bound: str, mechanism: str, local_model: str, n: int, d: float, target: float
+) -> tuple[float, float]:
+    """Interval of eps_l on which ``bound`` holds (for FMT numerical, which holds everywhere: up
+    to where it exceeds the target)."""
+    if bound in (THEOREM_III1_EXACT, LEMMA_II6):
+        return theorem_iii1_range(n, d, "exact")
+    if bound == THEOREM_III1_SIMPLIFIED:
+        return theorem_iii1_range(n, d, "simplified")
+    factor = 2.0 if (mechanism == GENERIC and local_model == REMOVAL) else 1.0
+    if bound == FMT_CLOSED_FORM:
+        return 1e-9, fmt_closed_form_max_epsilon_local(n, d) / factor
+    high = max(target, 1.0)
+    while high < _LARGEST_EPSILON and _fmt_margin(high, mechanism, local_model, n, d, target) <= 0:
+        high *= 2.0
+    return 1e-9, min(high, _LARGEST_EPSILON)
+
+
+_LARGEST_EPSILON = 700.0  # e^eps overflows past ~709
+
+
+def _largest_below(
+    margin: Callable[[float], float], low: float, high: float, step: float
+) -> tuple[float, bool] | None:
+    """Largest x in [low, high] with margin(x) <= 0 for an increasing margin, and whether the
+    range end stopped it; None if even ``low`` fails."""
+    if margin(high) <= 0:
+        return high, True
+    if margin(low) > 0:
+        return None
+    root = optimize.brentq(margin, low, high, xtol=step)
+    answer = max(root - step, low)
+    while margin(answer) > 0 and answer > low:
+        answer = max(answer - step, low)
+    return answer, False
+
+
+def solve_epsilon_local(
+    epsilon_central: float,
+    respondents: int,
+    delta: float,
+    mechanism: str = ONE_HOT_RAPPOR,
+    *,
+    bound: str | None = None,
+    local_model: str = REPLACEMENT,
+) -> CentralGuarantee:
+    """The largest eps_l whose n shuffled reports are (eps_c, delta)-DP by ``bound``.
+
+    This is how the paper's tables are made (Section VII-A: "the corresponding eps_l computed
+    using Theorem III.1"). By default each mechanism uses ``PAPER_BOUNDS``: for
+    ``one_hot_rappor``, Theorem III.1 in its exact form (Lemma II.6 with lambda = 2n/(1+e^eps_l)),
+    which reproduces the eps_l_inf of Tables I, III, IV, VIII and IX (e.g. Horse, n = 1,914,589,
+    delta = 5e-8, eps_c = 1 gives 8.55); the simplified form sqrt(64 e^eps_l log(4/delta)/n) does
+    not (it gives 7.40 there). The Map entries (Table VIII) come out 0.003-0.012 below the printed
+    ones with Table II's n = 236,559,063; every one of them fits n between 2.382e8 and 2.394e8,
+    so the paper seems to have used a slightly larger Map crowd. ``bound="tightest"`` takes the
+    largest eps_l any applicable bound
+    allows. The result is the guarantee at the solution: ``epsilon`` <= eps_c is what the bound
+    certifies there, ``details`` holds the target and whether the bound's validity range, rather
+    than the target, capped eps_l. Found by root-finding on the (increasing) bound, then rounded
+    down until the bound holds.
+    """
+    mechanism = _check_mechanism(mechanism)
+    local_model = _check_local_model(local_model)
+    target = check_epsilon(epsilon_central, "epsilon_central")
+    n = check_count(respondents, "respondents")
+    d = check_delta(delta)
+    if bound == TIGHTEST:
+        solutions, reasons = [], []
+        for name in _MECHANISM_BOUNDS[mechanism]:
+            try:
+                solutions.append(
+                    solve_epsilon_local(
+                        target, n, d, mechanism, bound=name, local_model=local_model
+                    )
+                )
+            except BoundOutOfRange as error:
+                reasons.append(f"{name}: {error}")
+        if not solutions:
+            raise BoundOutOfRange("no bound applies: " + "; ".join(reasons))
+        return max(solutions, key=lambda result: result.epsilon_local)
+    name = PAPER_BOUNDS[mechanism] if bound is None else bound
+    if name not in _MECHANISM_BOUNDS[mechanism]:
+        raise ValueError(
+            f"bound {name!r} does not apply to mechanism {mechanism!r}; use one of "
+            f"{', '.join(_MECHANISM_BOUNDS[mechanism] + (TIGHTEST,))}"
+        )
+    low, high = _epsilon_local_range(name, mechanism, local_model, n, d, target)
+
+    def certified(eps: float) -> float:
+        return central_epsilon(name, max(eps, 1e-12), n, d, mechanism, local_model)
+
+    def margin(eps: float) -> float:
+        if name == FMT_NUMERICAL:
+            return _fmt_margin(max(eps, 1e-12), mechanism, local_model, n, d, target)
+        return certified(eps) - target
+
+    found = _largest_below(margin, low, high, step=1e-7)
+    if found is None:
+        raise BoundOutOfRange(
+            f"{name}: no epsilon_local in [{low:.6g}, {high:.6g}] meets epsilon_central = "
+            f"{target:.6g} for n = {n}, delta = {d:.6g}: even epsilon_local = {low:.6g} gives "
+            f"{certified(low):.6g}; more respondents are needed"
+        )
+    solution, capped = found
+    # margin(solution) <= 0 certifies (target, delta); the bound's own value may be lower (or, for
+    # the numerical bound, a rounding step above the target it certified).
+    return CentralGuarantee(
+        epsilon=min(certified(solution), target),
+        delta=d,
+        bound=name,
+        epsilon_local=max(solution, 1e-12),
+        respondents=n,
+        details={
+            "target_epsilon_central": target,
+            "mechanism": mechanism,
+            "epsilon_local_range": [low, high],
+            "limited_by_validity_range": capped,
+        },
+    )
+
+
+def _meets(
+    bound: str, eps: float, n: int, d: float, target: float, mechanism: str, local_model: str
+) -> bool:
+    if bound == FMT_NUMERICAL:  # one delta evaluation instead of a search over epsilon
+        eps0 = _fmt_epsilon0(eps, mechanism, local_model)
+        return fmt_numerical_delta(eps0, n, target, tail_mass=1e-4 * d).upper <= d
+    try:
+        return central_epsilon(bound, eps, n, d, mechanism, local_model) <= target
+    except BoundOutOfRange:
+        return False
+
+
+_MAX_RESPONDENTS = 2**50
+
+
+def min_respondents(
+    epsilon_central: float,
+    epsilon_local: float,
+    delta: float,
+    mechanism: str = GENERIC,
+    *,
+    bound: str | None = None,
+    local_model: str = REPLACEMENT,
+) -> CentralGuarantee:
+    """The smallest crowd n for which n shuffled eps_l-DP reports are (eps_c, delta)-DP: the
+    minimum cohort m of samplable-anonymous-aggregation Section 4, Check 3. Bounds as in
+    :func:`solve_epsilon_local` (the FMT numerical bound for ``generic``); the guarantee shrinks
+    as n grows, so n is found by doubling and then bisection, and checked at the end.
+    """
+    mechanism = _check_mechanism(mechanism)
+    local_model = _check_local_model(local_model)
+    target = check_epsilon(epsilon_central, "epsilon_central")
+    eps = check_epsilon(epsilon_local, "epsilon_local")
+    d = check_delta(delta)
+    if bound == TIGHTEST:
+        results, reasons = [], []
+        for name in _MECHANISM_BOUNDS[mechanism]:
+            try:
+                results.append(
+                    min_respondents(target, eps, d, mechanism, bound=name, local_model=local_model)
+                )
+            except BoundOutOfRange as error:
+                reasons.append(f"{name}: {error}")
+        if not results:
+            raise BoundOutOfRange("no bound applies: " + "; ".join(reasons))
+        return min(results, key=lambda result: result.respondents)
+    name = PAPER_BOUNDS[mechanism] if bound is None else bound
+    if name not in _MECHANISM_BOUNDS[mechanism]:
+        raise ValueError(f"bound {name!r} does not apply to mechanism {mechanism!r}")
+
+    def meets(n: int) -> bool:
+        return _meets(name, eps, n, d, target, mechanism, local_model)
+
+    high = 1
+    while not meets(high):
+        if high >= _MAX_RESPONDENTS:
+            raise BoundOutOfRange(
+                f"{name}: no crowd of up to 2^50 respondents gives epsilon_central <= {target:.6g} "
+                f"for epsilon_local = {eps:.6g}, delta = {d:.6g}"
+            )
+        high *= 2
+    low = high // 2  # fails (or is 0)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if meets(middle):
+            high = middle
+        else:
+            low = middle
+    return CentralGuarantee(
+        epsilon=min(central_epsilon(name, eps, high, d, mechanism, local_model), target),
+        delta=d,
+        bound=name,
+        epsilon_local=eps,
+        respondents=high,
+        details={"target_epsilon_central": target, "mechanism": mechanism},
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The analyzer's privacy report
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PrivacyReport:
+    """What the analyzer states about one crowd (DESIGN.md, Results).
+
+    ``local``: eps_l_inf and eps_l1 (Theorem IV.1 with t = tau and t = 1; both eps_l without
+    report fragmentation). ``central``: eps_c of the attribute-fragmented reports (tightest valid
+    bound for the backstop eps_l, see :func:`amplify`: report fragments are a post-processing of
+    the shuffled backstop reports). ``central_without_attribute_
+    fragmentation``: Table X's comparison, the minimum of the local guarantee and a generic
+    amplification bound for the whole report (removal eps_l, so eps_0 = 2 eps_l). Table X used
+    Balle et al.'s bound; the FMT numerical bound used here is tighter.
+    """
+
+    local: LocalGuarantee
+    central: CentralGuarantee
+    central_without_attribute_fragmentation: CentralGuarantee
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "epsilon_local": self.local.epsilon_backstop,
+            "epsilon_local_all": self.local.epsilon_all,
+            "epsilon_local_one": self.local.epsilon_one,
+            "epsilon_fragment": self.local.epsilon_fragment,
+            "fragments": self.local.fragments,
+            "epsilon_central": self.central.epsilon,
+            "delta": self.central.delta,
+            "bound": self.central.bound,
+            "respondents": self.central.respondents,
+            "central": self.central.to_dict(),
+            "central_without_attribute_fragmentation": (
+                self.central_without_attribute_fragmentation.to_dict()
+            ),
+        }
+
+
+def privacy_report(
+    epsilon_local: float,
+    respondents: int,
+    delta: float,
+    *,
+    fragments: int = 1,
+    epsilon_fragment: float | None = None,
+) -> PrivacyReport:
+    """The privacy report of one crowd of n respondents using attribute-fragmented one-hot
+    randomized response with backstop eps_l and, optionally, tau report fragments of eps_f each
+    (the paper's equal-variance eps_f when not given)."""
+    eps_b = check_epsilon(epsilon_local, "epsilon_local")
+    n = check_count(respondents, "respondents")
+    d = check_delta(delta)
+    local = report_fragment_local_guarantee(eps_b, fragments, epsilon_fragment)
+
+    # Report fragments are a post-processing of the shuffled backstop reports (proof of Theorem
+    # IV.2), so the backstop's guarantee holds for them; Theorem IV.2's own backstop term is
+    # Theorem III.1's simplified form, already among the candidates.
+    central = amplify(eps_b, n, d, ONE_HOT_RAPPOR)
+    candidates = dict(central.details["candidates"])
+    candidates[LOCAL] = local.epsilon_all
+    central = _best_of(candidates, central, local.epsilon_all)
+
+    generic = amplify(eps_b, n, d, GENERIC, local_model=REMOVAL)
+    generic_candidates = dict(generic.details["candidates"])
+    generic_candidates[LOCAL] = local.epsilon_all
+    without = _best_of(generic_candidates, generic, local.epsilon_all)
+    return PrivacyReport(
+        local=local, central=central, central_without_attribute_fragmentation=without
+    )
+
+
+def _best_of(
+    candidates: dict[str, Any], base: CentralGuarantee, epsilon_local_all: float
+) -> CentralGuarantee:
+    best = min(
+        (name for name, value in candidates.items() if isinstance(value, float)),
+        key=lambda name: candidates[name],
+    )
+    details = dict(to_plain(base.details))
+    details["candidates"] = candidates
+    details["epsilon_local_all"] = epsilon_local_all
+    return CentralGuarantee(
+        epsilon=float(candidates[best]),
+        delta=base.delta,
+        bound=best,
+        epsilon_local=base.epsilon_local,
+        respondents=base.respondents,
+        details=details,
+    )
