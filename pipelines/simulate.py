@@ -1,0 +1,285 @@
+"""``esa simulate``: a simulated device fleet writing Report files; ``esa recipes list``.
+
+    esa simulate --recipe NAME|FILE --population SPEC [--respondents N] --output DIR [--seed S]
+        [--rounds R] [--start 2024-01-01] [--device-budget EPS] [--query-class-fields F,G]
+        [--instance-weights W,W,...] [--no-device-budget] [--codec deflate|null|snappy]
+        [--runner=FnApiRunner | --direct_running_mode=multi_processing --direct_num_workers=2 |
+         --runner=PortableRunner --job_endpoint=embed --environment_type=LOOPBACK]
+    esa recipes list [--verbose]
+
+Population specs: ``uniform``, ``zipf[,exponent=S]``, ``heavy-hitters[,heavy=H,exponent=A]``
+(esa-privacy-revisited VII-A), ``image:NAME[,size=RxC]`` (VII-B: one respondent per unit of
+luminosity; ``disc`` and ``gradient`` are generated, ``horse``, ``camera`` and ``moon`` need
+``pip install .[images]``, anything else is read as an image file), ``longitudinal[,changes=K]``.
+
+Output (DIR): ``instance=<u>/reports-<shard>.avro`` (schemas/report.avsc; each shuffler instance
+can run alone on its own directory), ``truth.parquet`` (true counts per window and bucket of the
+devices that reported: window, window_start, bucket, count; absent buckets are 0; longitudinal
+bucket 1 counts users in state True) and ``simulation.json`` (recipe, population, respondents,
+seed, refusals, messages per instance, codec, files). Everything is written to a hidden
+temporary sibling ``.DIR.tmp-<random>`` that is renamed to DIR at the end and removed on failure,
+so a DIR that exists is complete. DIR must be a local directory, or one mounted on every worker.
+
+The pipeline passes shard descriptors (index, respondent range, SeedSequence child of the seed)
+through ``beam.Create``; each worker generates its shard's population slice, runs the devices,
+encodes and writes its files itself, and a combiner adds the shard summaries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
+from pipelines.cli import UsageError
+from pipelines.options import SimulateOptions
+from schemas import SCHEMA_VERSION
+from schemas.recipes import load_recipe, recipe_names, shipped_recipes
+from transforms.encode import (
+    CombineShardSummaries,
+    ShardContext,
+    ShardSummary,
+    SimulationPlan,
+    WriteReportShards,
+    shard_file_name,
+)
+
+__all__ = ["register", "run", "plan_from_options"]
+
+DEFAULT_BATCH_RUNNER = "FnApiRunner"
+TRUTH_FILE = "truth.parquet"
+SUMMARY_FILE = "simulation.json"
+
+
+def register(subparsers: Any) -> None:
+    """Add ``esa simulate`` and ``esa recipes list``."""
+    parser = subparsers.add_parser(
+        "simulate",
+        help="Simulate a device fleet: populations in, sharded Avro report files out.",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    SimulateOptions.add_cli_arguments(parser)
+    parser.set_defaults(handler=_handle_simulate, accepts_pipeline_args=True)
+
+    recipes = subparsers.add_parser("recipes", help="Shipped recipes.")
+    actions = recipes.add_subparsers(dest="recipes_command", required=True, metavar="ACTION")
+    listing = actions.add_parser("list", help="Print the shipped recipe names, one per line.")
+    listing.add_argument(
+        "--verbose", action="store_true", help="Also print id, channel, randomizer and epsilons."
+    )
+    listing.set_defaults(handler=_handle_recipes_list)
+
+
+def _handle_recipes_list(args: argparse.Namespace) -> int:
+    if not args.verbose:
+        print("\n".join(recipe_names()))
+        return 0
+    for recipe_id, recipe in sorted(shipped_recipes().items()):
+        print(
+            f"{recipe.name}\t{recipe_id}\tchannel={recipe.channel}\trandomizer={recipe.randomizer}"
+            f"\tepsilon_local={recipe.epsilon_local:g}"
+            f"\tepsilon_central_target={recipe.epsilon_central_target:g}"
+            f"\tinstances={recipe.shuffler_instances}"
+        )
+    return 0
+
+
+def _handle_simulate(args: argparse.Namespace, pipeline_args: list[str]) -> int:
+    options = PipelineOptions(pipeline_args, **SimulateOptions.cli_values(args))
+    summary = run(options)
+    print(json.dumps(summary, indent=2, sort_keys=True))
+    return 0
+
+
+def _parse_start(text: str) -> int:
+    try:
+        start = datetime.fromisoformat(text)
+    except ValueError:
+        raise UsageError(f"--start must be an ISO 8601 date or time, got {text!r}") from None
+    if start.tzinfo is None:
+        start = start.replace(tzinfo=UTC)
+    millis = int(start.timestamp() * 1000)
+    if millis < 0:
+        raise UsageError(f"--start must not be before 1970-01-01, got {text!r}")
+    return millis
+
+
+def _parse_list(text: str | None, flag: str, convert: Any) -> tuple[Any, ...] | None:
+    if text is None:
+        return None
+    try:
+        items = tuple(convert(item.strip()) for item in text.split(",") if item.strip())
+    except ValueError:
+        raise UsageError(f"{flag} must be a comma-separated list, got {text!r}") from None
+    if not items:
+        raise UsageError(f"{flag} must not be empty")
+    return items
+
+
+def plan_from_options(options: PipelineOptions) -> SimulationPlan:
+    """A validated plan from the ``simulate_*`` options (UsageError/ValueError on bad input)."""
+    values = options.view_as(SimulateOptions)
+    recipe = load_recipe(values.simulate_recipe)
+    seed = values.simulate_seed
+    if seed is None:
+        seed = secrets.randbits(63)
+    elif seed < 0:
+        raise UsageError(f"--seed must be >= 0, got {seed}")
+    if values.simulate_rounds is None or values.simulate_rounds < 1:
+        raise UsageError(f"--rounds must be >= 1, got {values.simulate_rounds}")
+    return SimulationPlan.for_recipe(
+        recipe,
+        values.simulate_population,
+        seed,
+        respondents=values.simulate_respondents,
+        rounds=values.simulate_rounds,
+        start_ms=_parse_start(values.simulate_start),
+        device_budget=values.simulate_device_budget,
+        query_class_fields=_parse_list(
+            values.simulate_query_class_fields, "--query-class-fields", str
+        ),
+        instance_weights=_parse_list(values.simulate_instance_weights, "--instance-weights", float),
+        enforce_budget=not values.simulate_no_device_budget,
+        codec=values.simulate_codec,
+        compression_level=values.simulate_compression_level,
+        messages_per_shard=values.simulate_messages_per_shard,
+        messages_per_chunk=values.simulate_messages_per_chunk,
+    )
+
+
+def _check_output(output: str | None, overwrite: bool) -> Path:
+    if not output:
+        raise UsageError("--output DIR is required")
+    path = Path(output)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--output {output} exists and is not a directory")
+    if path.is_dir() and any(path.iterdir()) and not overwrite:
+        raise UsageError(f"--output {output} is not empty (use --overwrite to replace it)")
+    return path
+
+
+class _WriteOutputs(beam.DoFn):
+    """Writes truth.parquet and simulation.json from the combined summary."""
+
+    def __init__(self, directory: str, metadata: dict[str, Any], window_ms: int, start_ms: int):
+        self._directory = directory
+        self._metadata = metadata
+        self._window_ms = window_ms
+        self._start_ms = start_ms
+
+    def process(self, summary: ShardSummary) -> Any:
+        order = np.lexsort((summary.truth_bucket, summary.truth_window))
+        window = summary.truth_window[order]
+        table = pa.table(
+            {
+                "window": pa.array(window, pa.int64()),
+                "window_start": pa.array(
+                    self._start_ms + window * self._window_ms, pa.timestamp("ms", tz="UTC")
+                ),
+                "bucket": pa.array(summary.truth_bucket[order], pa.int64()),
+                "count": pa.array(summary.truth_count[order], pa.int64()),
+            }
+        )
+        with FileSystems.create(
+            FileSystems.join(self._directory, TRUTH_FILE),
+            compression_type=CompressionTypes.UNCOMPRESSED,
+        ) as sink:
+            pq.write_table(table, sink)
+        result = dict(self._metadata)
+        result.update(
+            shards=summary.shards,
+            respondents=summary.respondents,
+            device_rounds=summary.device_rounds,
+            refusals=summary.refusals,
+            reports=summary.device_rounds - summary.refusals,
+            messages_per_instance=summary.messages.tolist(),
+            census_per_instance=summary.census.tolist(),
+            messages=int(summary.messages.sum()),
+            census_messages=int(summary.census.sum()),
+            files=[
+                shard_file_name(instance, shard)
+                for instance in range(self._metadata["shuffler_instances"])
+                for shard in range(summary.shards)
+            ],
+        )
+        with FileSystems.create(
+            FileSystems.join(self._directory, SUMMARY_FILE),
+            compression_type=CompressionTypes.UNCOMPRESSED,
+        ) as sink:
+            sink.write(json.dumps(result, indent=2, sort_keys=True).encode())
+        yield result
+
+
+def run(options: PipelineOptions) -> dict[str, Any]:
+    """Simulate, write DIR atomically and return the contents of simulation.json."""
+    values = options.view_as(SimulateOptions)
+    output = _check_output(values.simulate_output, values.simulate_overwrite)
+    plan = plan_from_options(options)
+    context = ShardContext(plan)  # builds recipe, fleet and population: bad input fails here
+    refusals = context.fleet.refusals_for_all()
+    if refusals:
+        reasons = "; ".join(f"{failure.reason}: {failure.detail}" for failure in refusals)
+        hint = (
+            " (see --device-budget and --query-class-fields; --no-device-budget simulates "
+            "devices without an accountant)"
+        )
+        raise UsageError(f"every device refuses recipe {context.recipe.id}: {reasons}{hint}")
+    shards = context.shards()
+    standard = options.view_as(StandardOptions)
+    if standard.runner is None:
+        standard.runner = DEFAULT_BATCH_RUNNER
+    metadata = {
+        "recipe_id": context.recipe.id,
+        "channel": context.recipe.channel,
+        "population": plan.population,
+        "seed": plan.seed,
+        "rounds": plan.rounds,
+        "start": datetime.fromtimestamp(plan.start_ms / 1000, UTC).isoformat(),
+        "window_ms": context.fleet.window_ms,
+        "shuffler_instances": context.fleet.num_instances,
+        "instance_weights": [float(w) for w in context.fleet.instance_weights],
+        "device_budget": context.device_budget,
+        "device_budget_enforced": plan.enforce_budget,
+        "codec": plan.codec,
+        "compression_level": plan.compression_level,
+        "schema_version": SCHEMA_VERSION,
+        "layout": "instance=<u>/reports-<shard>.avro",
+        "truth": TRUTH_FILE,
+    }
+    output.parent.mkdir(parents=True, exist_ok=True)
+    staging = output.parent / f".{output.name}.tmp-{secrets.token_hex(4)}"
+    try:
+        staging.mkdir()
+        with beam.Pipeline(options=options) as pipeline:
+            _ = (
+                pipeline
+                | "Shard descriptors" >> beam.Create(shards)
+                | "Devices" >> WriteReportShards(plan, str(staging))
+                | "Add up shards" >> beam.CombineGlobally(CombineShardSummaries())
+                | "Write truth and summary"
+                >> beam.ParDo(
+                    _WriteOutputs(str(staging), metadata, context.fleet.window_ms, plan.start_ms)
+                )
+            )
+        summary = json.loads((staging / SUMMARY_FILE).read_text())
+        if output.exists():
+            shutil.rmtree(output)
+        os.replace(staging, output)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return summary
