@@ -1,0 +1,313 @@
+"""The shuffler's Beam transforms end to end on small inputs (transforms/shuffle.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import math
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import apache_beam as beam
+import fastavro
+import numpy as np
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.testing.test_stream import TestStream as BeamTestStream
+from scipy import stats
+
+from schemas import parsed_schema, schema_json
+from tests.transforms import report_factory as rf
+from transforms import shuffle as sh
+from transforms import shuffle_core as core
+
+SHUFFLED_FIELDS = {field["name"] for field in schema_json("shuffled_message")["fields"]}
+
+
+@dataclasses.dataclass
+class Release:
+    files: dict[str, list[dict[str, Any]]]  # message file -> records in file order
+    manifests: list[dict[str, Any]]
+    dead_letters: list[dict[str, Any]]
+    metrics: dict[str, Any]
+    counters: dict[str, int]
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return [record for records in self.files.values() for record in records]
+
+
+def _read(path: str) -> list[dict[str, Any]]:
+    with open(path, "rb") as handle:
+        return list(fastavro.reader(handle))
+
+
+def _collect(output: Path, streaming: bool, result: Any) -> Release:
+    files = {
+        path: _read(path)
+        for path in sorted(glob.glob(str(output / "messages" / "**" / "*.avro"), recursive=True))
+    }
+    manifest_paths = (
+        glob.glob(str(output / "manifest" / "**" / "*.avro"), recursive=True)
+        if streaming
+        else [str(output / "manifest.avro")]
+    )
+    manifests = [record for path in manifest_paths for record in _read(path)]
+    letters = [
+        record
+        for path in glob.glob(str(output / "dead_letter" / "*.avro"))
+        for record in _read(path)
+    ]
+    metrics = json.loads((output / "metrics.json").read_text())
+    counters = {}
+    for counter in result.metrics().query()["counters"]:
+        counters[counter.key.metric.name] = (
+            counters.get(counter.key.metric.name, 0) + counter.committed
+        )
+    return Release(files, manifests, letters, metrics, counters)
+
+
+def _run(tmp_path: Path, paths: list[str], config: sh.ShuffleConfig) -> Release:
+    output = tmp_path / "out"
+    pipeline = beam.Pipeline(options=PipelineOptions(runner="FnApiRunner"))
+    outputs = pipeline | beam.Create(paths) | sh.ShuffleReports(config, str(output / "_spill"))
+    outputs.released | sh.WriteShuffledMessages(str(output))
+    outputs.dead_letters | sh.WriteDeadLetters(str(output))
+    outputs.manifests | sh.WriteManifests(str(output))
+    outputs.counts | sh.WriteMetrics(str(output))
+    result = pipeline.run()
+    result.wait_until_finish()
+    return _collect(output, False, result)
+
+
+def _config(**overrides: Any) -> sh.ShuffleConfig:
+    values: dict[str, Any] = {
+        "rules": rf.rules(),
+        "crowd_threshold": 12,
+        "batch_records": 64,
+        "messages_per_shard": 40,
+        "messages_per_file": 16,
+    }
+    values.update(overrides)
+    return sh.ShuffleConfig(**values)
+
+
+def _crowd_of(record: dict[str, Any]) -> tuple[Any, ...]:
+    window = record["window_start"]
+    window = int(window.timestamp() * 1000) if hasattr(window, "timestamp") else window
+    return (window, record["channel"], record["recipe_id"], record["crowd_id"])
+
+
+def test_bad_input_is_dead_lettered_and_every_record_is_accounted(tmp_path: Path) -> None:
+    released_crowds = {
+        "main": rf.crowd(30, 2, prefix="main"),
+        # Another recipe in the same channel: its own crowd, never mixed with test@1.
+        "other": rf.crowd(25, 1, prefix="other", recipe_id=rf.OTHER_RECIPE),
+        "alt": rf.crowd(15, 1, prefix="alt", recipe_id=rf.ALT_RECIPE, channel=rf.ALT_CHANNEL),
+    }
+    withheld_crowds = {
+        # One origin flooding a crowd counts once: 9 + 1 distinct respondents < 12.
+        "flood": rf.crowd(9, 1, prefix="fl", crowd_id="flood")
+        + [rf.report("flooder", f"f{i}".encode(), crowd_id="flood") for i in range(300)],
+        "small": rf.crowd(5, 1, prefix="small", crowd_id="small"),
+        # Enough respondents for the configured threshold, but the devices demand 40.
+        "demanding": rf.crowd(30, 1, prefix="dem", crowd_id="dem", min_crowd_size=40),
+    }
+    bad = {
+        "crc_mismatch": [rf.report("bad1", b"x", crc=7)],
+        "unknown_schema_version": [rf.report("bad2", schema_version=9)],
+        "unknown_recipe": [rf.report("bad3", recipe_id="nope@1")],
+        "empty_payload": [rf.report("bad4", b"")],
+        "instance_out_of_range": [rf.report("bad5", instance=7)],
+        "recipe_channel_mismatch": [rf.report("bad6", recipe_id=rf.ALT_RECIPE)],
+        "empty_origin": [rf.report("", b"y")],
+    }
+    good = [r for crowd in [*released_crowds.values(), *withheld_crowds.values()] for r in crowd]
+    bad_records = [r for records in bad.values() for r in records]
+    mixed = good + bad_records
+    np.random.default_rng(0).shuffle(mixed)
+    paths = [rf.write_reports(tmp_path / "reports.avro", mixed)]
+
+    # A file of another schema: every record is wrong_schema.
+    with open(tmp_path / "other.avro", "wb") as handle:
+        letter = {"stage": "s", "reason": "r", "detail": "", "source": ""}
+        fastavro.writer(handle, parsed_schema("dead_letter"), [letter] * 3)
+    paths.append(str(tmp_path / "other.avro"))
+    # A truncated file, a file with a corrupt block, and bytes that are no Avro at all.
+    truncated_records = rf.crowd(400, 1, prefix="trunc", crowd_id="trunc")
+    whole = rf.report_bytes(truncated_records, sync_interval=2000)
+    (tmp_path / "truncated.avro").write_bytes(whole[: len(whole) // 2])
+    corrupt = bytearray(
+        rf.report_bytes(rf.crowd(400, 1, prefix="corr", crowd_id="corr"), sync_interval=2000)
+    )
+    corrupt[len(corrupt) // 2 : len(corrupt) // 2 + 30] = b"\xff" * 30
+    (tmp_path / "corrupt.avro").write_bytes(bytes(corrupt))
+    (tmp_path / "garbage.avro").write_bytes(b"\x00not avro\x01" * 10)
+    paths += [str(tmp_path / name) for name in ("truncated.avro", "corrupt.avro", "garbage.avro")]
+
+    release = _run(tmp_path, paths, _config())
+    metrics = release.metrics
+
+    # Accounting: read = released + deleted + withheld + dead-lettered, in data and Beam counters.
+    assert metrics["adds_up"] and metrics["read"] == metrics["accounted"]
+    rejected = metrics["rejected_by_reason"]
+    for reason, records in bad.items():
+        assert rejected[reason] == len(records), reason
+    assert rejected["wrong_schema"] == 3
+    assert rejected["unreadable_file"] == 1
+    assert rejected["corrupt_block"] >= 2  # the truncated tail and the corrupt block
+    counters = release.counters
+    assert counters["read"] == metrics["read"] and counters["released"] == metrics["released"]
+    assert (
+        sum(v for k, v in counters.items() if k.startswith("rejected_")) == metrics["dead_lettered"]
+    )
+
+    # Every rejected record is in the dead-letter output with its reason and where it came from.
+    letters = release.dead_letters
+    assert len(letters) == metrics["dead_lettered"]
+    assert Counter(letter["reason"] for letter in letters) == Counter(rejected)
+    by_origin = {
+        json.loads(letter["original_record"])["origin"]: letter["reason"]
+        for letter in letters
+        if letter["stage"] == sh.STAGE_VALIDATE and letter["reason"] != "wrong_schema"
+    }
+    assert by_origin == {records[0]["origin"]: reason for reason, records in bad.items()}
+    assert all(letter["source"] and letter["detail"] for letter in letters)
+    assert all(letter["original_bytes"] for letter in letters if letter["stage"] == sh.STAGE_READ)
+
+    # Exactly the crowds at or above their threshold are released, whole and unmixed.
+    released_payloads = Counter(
+        (m["recipe_id"], m["crowd_id"], m["payload"]) for m in release.messages
+    )
+    expected = Counter(
+        (r["recipe_id"], r["crowd_id"], r["payload"])
+        for crowd in released_crowds.values()
+        for r in crowd
+    )
+    readable_trunc = {m for m in released_payloads if m[1] in ("trunc", "corr")}
+    for key in readable_trunc:  # what survived of the damaged files is released too
+        expected[key] = released_payloads[key]
+    assert released_payloads == expected
+    assert not {m["crowd_id"] for m in release.messages} & {"flood", "small", "dem"}
+    for path, records in release.files.items():
+        assert len({_crowd_of(r) for r in records}) == 1
+        assert all(set(r) == SHUFFLED_FIELDS for r in records)
+        assert f"channel={records[0]['channel']}" in path
+        assert os.path.basename(path).startswith("part-")
+
+    manifests = {(m["recipe_id"], m["crowd_id"]): m for m in release.manifests}
+    assert manifests[(rf.RECIPE, "flood")]["respondents"] == 10
+    assert manifests[(rf.RECIPE, "flood")]["messages_in"] == 309
+    assert manifests[(rf.RECIPE, "dem")]["threshold"] == 40
+    for key in [(rf.RECIPE, "flood"), (rf.RECIPE, "small"), (rf.RECIPE, "dem")]:
+        assert manifests[key]["status"] == "WITHHELD"
+        assert manifests[key]["withheld_reason"] == core.BELOW_THRESHOLD
+    assert manifests[(rf.RECIPE, None)]["respondents"] == 30
+    assert manifests[(rf.RECIPE, None)]["messages_released"] == 60
+    assert manifests[(rf.OTHER_RECIPE, None)]["status"] == "RELEASED"
+    assert sum(m["messages_released"] for m in release.manifests) == metrics["released"]
+    assert (
+        sum(m["messages_in"] for m in release.manifests if m["status"] == "WITHHELD")
+        == metrics["withheld"]
+    )
+
+
+def test_deletion_drops_whole_respondents_and_the_manifest_says_so(tmp_path: Path) -> None:
+    records = rf.crowd(300, 3, prefix="d")
+    path = rf.write_reports(tmp_path / "r.avro", records)
+    config = _config(deletion=core.DeletionParameters(1.0, 1e-2), messages_per_shard=100)
+    release = _run(tmp_path, [path], config)
+    (manifest,) = release.manifests
+    assert release.metrics["adds_up"]
+    if manifest["status"] == "WITHHELD":  # aborts with probability <= delta/2 = 0.5%
+        assert manifest["withheld_reason"] in (
+            core.DELETION_ABORTED,
+            core.BELOW_THRESHOLD_AFTER_DELETION,
+        )
+        return
+    per_origin = Counter(m["payload"].split(b"/")[0] for m in release.messages)
+    assert set(per_origin.values()) == {3}  # a respondent is released whole or not at all
+    kept = manifest["respondents"] - manifest["respondents_deleted"]
+    assert len(per_origin) == kept
+    assert manifest["messages_deleted"] == 3 * manifest["respondents_deleted"]
+    assert manifest["messages_released"] == len(release.messages) == 3 * kept
+    assert release.metrics["deleted"] == manifest["messages_deleted"]
+    # Algorithm 3: n - n_hat = offset - Z; |Z| > 40 has probability < 1e-8 at scale 2.
+    assert abs(manifest["respondents_deleted"] - config.deletion.offset) <= 40
+
+
+def test_release_order_and_fields_do_not_depend_on_arrival_origin_or_time(tmp_path: Path) -> None:
+    count = 3000
+    payloads = [f"m{i:05d}".encode() for i in range(count)]
+    # The same payloads reach instance 0 and instance 1 from different origins at different
+    # times of the same window; the instance is stripped, so both releases must be identical.
+    first = [
+        rf.report(f"a{i}", p, instance=0, event_time=rf.T0 + i) for i, p in enumerate(payloads)
+    ]
+    second = [
+        rf.report(f"b{(i * 7) % count}", p, instance=1, event_time=rf.T0 + rf.DAY_MS - 1 - i)
+        for i, p in enumerate(payloads)
+    ]
+    path = rf.write_reports(tmp_path / "r.avro", first + second)
+    release = _run(tmp_path, [path], _config(messages_per_file=10_000, messages_per_shard=1000))
+    assert release.metrics["released"] == 2 * count
+    files = list(release.files.values())
+    assert len(files) == 2
+    # Both files hold the same records; the window is all that time leaves behind.
+    assert sorted(tuple(sorted(r.items())) for r in files[0]) == sorted(
+        tuple(sorted(r.items())) for r in files[1]
+    )
+    assert {_crowd_of(r)[0] for r in files[0]} == {rf.T0}
+    for records in files:
+        arrival = [int(r["payload"][1:]) for r in records]
+        rho = stats.spearmanr(np.arange(count), arrival).statistic
+        assert abs(rho) < 4.5 / math.sqrt(count - 1)  # 4.5 sigma: ~7e-6 per check
+    # The two releases are independent permutations of each other.
+    position = {r["payload"]: index for index, r in enumerate(files[1])}
+    rho = stats.spearmanr(np.arange(count), [position[r["payload"]] for r in files[0]]).statistic
+    assert abs(rho) < 4.5 / math.sqrt(count - 1)
+
+
+def test_single_instance_run_rejects_other_instances(tmp_path: Path) -> None:
+    records = rf.crowd(20, 1, instance=1) + rf.crowd(20, 1, prefix="zero", instance=0)
+    path = rf.write_reports(tmp_path / "r.avro", records)
+    release = _run(tmp_path, [path], _config(rules=rf.rules(instance=1)))
+    assert release.metrics["rejected_by_reason"] == {"wrong_instance": 20}
+    assert release.metrics["released"] == 20 and release.metrics["adds_up"]
+    assert {m["shuffler_instance"] for m in release.manifests} == {1}
+
+
+def test_streaming_windows_with_watermark_and_late_data(tmp_path: Path) -> None:
+    on_time = rf.write_reports(tmp_path / "1.avro", rf.crowd(5, 2, prefix="on"))
+    later = rf.write_reports(
+        tmp_path / "2.avro",
+        rf.crowd(3, 1, prefix="late")
+        + rf.crowd(6, 1, prefix="next", event_time=rf.T0 + rf.DAY_MS + 5),
+    )
+    output = tmp_path / "out"
+    config = _config(crowd_threshold=2, streaming=True)
+    stream = (
+        BeamTestStream()
+        .add_elements([on_time])
+        .advance_watermark_to((rf.T0 + rf.DAY_MS + 1000) / 1000)  # the first window is released
+        .add_elements([later])  # 3 reports for the first window arrive late
+        .advance_watermark_to_infinity()
+    )
+    pipeline = beam.Pipeline(options=PipelineOptions(streaming=True))
+    outputs = pipeline | stream | sh.ShuffleReports(config, str(output / "_spill"))
+    outputs.released | sh.WriteShuffledMessages(str(output))
+    outputs.dead_letters | sh.WriteDeadLetters(str(output))
+    outputs.manifests | sh.WriteManifests(str(output), streaming=True)
+    outputs.counts | sh.WriteMetrics(str(output), streaming=True)
+    result = pipeline.run()
+    result.wait_until_finish()
+    release = _collect(output, True, result)
+
+    assert release.metrics["adds_up"] and release.metrics["read"] == 19
+    assert release.metrics["rejected_by_reason"] == {core.LATE_DATA: 3}
+    late = {json.loads(letter["original_record"])["origin"] for letter in release.dead_letters}
+    assert late == {"late-0", "late-1", "late-2"}
+    assert Counter(_crowd_of(m)[0] for m in release.messages) == {rf.T0: 10, rf.T0 + rf.DAY_MS: 6}
+    assert sorted(m["respondents"] for m in release.manifests) == [5, 6]

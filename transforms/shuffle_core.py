@@ -1,0 +1,677 @@
+"""Pure, Beam-free parts of the ESA shuffler: validation, windows, origin shards, deletion, order.
+
+The Beam composite in ``transforms/shuffle.py`` is a thin shell around these functions; each one
+works on whole column batches (numpy arrays, Arrow arrays) and is tested without a pipeline.
+
+Privacy-relevant decisions follow the papers:
+
+* thresholds count distinct respondents, never messages (DESIGN.md invariant 1), and the threshold
+  of a crowd is the largest of the configured one, the recipe's and every message's own minimum
+  crowd size (samplable-anonymous-aggregation, Section 3: the minimum cohort is sent by the device);
+* randomized deletion is Algorithm 3 (esa-privacy-revisited, Section V) on respondents, with
+  discrete Laplace noise of the paper's scale 2/eps_cr drawn exactly from a cryptographic source
+  (``privacy.noise``), so that the released number of respondents is (eps_cr, delta_cr)-DP
+  (Theorem V.1);
+* every crowd is keyed by its recipe, so a crowd never mixes randomizers (amplification holds among
+  reports of the same randomizer: amplification-by-shuffling, Section 4.1);
+* the release order is a uniform permutation made from fresh secure randomness only
+  (esa-privacy-revisited, Section II-C: origin, order and timing must be hidden).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+import google_crc32c
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from privacy import noise
+from privacy.accounting.deletion import deletion_noise
+from privacy.noise import RandomSource
+
+# ---------------------------------------------------------------------------------------------
+# Rejection reasons
+# ---------------------------------------------------------------------------------------------
+
+VALID = 0
+# Reason codes in the order they are checked: a record gets the first reason that applies.
+REASONS: tuple[str, ...] = (
+    "",  # VALID
+    "wrong_schema",
+    "unknown_schema_version",
+    "missing_field",
+    "unknown_recipe",
+    "recipe_channel_mismatch",
+    "instance_out_of_range",
+    "wrong_instance",
+    "empty_origin",
+    "event_time_out_of_range",
+    "invalid_min_crowd_size",
+    "empty_payload",
+    "crc_mismatch",
+)
+REASON_CODE: dict[str, int] = {name: code for code, name in enumerate(REASONS) if name}
+
+# Reasons that do not come from validating one decoded record.
+UNREADABLE_REASONS = ("unreadable_file", "corrupt_block")
+LATE_DATA = "late_data"
+
+# Report fields the shuffler needs, with the Arrow type groups each may have.
+_INTEGER = "integer"
+_STRING = "string"
+_BINARY = "binary"
+REPORT_FIELDS: dict[str, str] = {
+    "schema_version": _INTEGER,
+    "shuffler_instance": _INTEGER,
+    "channel": _STRING,
+    "recipe_id": _STRING,
+    "crowd_id": _STRING,
+    "min_crowd_size": _INTEGER,
+    "origin": _STRING,
+    "event_time": _INTEGER,
+    "payload": _BINARY,
+    "payload_crc32c": _INTEGER,
+}
+# Fields that may be null (a union with null in the schema); all others are required.
+NULLABLE_FIELDS = frozenset({"crowd_id"})
+
+# Event times a window can be assigned to: 1970-01-01 up to year 9999, in milliseconds.
+MIN_EVENT_TIME_MS = 0
+MAX_EVENT_TIME_MS = 253_402_300_799_999
+_UINT32_MAX = 2**32 - 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Parameters
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RecipeRoute:
+    """What the shuffler needs to know about one recipe: where its messages may go."""
+
+    channel: str
+    shuffler_instances: int
+    min_crowd_size: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.channel, str) or not self.channel:
+            raise ValueError(f"channel must be a non-empty string, got {self.channel!r}")
+        if not isinstance(self.shuffler_instances, int) or self.shuffler_instances < 1:
+            raise ValueError(
+                f"shuffler_instances must be an int >= 1, got {self.shuffler_instances!r}"
+            )
+        if not isinstance(self.min_crowd_size, int) or self.min_crowd_size < 0:
+            raise ValueError(f"min_crowd_size must be an int >= 0, got {self.min_crowd_size!r}")
+
+
+def routes_from_recipes(recipes: Mapping[str, Any]) -> dict[str, RecipeRoute]:
+    """``{recipe_id: RecipeRoute}`` from recipe objects with ``channel``, ``shuffler_instances``
+    and ``min_crowd_size`` attributes (``schemas.recipes.Recipe``)."""
+    return {
+        recipe_id: RecipeRoute(
+            channel=recipe.channel,
+            shuffler_instances=int(recipe.shuffler_instances),
+            min_crowd_size=int(getattr(recipe, "min_crowd_size", 0) or 0),
+        )
+        for recipe_id, recipe in recipes.items()
+    }
+
+
+@dataclass(frozen=True)
+class ValidationRules:
+    """Which reports the shuffler accepts.
+
+    ``routes`` maps each known recipe id to its channel and number of shuffler instances;
+    ``instance`` (optional) makes this run accept only that shuffler instance.
+    """
+
+    routes: Mapping[str, RecipeRoute]
+    supported_versions: frozenset[int]
+    instance: int | None = None
+    _recipe_ids: tuple[str, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.routes:
+            raise ValueError("routes must name at least one recipe")
+        for recipe_id, route in self.routes.items():
+            if not isinstance(recipe_id, str) or not recipe_id:
+                raise ValueError(f"routes: recipe ids must be non-empty strings, got {recipe_id!r}")
+            if not isinstance(route, RecipeRoute):
+                raise ValueError(f"routes[{recipe_id!r}] must be a RecipeRoute, got {route!r}")
+        if not self.supported_versions:
+            raise ValueError("supported_versions must not be empty")
+        if self.instance is not None and (
+            not isinstance(self.instance, int)
+            or isinstance(self.instance, bool)
+            or self.instance < 0
+        ):
+            raise ValueError(f"instance must be an int >= 0 or None, got {self.instance!r}")
+        object.__setattr__(self, "_recipe_ids", tuple(sorted(self.routes)))
+
+    @property
+    def recipe_ids(self) -> tuple[str, ...]:
+        return self._recipe_ids
+
+
+_DURATION_UNITS_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_DURATION_PATTERN = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)\s*$")
+
+
+def parse_duration_ms(text: str) -> int:
+    """``"1d"``, ``"6h"``, ``"30m"``, ``"90s"``, ``"500ms"`` as a positive number of milliseconds."""
+    match = _DURATION_PATTERN.match(str(text))
+    if not match:
+        raise ValueError(f"duration must look like 1d, 6h, 30m, 90s or 500ms, got {text!r}")
+    value = int(match.group(1)) * _DURATION_UNITS_MS[match.group(2)]
+    if value <= 0:
+        raise ValueError(f"duration must be positive, got {text!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """Fixed event-time windows: [offset + k * period, offset + (k + 1) * period) in ms."""
+
+    period_ms: int = 86_400_000
+    offset_ms: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.period_ms, int) or self.period_ms <= 0:
+            raise ValueError(f"period_ms must be a positive int, got {self.period_ms!r}")
+        if not isinstance(self.offset_ms, int) or not 0 <= self.offset_ms < self.period_ms:
+            raise ValueError(f"offset_ms must be an int in [0, period_ms), got {self.offset_ms!r}")
+
+
+@dataclass(frozen=True)
+class DeletionParameters:
+    """(eps_cr, delta_cr) of randomized report deletion, Algorithm 3 (esa-privacy-revisited).
+
+    The noise is discrete Laplace with the paper's Laplace scale 2/eps_cr, and the offset is the
+    paper's (2/eps_cr) log(2/delta_cr) rounded up to an integer (``privacy.accounting.deletion``):
+    a larger offset only lowers the abort probability below the delta_cr/2 per crowd used in the
+    proof of Theorem V.1.
+    """
+
+    epsilon: float
+    delta: float
+
+    def __post_init__(self) -> None:
+        # deletion_noise validates both and names the field in its message.
+        deletion_noise(self.epsilon, self.delta)
+
+    @property
+    def scale(self) -> Fraction:
+        """The discrete Laplace scale 2 / eps_cr (exact)."""
+        return noise.discrete_laplace_scale(self.epsilon, sensitivity=2)
+
+    @property
+    def offset(self) -> int:
+        """ceil((2 / eps_cr) * log(2 / delta_cr)), line 3 of Algorithm 3."""
+        return deletion_noise(self.epsilon, self.delta).offset_records
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------------------------
+
+
+def _type_group(arrow_type: pa.DataType) -> str | None:
+    if pa.types.is_integer(arrow_type):
+        return _INTEGER
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+        return _STRING
+    if pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type):
+        return _BINARY
+    if pa.types.is_null(arrow_type):
+        return "null"
+    return None
+
+
+def schema_problem(schema: pa.Schema) -> str | None:
+    """Why a batch with this Arrow schema cannot hold Reports, or None if it can.
+
+    A writer schema with extra fields is accepted (they are ignored); a missing field or a field
+    of another type makes every record of the batch ``wrong_schema``.
+    """
+    for name, group in REPORT_FIELDS.items():
+        index = schema.get_field_index(name)
+        if index < 0:
+            return f"field {name!r} is missing"
+        found = _type_group(schema.field(index).type)
+        # An all-null column of a nullable field has Arrow type null.
+        if found != group and not (found == "null" and name in NULLABLE_FIELDS):
+            return f"field {name!r} has type {schema.field(index).type}, expected {group}"
+    return None
+
+
+def crc32c_of_payloads(payloads: pa.Array) -> np.ndarray:
+    """CRC32C (Castagnoli) of every payload as uint32 values in an int64 array (null -> -1)."""
+    values = payloads.to_pylist()
+    return np.fromiter(
+        (-1 if value is None else google_crc32c.value(value) for value in values),
+        dtype=np.int64,
+        count=len(values),
+    )
+
+
+def _int_column(batch: pa.RecordBatch, name: str, fill: int) -> np.ndarray:
+    column = batch.column(name)
+    return column.fill_null(fill).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
+def validate_reports(batch: pa.RecordBatch, rules: ValidationRules) -> np.ndarray:
+    """One reason code per record (``VALID`` = 0, else an index into ``REASONS``).
+
+    Checks, in order: schema (whole batch), schema version, required fields present, recipe known,
+    recipe's channel equals the message's channel, 0 <= instance < the recipe's K, the run's own
+    instance, non-empty origin, event time in range, min crowd size >= 0, non-empty payload,
+    CRC32C of the payload. DESIGN.md invariant 5: every rejected record is reported, none dropped.
+    """
+    rows = batch.num_rows
+    reasons = np.zeros(rows, dtype=np.uint8)
+    if rows == 0:
+        return reasons
+    if schema_problem(batch.schema) is not None:
+        reasons[:] = REASON_CODE["wrong_schema"]
+        return reasons
+
+    def reject(mask: np.ndarray, reason: str) -> None:
+        reasons[(reasons == VALID) & mask] = REASON_CODE[reason]
+
+    version = _int_column(batch, "schema_version", -1)
+    supported = np.array(sorted(rules.supported_versions), dtype=np.int64)
+    reject(~np.isin(version, supported), "unknown_schema_version")
+
+    missing = np.zeros(rows, dtype=bool)
+    for name in REPORT_FIELDS:
+        if name not in NULLABLE_FIELDS:
+            missing |= batch.column(name).is_null().to_numpy(zero_copy_only=False)
+    reject(missing, "missing_field")
+
+    recipe_ids = rules.recipe_ids
+    recipe_index = pc.index_in(batch.column("recipe_id"), value_set=pa.array(recipe_ids))
+    recipe_index = recipe_index.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    known = recipe_index >= 0
+    reject(~known, "unknown_recipe")
+
+    safe_index = np.where(known, recipe_index, 0)
+    routes = [rules.routes[recipe_id] for recipe_id in recipe_ids]
+    channels = sorted({route.channel for route in routes})
+    recipe_channel = np.array([channels.index(route.channel) for route in routes], dtype=np.int64)
+    message_channel = pc.index_in(batch.column("channel"), value_set=pa.array(channels))
+    message_channel = message_channel.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    reject(known & (message_channel != recipe_channel[safe_index]), "recipe_channel_mismatch")
+
+    instance = _int_column(batch, "shuffler_instance", -1)
+    instances_of_recipe = np.array([route.shuffler_instances for route in routes], dtype=np.int64)
+    reject((instance < 0) | (instance >= instances_of_recipe[safe_index]), "instance_out_of_range")
+    if rules.instance is not None:
+        reject(instance != rules.instance, "wrong_instance")
+
+    origin_length = pc.binary_length(batch.column("origin")).fill_null(0)
+    reject(origin_length.to_numpy(zero_copy_only=False) == 0, "empty_origin")
+
+    event_time = _int_column(batch, "event_time", MIN_EVENT_TIME_MS)
+    reject(
+        (event_time < MIN_EVENT_TIME_MS) | (event_time > MAX_EVENT_TIME_MS),
+        "event_time_out_of_range",
+    )
+
+    reject(_int_column(batch, "min_crowd_size", 0) < 0, "invalid_min_crowd_size")
+
+    payload_length = pc.binary_length(batch.column("payload")).fill_null(0)
+    reject(payload_length.to_numpy(zero_copy_only=False) == 0, "empty_payload")
+
+    declared = _int_column(batch, "payload_crc32c", -1)
+    # Only payloads still in the running are checksummed (the CRC is the costly check).
+    pending = np.flatnonzero(reasons == VALID)
+    if pending.size:
+        payloads = batch.column("payload")
+        if pending.size < rows:
+            payloads = payloads.take(pa.array(pending))
+        computed = crc32c_of_payloads(payloads)
+        mismatch = np.zeros(rows, dtype=bool)
+        mismatch[pending] = (declared[pending] != computed) | (declared[pending] > _UINT32_MAX)
+        reject(mismatch, "crc_mismatch")
+    return reasons
+
+
+def rejection_detail(reason: str, record: Mapping[str, Any], rules: ValidationRules) -> str:
+    """A one-line human-readable explanation of why ``record`` got ``reason``."""
+    recipe_id = record.get("recipe_id")
+    route = rules.routes.get(recipe_id) if isinstance(recipe_id, str) else None
+    if reason == "unknown_schema_version":
+        return (
+            f"schema_version {record.get('schema_version')!r} not in "
+            f"{sorted(rules.supported_versions)}"
+        )
+    if reason == "missing_field":
+        missing = [name for name in REPORT_FIELDS if record.get(name) is None]
+        missing = [name for name in missing if name not in NULLABLE_FIELDS]
+        return f"required field(s) {missing} are null"
+    if reason == "unknown_recipe":
+        return f"recipe {recipe_id!r} is not a known recipe"
+    if reason == "recipe_channel_mismatch" and route is not None:
+        return (
+            f"recipe {recipe_id!r} belongs to channel {route.channel!r}, "
+            f"message says {record.get('channel')!r}"
+        )
+    if reason == "instance_out_of_range" and route is not None:
+        return (
+            f"shuffler_instance {record.get('shuffler_instance')!r} not in "
+            f"[0, {route.shuffler_instances}) of recipe {recipe_id!r}"
+        )
+    if reason == "wrong_instance":
+        return (
+            f"shuffler_instance {record.get('shuffler_instance')!r} is not this run's "
+            f"instance {rules.instance}"
+        )
+    if reason == "empty_origin":
+        return "origin is empty"
+    if reason == "event_time_out_of_range":
+        return (
+            f"event_time {record.get('event_time')!r} not in "
+            f"[{MIN_EVENT_TIME_MS}, {MAX_EVENT_TIME_MS}] ms"
+        )
+    if reason == "invalid_min_crowd_size":
+        return f"min_crowd_size {record.get('min_crowd_size')!r} is negative"
+    if reason == "empty_payload":
+        return "payload is empty"
+    if reason == "crc_mismatch":
+        payload = record.get("payload") or b""
+        return (
+            f"payload_crc32c {record.get('payload_crc32c')!r} != computed "
+            f"{google_crc32c.value(payload)}"
+        )
+    return reason
+
+
+# ---------------------------------------------------------------------------------------------
+# Windows, crowds and origin shards
+# ---------------------------------------------------------------------------------------------
+
+
+def window_starts(event_time_ms: np.ndarray, spec: WindowSpec) -> np.ndarray:
+    """Start (ms) of the fixed event-time window each event time falls in."""
+    event_time_ms = np.asarray(event_time_ms, dtype=np.int64)
+    return event_time_ms - np.mod(event_time_ms - spec.offset_ms, spec.period_ms)
+
+
+# Positions of an origin string that get their own hash coefficient; longer origins wrap around.
+ORIGIN_HASH_POSITIONS = 64
+
+
+def new_origin_hash_key(source: RandomSource) -> np.ndarray:
+    """A secret key for :func:`origin_hashes` (one per run): odd 64-bit multipliers."""
+    words = np.frombuffer(source.random_bytes(8 * (ORIGIN_HASH_POSITIONS + 2)), dtype="<u8")
+    return words.astype(np.uint64) | np.uint64(1)
+
+
+def _fmix64(values: np.ndarray) -> np.ndarray:
+    """The bijective 64-bit finalizer of MurmurHash3: spreads every input bit to the top bits."""
+    values = values ^ (values >> np.uint64(33))
+    values = values * np.uint64(0xFF51AFD7ED558CCD)
+    values = values ^ (values >> np.uint64(33))
+    values = values * np.uint64(0xC4CEB9FE1A85EC53)
+    return values ^ (values >> np.uint64(33))
+
+
+def origin_hashes(origins: pa.Array, key: np.ndarray) -> np.ndarray:
+    """Keyed 64-bit hash of every origin string (uint64), vectorized over the string bytes.
+
+    A multilinear hash sum_j (byte_j + 1) * key[j mod P] + length * key[P] (mod 2**64) with secret
+    odd multipliers, then a bijective mixer. The key is secret per run, so senders cannot pick
+    origins that pile into one shard. Shards only spread work: no released field or order
+    depends on them.
+    """
+    if isinstance(origins, pa.ChunkedArray):
+        origins = origins.combine_chunks()
+    if pa.types.is_string(origins.type) or pa.types.is_large_string(origins.type):
+        origins = origins.cast(pa.large_binary())
+    elif not pa.types.is_large_binary(origins.type):
+        origins = origins.cast(pa.large_binary())
+    count = len(origins)
+    if count == 0:
+        return np.zeros(0, dtype=np.uint64)
+    buffers = origins.buffers()
+    offsets = np.frombuffer(buffers[1], dtype=np.int64)[origins.offset : origins.offset + count + 1]
+    data = (
+        np.frombuffer(buffers[2], dtype=np.uint8)
+        if buffers[2] is not None
+        else np.zeros(0, np.uint8)
+    )
+    begin, end = int(offsets[0]), int(offsets[-1])
+    lengths = np.diff(offsets)
+    byte_values = data[begin:end].astype(np.uint64) + np.uint64(1)
+    position = np.arange(end - begin, dtype=np.int64) - np.repeat(offsets[:-1] - begin, lengths)
+    contributions = byte_values * key[position % ORIGIN_HASH_POSITIONS]
+    running = np.concatenate(([np.uint64(0)], np.cumsum(contributions, dtype=np.uint64)))
+    sums = running[offsets[1:] - begin] - running[offsets[:-1] - begin]
+    sums = sums + lengths.astype(np.uint64) * key[ORIGIN_HASH_POSITIONS]
+    return _fmix64(sums ^ key[ORIGIN_HASH_POSITIONS + 1])
+
+
+def split_bits(messages: int, target: int, max_bits: int = 16) -> int:
+    """log2 of the number of parts (origin shards, output groups) of a crowd: the smallest power
+    of two that keeps a part at about ``target`` messages or fewer (at most 2**max_bits parts)."""
+    if messages < 0 or target < 1:
+        raise ValueError("messages must be >= 0 and target >= 1")
+    needed = max(1, math.ceil(messages / target))
+    return min(max_bits, (needed - 1).bit_length())
+
+
+def shard_row_range(sorted_hashes: np.ndarray, shard: int, bits: int) -> tuple[int, int]:
+    """Rows [begin, end) of hash-sorted rows whose hash's top ``bits`` bits equal ``shard``."""
+    if bits == 0:
+        return 0, len(sorted_hashes)
+    shift = 64 - bits
+    low = np.uint64(shard << shift)
+    begin = int(np.searchsorted(sorted_hashes, low, side="left"))
+    if shard + 1 >= (1 << bits):
+        return begin, len(sorted_hashes)
+    high = np.uint64((shard + 1) << shift)
+    return begin, int(np.searchsorted(sorted_hashes, high, side="left"))
+
+
+def _codes(column: pa.Array) -> np.ndarray:
+    """Integer codes of a column's values (nulls get -1) for sorting and grouping."""
+    if pa.types.is_integer(column.type):
+        return column.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    encoded = pc.dictionary_encode(column)
+    return encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def group_rows(
+    key_columns: Sequence[pa.Array], tiebreak: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Sort rows by their key columns (then ``tiebreak``) and find the groups of equal keys.
+
+    Returns ``(order, starts)``: rows ``order[starts[i]:starts[i+1]]`` share one key, with
+    ``starts`` ending in the row count. Vectorized: one lexsort, no per-row Python.
+    """
+    codes = [_codes(column) for column in key_columns]
+    rows = len(codes[0]) if codes else (0 if tiebreak is None else len(tiebreak))
+    sort_keys = ([tiebreak] if tiebreak is not None else []) + codes[::-1]
+    order = np.lexsort(sort_keys) if sort_keys else np.arange(rows)
+    if rows == 0:
+        return order, np.zeros(1, dtype=np.int64)
+    changed = np.zeros(rows, dtype=bool)
+    changed[0] = True
+    for code in codes:
+        ordered = code[order]
+        changed[1:] |= ordered[1:] != ordered[:-1]
+    starts = np.append(np.flatnonzero(changed), rows).astype(np.int64)
+    return order, starts
+
+
+def count_distinct(values: pa.Array) -> int:
+    """Exact number of distinct values (hash-based, in Arrow)."""
+    return len(pc.unique(values))
+
+
+# ---------------------------------------------------------------------------------------------
+# Threshold and randomized deletion (Algorithm 3, esa-privacy-revisited)
+# ---------------------------------------------------------------------------------------------
+
+RELEASED = "RELEASED"
+WITHHELD = "WITHHELD"
+BELOW_THRESHOLD = "below_threshold"
+DELETION_ABORTED = "deletion_aborted"
+BELOW_THRESHOLD_AFTER_DELETION = "below_threshold_after_deletion"
+
+
+def crowd_threshold(configured: int, recipe_minimum: int, message_minimums: int) -> int:
+    """max(configured threshold, the recipe's minimum crowd, every message's minimum crowd)."""
+    return max(int(configured), int(recipe_minimum), int(message_minimums), 1)
+
+
+@dataclass(frozen=True)
+class CrowdDecision:
+    """What happens to one crowd: released with ``respondents_kept`` respondents, or withheld."""
+
+    respondents: int
+    threshold: int
+    status: str
+    withheld_reason: str | None
+    respondents_kept: int
+
+    @property
+    def respondents_deleted(self) -> int:
+        return self.respondents - self.respondents_kept if self.status == RELEASED else 0
+
+
+def decide_crowd(
+    respondents: int,
+    threshold: int,
+    deletion: DeletionParameters | None,
+    source: RandomSource,
+) -> CrowdDecision:
+    """Threshold and Algorithm 3 (esa-privacy-revisited, Section V) for one crowd of respondents.
+
+    n = distinct respondents. Below the threshold nothing is drawn: withheld. Otherwise
+    n_hat = max(n + Z - offset, 0) with Z discrete Laplace of scale 2/eps_cr (line 3); abort
+    (withhold) when n_hat > n (line 7); keep n_hat respondents (line 5), and, as the paper applies
+    the fixed threshold after dropping reports, withhold again when n_hat < threshold, so that no
+    released crowd has fewer respondents than any of its devices demanded. Without deletion
+    parameters every respondent of a crowd at or above the threshold is kept.
+    """
+    if respondents < 0 or threshold < 1:
+        raise ValueError("respondents must be >= 0 and threshold >= 1")
+    if respondents < threshold:
+        return CrowdDecision(respondents, threshold, WITHHELD, BELOW_THRESHOLD, 0)
+    if deletion is None:
+        return CrowdDecision(respondents, threshold, RELEASED, None, respondents)
+    z = int(noise.sample_discrete_laplace(deletion.scale, source))
+    target = max(respondents + z - deletion.offset, 0)
+    if target > respondents:
+        return CrowdDecision(respondents, threshold, WITHHELD, DELETION_ABORTED, 0)
+    if target < threshold:
+        return CrowdDecision(respondents, threshold, WITHHELD, BELOW_THRESHOLD_AFTER_DELETION, 0)
+    return CrowdDecision(respondents, threshold, RELEASED, None, target)
+
+
+def released_respondents_pmf(
+    respondents: int, threshold: int, deletion: DeletionParameters
+) -> tuple[np.ndarray, float]:
+    """Exact distribution of :func:`decide_crowd`: ``(p, p_withheld)`` where ``p[k]`` is the
+    probability of releasing exactly k respondents (k = 0..n) and ``p_withheld`` the rest."""
+    n = int(respondents)
+    probabilities = np.zeros(n + 1)
+    if n < threshold:
+        return probabilities, 1.0
+    released = np.arange(max(threshold, 1), n + 1)
+    # n_hat = k >= 1 happens exactly when Z = k - n + offset.
+    probabilities[released] = noise.discrete_laplace_pmf(
+        released - n + deletion.offset, deletion.scale
+    )
+    return probabilities, float(max(0.0, 1.0 - probabilities.sum()))
+
+
+def uniform_subset(population: int, size: int, source: RandomSource) -> np.ndarray:
+    """A uniformly random ``size``-subset of ``range(population)`` (sorted int64).
+
+    The first ``size`` distinct values of an i.i.d. uniform sequence: their set is uniform over
+    all subsets by symmetry, and the work is O(size), not O(population). Subsets larger than half
+    the population are drawn as complements.
+    """
+    if population < 0 or not 0 <= size <= population:
+        raise ValueError(f"need 0 <= size <= population, got size={size}, population={population}")
+    if size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if 2 * size > population:
+        keep = np.ones(population, dtype=bool)
+        keep[uniform_subset(population, population - size, source)] = False
+        return np.flatnonzero(keep).astype(np.int64)
+    drawn = np.zeros(0, dtype=np.int64)
+    while True:
+        batch = noise.uniform_below(population, source, size=2 * size + 16)
+        drawn = np.concatenate((drawn, batch))
+        values, first = np.unique(drawn, return_index=True)
+        if values.size >= size:
+            chosen = drawn[np.sort(first)[:size]]
+            return np.sort(chosen)
+
+
+def split_deletions(
+    shard_respondents: np.ndarray, deleted: int, source: RandomSource
+) -> np.ndarray:
+    """Multivariate hypergeometric split of ``deleted`` respondents over shards.
+
+    Respondents are laid out shard after shard; a uniform ``deleted``-subset of all of them is
+    counted per shard, so the split is exactly multivariate hypergeometric and, with a uniform
+    choice inside each shard, the deleted set is a uniform subset of the whole crowd.
+    """
+    shard_respondents = np.asarray(shard_respondents, dtype=np.int64)
+    if np.any(shard_respondents < 0):
+        raise ValueError("shard_respondents must be >= 0")
+    total = int(shard_respondents.sum())
+    chosen = uniform_subset(total, int(deleted), source)
+    boundaries = np.cumsum(shard_respondents)
+    shard_of = np.searchsorted(boundaries, chosen, side="right")
+    return np.bincount(shard_of, minlength=shard_respondents.size).astype(np.int64)
+
+
+def kept_rows(
+    origin_codes: np.ndarray, distinct: int, deleted: int, source: RandomSource
+) -> np.ndarray:
+    """Boolean mask of rows kept when ``deleted`` of the ``distinct`` origins (rows carry their
+    origin's code in [0, distinct)) are chosen uniformly and all their messages dropped."""
+    drop = np.zeros(distinct, dtype=bool)
+    drop[noise.secure_sample_without_replacement(distinct, int(deleted), source)] = True
+    return ~drop[np.asarray(origin_codes, dtype=np.int64)]
+
+
+def group_of_bucket(buckets: np.ndarray, bucket_bits: int, group_bits: int) -> np.ndarray:
+    """Merge 2**bucket_bits uniform buckets into 2**group_bits groups (contiguous ranges).
+
+    A message in a uniform bucket of [2**bucket_bits] lands in a uniform group of [2**group_bits]
+    (group_bits <= bucket_bits): the bucket count is fixed before the release size is known, the
+    group count is chosen from the released number of messages only.
+    """
+    if not 0 <= group_bits <= bucket_bits:
+        raise ValueError(f"need 0 <= group_bits <= bucket_bits, got {group_bits}, {bucket_bits}")
+    return np.asarray(buckets, dtype=np.int64) >> (bucket_bits - group_bits)
+
+
+def assign_groups(messages: int, groups: int, source: RandomSource) -> np.ndarray:
+    """A fresh uniform group in [0, groups) for every message (secure, independent of all data).
+
+    Uniform i.i.d. groups followed by a uniform permutation inside each group make the
+    concatenation a uniform permutation of the crowd.
+    """
+    if groups == 1:
+        return np.zeros(messages, dtype=np.int64)
+    return noise.uniform_below(groups, source, size=messages)
+
+
+def release_order(messages: int, source: RandomSource) -> np.ndarray:
+    """A uniformly random order of ``messages`` messages from the secure source."""
+    return noise.secure_permutation(messages, source)
