@@ -1,0 +1,222 @@
+"""``esa run``: the whole product on one machine: simulated devices -> K shufflers -> analyzer.
+
+    esa run [--output results] [--recipe image_grid_onehot] [--population image:horse]
+        [--respondents 120000] [--instances 2] [--seed S] [--deletion-epsilon E --deletion-delta D]
+        [Beam runner flags, passed to every stage]
+
+Steps (each a Beam pipeline on the same runner flags):
+
+1. ``esa simulate``: the fleet writes ``OUTPUT/simulation/instance=<u>/reports-*.avro`` with the
+   truth (``truth.parquet``);
+2. ``esa shuffle --instance u`` for each of the K instances, on that instance's reports only:
+   ``OUTPUT/shuffled/instance=<u>/`` (its own release);
+3. ``esa analyze`` over the K releases with the simulation's truth: ``OUTPUT/analysis/``
+   (histograms.parquet, longitudinal.parquet, summary.json, pictures/*.png).
+
+A recipe made for a different number of shuffler instances is re-issued for K instances as
+``<name>-k<K>`` (uniform instance weights; everything else unchanged) in ``OUTPUT/recipe.json``,
+so its id still names every parameter. The defaults (the 64x64 image-grid one-hot recipe, two
+instances, 120,000 respondents: just above the recipe's minimum crowd of 100,000) finish in
+about a minute on two cores. ``make run`` calls ``esa run --output results``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from pipelines import analyze as analyze_pipeline
+from pipelines import shuffle as shuffle_pipeline
+from pipelines import simulate as simulate_pipeline
+from pipelines.cli import UsageError
+from pipelines.options import RunOptions
+from schemas.recipes import Recipe, load_recipe, recipe_from_dict
+
+__all__ = ["register", "run", "recipe_for_instances"]
+
+RUN_FILE = "run.json"
+SUBDIRECTORIES = ("simulation", "shuffled", "analysis")
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "run",
+        help="Simulate -> shuffle per instance -> analyze, with a short result table.",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    RunOptions.add_cli_arguments(parser)
+    parser.set_defaults(handler=_handle, accepts_pipeline_args=True)
+
+
+def _handle(args: argparse.Namespace, pipeline_args: list[str]) -> int:
+    options = PipelineOptions(pipeline_args, **RunOptions.cli_values(args))
+    result = run(options, pipeline_args, echo=True)
+    return 0 if result["adds_up"] else 1
+
+
+def default_population() -> str:
+    """image:horse when scikit-image is installed (``pip install .[images]``), else image:disc."""
+    return "image:horse" if importlib.util.find_spec("skimage") is not None else "image:disc"
+
+
+def recipe_for_instances(recipe: Recipe, instances: int) -> Recipe:
+    """``recipe`` itself when it is made for ``instances`` shufflers, else ``<name>-k<K>``: the
+    same recipe re-issued for K instances with uniform weights (a new id, since an id names every
+    parameter)."""
+    if instances < 1:
+        raise UsageError(f"--instances must be >= 1, got {instances}")
+    if recipe.shuffler_instances == instances:
+        return recipe
+    data = recipe.to_dict()
+    data["name"] = f"{recipe.name}-k{instances}"
+    data["shuffler_instances"] = instances
+    data["instance_weights"] = [1.0 / instances] * instances
+    data["description"] = (
+        f"{recipe.id} re-issued for {instances} shuffler instances. " + recipe.description
+    )
+    return recipe_from_dict(data, source=f"{recipe.id} for {instances} instances")
+
+
+def _prepare(output: Path, overwrite: bool) -> None:
+    if output.exists() and not output.is_dir():
+        raise UsageError(f"--output {output} exists and is not a directory")
+    if output.is_dir() and any(output.iterdir()):
+        if not (overwrite or (output / RUN_FILE).exists()):
+            raise UsageError(
+                f"--output {output} holds something other than an earlier esa run; --overwrite"
+            )
+        for name in (*SUBDIRECTORIES, RUN_FILE, "recipe.json"):
+            path = output / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
+    output.mkdir(parents=True, exist_ok=True)
+
+
+def run(
+    options: PipelineOptions, pipeline_args: list[str] | None = None, echo: bool = False
+) -> dict[str, Any]:
+    """Run the three stages; returns run.json's content (stage summaries, seconds, paths).
+
+    ``pipeline_args`` are Beam's own flags (runner and its settings), passed to every stage.
+    """
+    values = options.view_as(RunOptions)
+    flags = list(pipeline_args or [])
+    output = Path(values.run_output)
+    if values.run_respondents is not None and values.run_respondents < 1:
+        raise UsageError(f"--respondents must be >= 1, got {values.run_respondents}")
+    if (values.run_deletion_epsilon is None) != (values.run_deletion_delta is None):
+        raise UsageError("--deletion-epsilon and --deletion-delta go together")
+    try:
+        recipe = recipe_for_instances(load_recipe(values.run_recipe), values.run_instances)
+    except ValueError as error:
+        raise UsageError(str(error)) from error
+    _prepare(output, values.run_overwrite)
+    recipe_path = output / "recipe.json"
+    recipe_path.write_text(recipe.to_json())
+    population = values.run_population or default_population()
+    seconds: dict[str, float] = {}
+
+    def say(text: str) -> None:
+        if echo:
+            print(text, flush=True)
+
+    started = time.monotonic()
+    say(
+        f"simulate: {recipe.id}, population {population}, {values.run_respondents or 'natural'} "
+        f"respondents, {recipe.shuffler_instances} shuffler instances"
+    )
+    simulation_dir = output / "simulation"
+    simulation = simulate_pipeline.run(
+        PipelineOptions(
+            flags,
+            simulate_recipe=str(recipe_path),
+            simulate_population=population,
+            simulate_respondents=values.run_respondents,
+            simulate_output=str(simulation_dir),
+            simulate_seed=values.run_seed,
+        )
+    )
+    seconds["simulate"] = round(time.monotonic() - started, 2)
+    say(f"  {simulation['messages']:,} messages, {simulation['census_messages']:,} census "
+        f"({seconds['simulate']} s)")  # fmt: skip
+
+    shuffles = []
+    for instance in range(recipe.shuffler_instances):
+        began = time.monotonic()
+        release = output / "shuffled" / f"instance={instance}"
+        say(f"shuffle: instance {instance}")
+        shuffle_values: dict[str, Any] = {
+            "input": str(simulation_dir / f"instance={instance}" / "*.avro"),
+            "output": str(release),
+            "instance": instance,
+            "recipe": [str(recipe_path)],
+            "crowd_threshold": values.run_crowd_threshold,
+            "deletion_epsilon": values.run_deletion_epsilon,
+            "deletion_delta": values.run_deletion_delta,
+        }
+        summary = shuffle_pipeline.run(PipelineOptions(flags, **shuffle_values))
+        seconds[f"shuffle_{instance}"] = round(time.monotonic() - began, 2)
+        shuffles.append(summary)
+        say(
+            f"  released {summary['released']:,} of {summary['read']:,} messages, "
+            f"{summary['crowds_withheld']} crowds withheld ({seconds[f'shuffle_{instance}']} s)"
+        )
+
+    began = time.monotonic()
+    say("analyze")
+    analysis_dir = output / "analysis"
+    analysis = analyze_pipeline.run(
+        PipelineOptions(
+            flags,
+            analyze_input=[str(output / "shuffled")],
+            analyze_output=str(analysis_dir),
+            analyze_recipe=[str(recipe_path)],
+            analyze_truth=[str(simulation_dir)],
+            analyze_postprocessing=values.run_postprocessing,
+            analyze_deletion_epsilon=values.run_deletion_epsilon,
+            analyze_deletion_delta=values.run_deletion_delta,
+        )
+    )
+    seconds["analyze"] = round(time.monotonic() - began, 2)
+    seconds["total"] = round(time.monotonic() - started, 2)
+    result = {
+        "recipe": recipe.id,
+        "population": population,
+        "seed": simulation.get("seed"),
+        "respondents": simulation.get("respondents"),
+        "messages": simulation.get("messages"),
+        "instances": recipe.shuffler_instances,
+        "paths": {
+            "recipe": str(recipe_path),
+            "simulation": str(simulation_dir),
+            "shuffled": str(output / "shuffled"),
+            "analysis": str(analysis_dir),
+            "histograms": str(analysis_dir / analyze_pipeline.HISTOGRAMS_FILE),
+            "longitudinal": str(analysis_dir / analyze_pipeline.LONGITUDINAL_FILE),
+            "summary": str(analysis_dir / analyze_pipeline.SUMMARY_FILE),
+            "pictures": analysis.get("pictures", []),
+        },
+        "seconds": seconds,
+        "adds_up": bool(analysis["metrics"]["adds_up"])
+        and all(summary.get("adds_up") for summary in shuffles),
+    }
+    (output / RUN_FILE).write_text(json.dumps(result, indent=2))
+    say("")
+    say(analyze_pipeline.summary_table(analysis))
+    say("")
+    say(f"results ({seconds['total']} s): {analysis_dir}/")
+    for name in ("histograms", "longitudinal", "summary"):
+        say(f"  {result['paths'][name]}")
+    for picture in result["paths"]["pictures"]:
+        say(f"  {picture}")
+    return result

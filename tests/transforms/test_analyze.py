@@ -1,0 +1,217 @@
+"""The analyzer's Beam composites: combiner contract and a small pipeline on real Avro files."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import apache_beam as beam
+import fastavro
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.testing.util import assert_that, equal_to
+
+from privacy.rng import seeded_generator
+from schemas import SUPPORTED_SCHEMA_VERSIONS, crc32c, parsed_schema
+from schemas.payloads import encode_census, encode_payloads
+from schemas.recipes import recipe_from_dict
+from transforms import analyze_core as core
+from transforms.aggregate import AggregateReleases, CombineCrowd, SumCounts, metrics_summary
+from transforms.analyze import (
+    AnalysisConfig,
+    EstimateCrowds,
+    TruthSource,
+    WriteAnalysis,
+    histogram_schema,
+)
+
+DAY = 86_400_000
+T0 = 1_704_067_200_000
+RECIPE = recipe_from_dict(
+    {
+        "name": "grid",
+        "version": 1,
+        "channel": "grid",
+        "randomizer": "one_hot_rappor",
+        "randomizer_params": {"domain_size": 8, "epsilon": 3.0},
+        "fragmentation": "attribute",
+        "epsilon_local": 3.0,
+        "epsilon_central_target": 3.0,
+        "delta": 1e-6,
+        "min_crowd_size": 10,
+        "query_class": "test",
+        "data_fields": ["cell"],
+        "shuffler_instances": 2,
+    }
+)
+BOOK = core.RecipeBook([RECIPE])
+KEY = (core.HISTOGRAM, T0, T0 + DAY, "grid", "grid@1", None)
+
+
+def _accumulator(buckets, census):
+    accumulator = core.CrowdAccumulator.empty(8)
+    accumulator.add_messages(np.asarray(buckets))
+    for instance, count in census.items():
+        accumulator.add_census(instance, count)
+    return accumulator
+
+
+def test_combine_crowd_three_ways_agree():
+    # Beam's combiners_test habit: call the CombineFn directly; sequential adds, merges of
+    # single-element accumulators and merges after compact + pickling must agree.
+    parts = [_accumulator([1, 2], {0: 3}), _accumulator([2], {1: 4}), _accumulator([7, 7], {0: 1})]
+    combine = CombineCrowd()
+
+    def fresh():
+        return [pickle.loads(pickle.dumps(p)) for p in parts]
+
+    sequential = combine.create_accumulator()
+    for part in fresh():
+        sequential = combine.add_input(sequential, part)
+    merged = combine.merge_accumulators(
+        [combine.add_input(combine.create_accumulator(), p) for p in fresh()]
+    )
+    compacted = combine.merge_accumulators(
+        [pickle.loads(pickle.dumps(combine.compact(p))) for p in fresh()] + [None]
+    )
+    for result in (sequential, merged, compacted):
+        output = combine.extract_output(result)
+        np.testing.assert_array_equal(output.counts.dense(), [0, 1, 2, 0, 0, 0, 0, 2])
+        assert output.census == {0: 4, 1: 4}
+        assert output.messages == 5
+    assert combine.extract_output(combine.create_accumulator()) is None
+
+
+def test_sum_counts_and_metrics_balance():
+    combine = SumCounts()
+    total = combine.merge_accumulators(
+        [
+            {"read": 5, "census": 2, "messages": 2, "rejected:crc_mismatch": 1},
+            {"read": 1, "rejected:empty": 1},
+        ]
+    )
+    summary = metrics_summary(combine.extract_output(total))
+    assert summary["adds_up"] and summary["dead_lettered"] == 2
+    assert summary["rejected_by_reason"] == {"crc_mismatch": 1, "empty": 1}
+    assert not metrics_summary({"read": 3, "census": 1})["adds_up"]
+
+
+def _write_release_file(path, rows):
+    records = [
+        {
+            "schema_version": 1,
+            "window_start": T0,
+            "window_end": T0 + DAY,
+            "channel": "grid",
+            "recipe_id": recipe_id,
+            "crowd_id": None,
+            "payload": payload,
+            "payload_crc32c": crc32c(payload) if crc is None else crc,
+        }
+        for recipe_id, payload, crc in rows
+    ]
+    with open(path, "wb") as handle:
+        fastavro.writer(handle, parsed_schema("shuffled_message"), records)
+
+
+@pytest.fixture(scope="module")
+def release_files(tmp_path_factory):
+    """Two instances' message files of one crowd, 400 respondents, plus bad records."""
+    root = tmp_path_factory.mktemp("releases")
+    rng = seeded_generator(11)
+    randomizer = RECIPE.build_randomizer()
+    values = rng.integers(0, 8, size=400)
+    messages = randomizer.randomize(values, rng)
+    instance = rng.integers(0, 2, size=len(messages))
+    census = encode_census(1).to_list()[0]
+    payloads = encode_payloads("bucket", {"bucket": messages.bucket}).to_list()
+    files = []
+    for u in (0, 1):
+        rows = [("grid@1", census, None)] * 400
+        rows += [("grid@1", p, None) for p, i in zip(payloads, instance, strict=True) if i == u]
+        path = root / f"instance{u}.avro"
+        _write_release_file(path, rows)
+        files.append((u, str(path)))
+    bad = root / "bad.avro"
+    _write_release_file(bad, [("grid@1", payloads[0], 7), ("nope@1", payloads[0], None)])
+    files.append((0, str(bad)))
+    garbage = root / "garbage.avro"
+    garbage.write_bytes(b"not an avro file")
+    files.append((1, str(garbage)))
+    counts = np.bincount(values, minlength=8)
+    return files, messages.bucket_sums(8), counts
+
+
+def test_aggregate_releases_adds_every_file_and_dead_letters_bad_records(release_files):
+    files, sums, _ = release_files
+    options = PipelineOptions(["--runner=FnApiRunner"])
+    with beam.Pipeline(options=options) as pipeline:
+        outputs = (
+            pipeline
+            | beam.Create(files)
+            | AggregateReleases(BOOK, SUPPORTED_SCHEMA_VERSIONS, batch_records=100)
+        )
+        crowds = outputs.crowds | beam.Map(
+            lambda kv: (kv[0], kv[1].counts.dense().tolist(), kv[1].census)
+        )
+        assert_that(crowds, equal_to([(KEY, sums.tolist(), {0: 400, 1: 400})]), label="crowds")
+        reasons = outputs.dead_letters | beam.FlatMap(
+            lambda letters: [x["reason"] for x in letters]
+        )
+        assert_that(
+            reasons,
+            equal_to(["crc_mismatch", "unknown_recipe", "unreadable_file"]),
+            label="dead letters",
+        )
+        balance = (
+            outputs.counts
+            | beam.Map(metrics_summary)
+            | beam.Map(lambda m: (m["files"], m["census"], m["dead_lettered"], m["adds_up"]))
+        )
+        assert_that(balance, equal_to([(4, 800, 3, True)]), label="counts")
+
+
+def test_estimate_and_write_analysis(release_files, tmp_path):
+    files, _, true_counts = release_files
+    truth_path = tmp_path / "truth.parquet"
+    truth = {"window_start": [T0] * 8, "bucket": list(range(8)), "count": true_counts.tolist()}
+    pq.write_table(pa.table(truth), truth_path)
+    config = AnalysisConfig(
+        BOOK, postprocessing="clip_nonnegative", truth=(TruthSource(str(truth_path), "grid@1"),)
+    )
+    output = tmp_path / "out"
+    manifests = [
+        {"window_start": T0 + DAY, "window_end": T0 + 2 * DAY, "shuffler_instance": 0,
+         "channel": "grid", "recipe_id": "grid@1", "crowd_id": None, "status": "WITHHELD",
+         "withheld_reason": "below_threshold"},
+    ]  # fmt: skip
+    with beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner"])) as pipeline:
+        aggregated = pipeline | beam.Create(files) | AggregateReleases(BOOK, {1})
+        estimates = aggregated.crowds | EstimateCrowds(config)
+        _ = (estimates, aggregated.counts) | WriteAnalysis(
+            str(output), config, {"test": True}, manifests
+        )
+    table = pq.read_table(output / "histograms.parquet")
+    assert table.schema == histogram_schema(config)
+    assert table.column("bucket").to_pylist() == list(range(8))
+    assert table.column("truth").to_pylist() == true_counts.tolist()
+    assert set(table.column("n").to_pylist()) == {400.0}
+    estimate = table.column("estimate").to_numpy()
+    stderr = table.column("stderr").to_numpy()
+    # 8 buckets at 4.5 sigma: ~5e-5 false failures in all.
+    assert np.all(np.abs(estimate - true_counts) <= 4.5 * stderr)
+    clipped = table.column("estimate_clip_nonnegative").to_numpy()
+    np.testing.assert_array_equal(clipped, np.maximum(estimate, 0))
+    assert pq.read_table(output / "longitudinal.parquet").num_rows == 0
+    summary = json.loads((output / "summary.json").read_text())
+    [crowd] = summary["histograms"]
+    assert crowd["census_by_instance"] == {"0": 400, "1": 400}
+    assert crowd["privacy"]["respondents"] == 400
+    assert crowd["accuracy"]["truth_scale"] == 1.0
+    assert summary["metrics"]["adds_up"] and summary["metrics"]["dead_lettered"] == 3
+    [withheld] = summary["withheld"]
+    assert withheld["window_start"] == T0 + DAY and not withheld["estimated"]
+    assert summary["inputs"] == {"test": True}

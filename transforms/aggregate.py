@@ -1,0 +1,208 @@
+"""The analyzer's first half as Beam transforms: released messages in, count arrays per crowd out.
+
+:class:`AggregateReleases` takes ``(instance, path)`` pairs, one per ShuffledMessage Avro file of
+each shuffler instance's release (the analyzer knows which shuffler a release came from). Each
+file is read in column batches (``transforms.avro_io``: one Beam element per batch, never per
+message); a batch is verified (schema version, window, CRC32C, a known recipe on its channel),
+its payloads decoded per recipe, and its census and randomized messages counted into one partial
+accumulator per crowd (``transforms.analyze_core.aggregate_batch``). A combiner adds the count
+arrays per (window, channel, recipe, crowd), or per (channel, recipe, crowd) for longitudinal
+counters, whose rounds span d windows. Unreadable chunks and undecodable messages go to the
+``dead_letters`` output with their reason; counters account for every record read.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, NamedTuple
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+
+from schemas.records import dead_letter
+from transforms import analyze_core as core
+from transforms import avro_io
+
+METRICS_NAMESPACE = "esa.analyze"
+STAGE_READ = "analyze.read"
+STAGE_DECODE = "analyze.decode"
+DEAD_LETTER_TAG = "dead_letter"
+COUNTS_TAG = "counts"
+# Dead letters are emitted in lists of at most this many (one Beam element per list).
+DEAD_LETTERS_PER_ELEMENT = 1000
+
+
+def _inc(counts: dict[str, int], name: str, value: int) -> None:
+    if value:
+        counts[name] = counts.get(name, 0) + int(value)
+        Metrics.counter(METRICS_NAMESPACE, name.replace(":", "_")).inc(int(value))
+
+
+@beam.typehints.with_output_types(typing.Any)
+class DecodeReleaseFile(beam.DoFn):
+    """``(instance, path)`` -> ``(crowd key, partial accumulator)`` per crowd and batch; tagged
+    ``dead_letter`` (lists of DeadLetter dicts) and ``counts`` (dicts of counters) outputs."""
+
+    def __init__(
+        self,
+        book: core.RecipeBook,
+        supported_versions: Iterable[int],
+        batch_records: int = avro_io.DEFAULT_BATCH_RECORDS,
+        dense_limit: int = core.DENSE_LIMIT,
+    ) -> None:
+        self._book = book
+        self._versions = tuple(sorted(supported_versions))
+        self._batch_records = batch_records
+        self._dense_limit = dense_limit
+
+    def process(self, element: tuple[int, str]) -> Iterator[Any]:
+        instance, path = element
+        counts: dict[str, int] = {"files": 1}
+        for item in avro_io.read_avro_batches(path, self._batch_records):
+            if isinstance(item, avro_io.UnreadableChunk):
+                _inc(counts, "read", 1)
+                _inc(counts, f"rejected:{item.reason}", 1)
+                records = (
+                    "" if item.declared_records is None else f", {item.declared_records} records"
+                )
+                letter = dead_letter(
+                    STAGE_READ,
+                    item.reason,
+                    f"{item.detail} ({item.length} bytes{records})",
+                    item.position,
+                    original_bytes=item.raw,
+                )
+                yield beam.pvalue.TaggedOutput(DEAD_LETTER_TAG, [letter])
+                continue
+            result = core.aggregate_batch(
+                item.columns, int(instance), self._book, self._versions, self._dense_limit
+            )
+            for name, value in result.counts.items():
+                _inc(counts, name, value)
+            if result.rejected_rows.size:
+                yield from self._dead_letters(item, result)
+            yield from result.accumulators.items()
+        yield beam.pvalue.TaggedOutput(COUNTS_TAG, counts)
+
+    @staticmethod
+    def _dead_letters(item: avro_io.ColumnBatch, result: core.BatchAggregate) -> Iterator[Any]:
+        rejected = item.columns.take(result.rejected_rows)
+        records = rejected.to_pylist()
+        letters = [
+            dead_letter(
+                STAGE_DECODE,
+                reason,
+                f"shuffled message rejected by the analyzer: {reason}",
+                f"{item.source}#record={item.first_record + int(row)}",
+                original_record=record,
+            )
+            for row, reason, record in zip(
+                result.rejected_rows.tolist(), result.rejected_reasons, records, strict=True
+            )
+        ]
+        for start in range(0, len(letters), DEAD_LETTERS_PER_ELEMENT):
+            yield beam.pvalue.TaggedOutput(
+                DEAD_LETTER_TAG, letters[start : start + DEAD_LETTERS_PER_ELEMENT]
+            )
+
+
+class CombineCrowd(beam.CombineFn):
+    """Adds partial accumulators of one crowd (count arrays, census, counters).
+
+    The empty accumulator is ``None`` so one combiner serves histogram and longitudinal crowds;
+    merging reuses the first accumulator in place (no copy of its count array).
+    """
+
+    def create_accumulator(self) -> core.Accumulator | None:
+        return None
+
+    def add_input(
+        self, accumulator: core.Accumulator | None, element: core.Accumulator
+    ) -> core.Accumulator:
+        return core.merge_any([accumulator, element])
+
+    def merge_accumulators(
+        self, accumulators: Iterable[core.Accumulator | None]
+    ) -> core.Accumulator | None:
+        return core.merge_any(accumulators)
+
+    def compact(self, accumulator: core.Accumulator | None) -> core.Accumulator | None:
+        if isinstance(accumulator, core.CrowdAccumulator):
+            accumulator.counts.compact()
+        return accumulator
+
+    def extract_output(self, accumulator: core.Accumulator | None) -> core.Accumulator | None:
+        return accumulator
+
+
+class SumCounts(beam.CombineFn):
+    """Adds counter dicts (files, read, census, messages, rejected:<reason>)."""
+
+    def create_accumulator(self) -> dict[str, int]:
+        return {}
+
+    def add_input(self, accumulator: dict[str, int], counts: Mapping[str, int]) -> dict[str, int]:
+        for name, value in counts.items():
+            accumulator[name] = accumulator.get(name, 0) + int(value)
+        return accumulator
+
+    def merge_accumulators(self, accumulators: Iterable[dict[str, int]]) -> dict[str, int]:
+        total: dict[str, int] = {}
+        for accumulator in accumulators:
+            self.add_input(total, accumulator)
+        return total
+
+    def extract_output(self, accumulator: dict[str, int]) -> dict[str, int]:
+        return dict(sorted(accumulator.items()))
+
+
+class AggregateOutputs(NamedTuple):
+    crowds: beam.PCollection  # (crowd key, accumulator)
+    dead_letters: beam.PCollection  # lists of DeadLetter dicts
+    counts: beam.PCollection  # one dict of counters (global)
+
+
+class AggregateReleases(beam.PTransform):
+    """``(instance, path)`` of every released message file -> :class:`AggregateOutputs`."""
+
+    def __init__(
+        self,
+        book: core.RecipeBook,
+        supported_versions: Iterable[int],
+        batch_records: int = avro_io.DEFAULT_BATCH_RECORDS,
+        dense_limit: int = core.DENSE_LIMIT,
+    ) -> None:
+        super().__init__()
+        self._decode = DecodeReleaseFile(book, supported_versions, batch_records, dense_limit)
+
+    def expand(self, files: beam.PCollection) -> AggregateOutputs:
+        decoded = files | "DecodeBatches" >> beam.ParDo(self._decode).with_outputs(
+            DEAD_LETTER_TAG, COUNTS_TAG, main="crowds"
+        )
+        crowds = decoded.crowds | "AddCountArrays" >> beam.CombinePerKey(CombineCrowd())
+        counts = decoded[COUNTS_TAG] | "AddCounters" >> beam.CombineGlobally(SumCounts())
+        return AggregateOutputs(crowds, decoded[DEAD_LETTER_TAG], counts)
+
+
+def metrics_summary(counts: Mapping[str, int]) -> dict[str, Any]:
+    """The analyzer's counters with the balance check read = census + messages + rejected
+    (DESIGN.md invariant 5)."""
+    rejected = {
+        name.split(":", 1)[1]: int(value)
+        for name, value in sorted(counts.items())
+        if name.startswith("rejected:")
+    }
+    read = int(counts.get("read", 0))
+    census = int(counts.get("census", 0))
+    messages = int(counts.get("messages", 0))
+    dead_lettered = sum(rejected.values())
+    return {
+        "files": int(counts.get("files", 0)),
+        "read": read,
+        "census": census,
+        "messages": messages,
+        "rejected_by_reason": rejected,
+        "dead_lettered": dead_lettered,
+        "adds_up": read == census + messages + dead_lettered,
+    }

@@ -1,0 +1,433 @@
+"""The analyzer's second half as Beam transforms: count arrays per crowd in, answers out.
+
+:class:`EstimateCrowds` de-biases each crowd's count arrays with its recipe's estimator at the
+effective respondent count n_eff = Σ_u π_u n_u (``transforms.analyze_core``: census messages of
+every instance's release weighted by the recipe's instance weights), adds standard errors, the
+optional labelled post-processing, the longitudinal marginals of Algorithm 2
+(amplification-by-shuffling) with Theorem 6's bound, the privacy report per crowd, and, when a
+simulation's truth is given, the accuracy against it. :class:`WriteAnalysis` writes
+``histograms.parquet``, ``longitudinal.parquet`` and ``summary.json``.
+
+Outputs are per crowd (one Arrow table per crowd, one report dict per crowd), never per message.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import typing
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from transforms import analyze_core as core
+from transforms.aggregate import metrics_summary
+
+HISTOGRAMS_FILE = "histograms.parquet"
+LONGITUDINAL_FILE = "longitudinal.parquet"
+SUMMARY_FILE = "summary.json"
+HISTOGRAM_TAG = "histogram"
+LONGITUDINAL_TAG = "longitudinal"
+_TIME = pa.timestamp("ms", tz="UTC")
+
+
+@dataclass(frozen=True)
+class TruthSource:
+    """Where a simulation's truth is (``truth.parquet``) and which recipe it describes."""
+
+    path: str
+    recipe_id: str
+
+    def __post_init__(self) -> None:
+        if not self.path or not self.recipe_id:
+            raise ValueError("TruthSource needs a path and a recipe_id")
+
+
+def read_truth(source: TruthSource) -> core.Truth:
+    """``truth.parquet`` of ``esa simulate`` (window_start, bucket, count) as a Truth."""
+    with FileSystems.open(source.path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        table = pq.read_table(handle, columns=["window_start", "bucket", "count"])
+    window_start = table.column("window_start")
+    if pa.types.is_timestamp(window_start.type):
+        window_start = window_start.cast(pa.timestamp("ms")).cast(pa.int64())
+    return core.Truth(
+        recipe_id=source.recipe_id,
+        window_start=window_start.to_numpy(),
+        bucket=table.column("bucket").to_numpy(),
+        count=table.column("count").to_numpy(),
+    )
+
+
+@dataclass(frozen=True)
+class AnalysisConfig:
+    """Settings of the estimation step.
+
+    ``deletion``: per shuffler instance, the (ε_cr, δ_cr) of its randomized deletion (Algorithm
+    3, esa-privacy-revisited), added to the privacy report; ``failure_probability``: β of the
+    longitudinal error bound; ``truth``: simulations' truth files, at most one per recipe.
+    """
+
+    book: core.RecipeBook
+    postprocessing: str = "none"
+    failure_probability: float = 0.05
+    deletion: Mapping[int, tuple[float, float]] = field(default_factory=dict)
+    truth: tuple[TruthSource, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.book, core.RecipeBook) or len(self.book) == 0:
+            raise ValueError("book must be a non-empty RecipeBook")
+        if self.postprocessing not in core.POSTPROCESSING:
+            raise ValueError(
+                f"postprocessing must be one of {core.POSTPROCESSING}, got {self.postprocessing!r}"
+            )
+        if not 0 < self.failure_probability < 1:
+            raise ValueError(
+                f"failure_probability must be in (0, 1), got {self.failure_probability}"
+            )
+        deletion = {}
+        for instance, pair in dict(self.deletion).items():
+            epsilon, delta = (float(v) for v in pair)
+            if not (epsilon > 0 and math.isfinite(epsilon) and 0 < delta < 1):
+                raise ValueError(f"deletion for instance {instance} must be (ε > 0, δ in (0, 1))")
+            deletion[int(instance)] = (epsilon, delta)
+        object.__setattr__(self, "deletion", deletion)
+        truth = tuple(self.truth)
+        recipes = [source.recipe_id for source in truth]
+        if len(set(recipes)) != len(recipes):
+            raise ValueError(f"one truth per recipe, got {recipes}")
+        object.__setattr__(self, "truth", truth)
+
+    @property
+    def postprocessed_column(self) -> str | None:
+        return None if self.postprocessing == "none" else f"estimate_{self.postprocessing}"
+
+
+def histogram_schema(config: AnalysisConfig) -> pa.Schema:
+    """Columns of histograms.parquet (``truth`` only when the simulation's truth is known)."""
+    fields = [
+        pa.field("window_start", _TIME),
+        pa.field("window_end", _TIME),
+        pa.field("channel", pa.string()),
+        pa.field("recipe_id", pa.string()),
+        pa.field("crowd", pa.string()),
+        pa.field("bucket", pa.int64()),
+        pa.field("estimate", pa.float64()),
+        pa.field("stderr", pa.float64()),
+        pa.field("raw_count", pa.int64()),
+        pa.field("n", pa.float64()),
+    ]
+    if config.postprocessed_column:
+        fields.append(pa.field(config.postprocessed_column, pa.float64()))
+    if config.truth:
+        fields.append(pa.field("truth", pa.float64()))
+    return pa.schema(fields)
+
+
+def longitudinal_schema(config: AnalysisConfig) -> pa.Schema:
+    """Columns of longitudinal.parquet."""
+    fields = [
+        pa.field("channel", pa.string()),
+        pa.field("recipe_id", pa.string()),
+        pa.field("crowd", pa.string()),
+        pa.field("round_start", _TIME),
+        pa.field("period", pa.int32()),
+        pa.field("window_start", _TIME),
+        pa.field("window_end", _TIME),
+        pa.field("estimate", pa.float64()),
+        pa.field("stderr", pa.float64()),
+        pa.field("error_bound", pa.float64()),
+        pa.field("n", pa.float64()),
+        pa.field("n_period", pa.float64()),
+    ]
+    if config.truth:
+        fields.append(pa.field("truth", pa.float64()))
+    return pa.schema(fields)
+
+
+def histogram_table(
+    result: core.HistogramResult, config: AnalysisConfig, truth: np.ndarray | None
+) -> pa.Table:
+    """histograms.parquet rows of one crowd."""
+    rows = result.buckets.size
+    _, start, end, channel, recipe_id, crowd_id = result.key
+    columns: dict[str, Any] = {
+        "window_start": pa.array(np.full(rows, start, dtype=np.int64)).cast(_TIME),
+        "window_end": pa.array(np.full(rows, end, dtype=np.int64)).cast(_TIME),
+        "channel": pa.array([channel] * rows, pa.string()),
+        "recipe_id": pa.array([recipe_id] * rows, pa.string()),
+        "crowd": pa.array([crowd_id] * rows, pa.string()),
+        "bucket": pa.array(result.buckets, pa.int64()),
+        "estimate": pa.array(result.estimate, pa.float64()),
+        "stderr": pa.array(result.stderr, pa.float64()),
+        "raw_count": pa.array(result.raw_count, pa.int64())
+        if result.raw_count is not None
+        else pa.nulls(rows, pa.int64()),
+        "n": pa.array(np.full(rows, result.respondents), pa.float64()),
+    }
+    if config.postprocessed_column:
+        columns[config.postprocessed_column] = (
+            pa.array(result.postprocessed, pa.float64())
+            if result.postprocessed is not None
+            else pa.nulls(rows, pa.float64())
+        )
+    if config.truth:
+        columns["truth"] = (
+            pa.array(truth, pa.float64()) if truth is not None else pa.nulls(rows, pa.float64())
+        )
+    return pa.table(columns, schema=histogram_schema(config))
+
+
+def longitudinal_table(
+    result: core.LongitudinalResult, config: AnalysisConfig, truth: np.ndarray | None
+) -> pa.Table:
+    """longitudinal.parquet rows of one round: one per period t = 1..d."""
+    rows = result.periods
+    _, _, _, channel, recipe_id, crowd_id = result.key
+    starts = result.window_starts()
+    columns: dict[str, Any] = {
+        "channel": pa.array([channel] * rows, pa.string()),
+        "recipe_id": pa.array([recipe_id] * rows, pa.string()),
+        "crowd": pa.array([crowd_id] * rows, pa.string()),
+        "round_start": pa.array(np.full(rows, result.round_start, dtype=np.int64)).cast(_TIME),
+        "period": pa.array(np.arange(1, rows + 1, dtype=np.int32)),
+        "window_start": pa.array(starts).cast(_TIME),
+        "window_end": pa.array(starts + result.window_ms).cast(_TIME),
+        "estimate": pa.array(result.estimate, pa.float64()),
+        "stderr": pa.array(result.stderr, pa.float64()),
+        "error_bound": pa.array(np.full(rows, result.bound), pa.float64()),
+        "n": pa.array(np.full(rows, result.respondents), pa.float64()),
+        "n_period": pa.array(result.respondents_per_period, pa.float64()),
+    }
+    if config.truth:
+        columns["truth"] = (
+            pa.array(truth, pa.float64()) if truth is not None else pa.nulls(rows, pa.float64())
+        )
+    return pa.table(columns, schema=longitudinal_schema(config))
+
+
+@beam.typehints.with_output_types(typing.Any)
+class EstimateCrowd(beam.DoFn):
+    """(crowd key, accumulator) -> report dict; tagged Arrow tables for the two Parquet files."""
+
+    def __init__(self, config: AnalysisConfig) -> None:
+        self._config = config
+        self._truth: dict[str, core.Truth] = {}
+
+    def setup(self) -> None:
+        self._truth = {source.recipe_id: read_truth(source) for source in self._config.truth}
+
+    def _truth_for(self, key: core.CrowdKey) -> core.Truth | None:
+        truth = self._truth.get(key[4])
+        return truth if truth is not None and truth.applies_to(key) else None
+
+    def process(self, element: tuple[core.CrowdKey, core.Accumulator]) -> Iterator[Any]:
+        key, accumulator = element
+        recipe = self._config.book.get(key[4])
+        if recipe is None or accumulator is None:  # aggregate_batch only keys known recipes
+            return
+        if isinstance(accumulator, core.LongitudinalAccumulator):
+            yield from self._longitudinal(recipe, key, accumulator)
+        else:
+            yield from self._histogram(recipe, key, accumulator)
+
+    def _histogram(
+        self, recipe: Any, key: core.CrowdKey, accumulator: core.CrowdAccumulator
+    ) -> Iterator[Any]:
+        config = self._config
+        try:
+            result = core.estimate_histogram(recipe, key, accumulator, config.postprocessing)
+        except ValueError as error:
+            report = core.key_fields(key)
+            report.update(
+                census_by_instance={str(u): c for u, c in accumulator.census.items()},
+                messages=accumulator.messages,
+                notes=[f"no estimate: {error}"],
+            )
+            yield report
+            return
+        truth_dense = accuracy = None
+        truth = self._truth_for(key)
+        if truth is not None:
+            buckets, counts = truth.window(key[1])
+            accuracy = core.histogram_accuracy(result, buckets, counts)
+            keys, values = core.sparse_truth(buckets, counts)
+            truth_dense = core.values_at(result.buckets, keys, values)
+        yield beam.pvalue.TaggedOutput(HISTOGRAM_TAG, histogram_table(result, config, truth_dense))
+        yield core.histogram_report(recipe, result, config.deletion, accuracy, accumulator.rejected)
+
+    def _longitudinal(
+        self, recipe: Any, key: core.CrowdKey, accumulator: core.LongitudinalAccumulator
+    ) -> Iterator[Any]:
+        config = self._config
+        results = core.estimate_longitudinal(recipe, key, accumulator, config.failure_probability)
+        for result in results:
+            truth = None
+            source = self._truth_for(key)
+            if source is not None:
+                truth = source.marginals(result.window_starts())
+            windows = set(result.window_starts().tolist())
+            census: dict[int, int] = {}
+            for (window, instance), count in accumulator.census.items():
+                if window in windows:  # per-period crowds: the smallest period bounds ε_c
+                    census[instance] = min(census.get(instance, count), count)
+            yield beam.pvalue.TaggedOutput(
+                LONGITUDINAL_TAG, longitudinal_table(result, config, truth)
+            )
+            yield core.longitudinal_report(recipe, result, census, config.deletion, truth)
+
+
+class EstimateOutputs(NamedTuple):
+    reports: beam.PCollection  # one dict per crowd (per round for longitudinal)
+    histograms: beam.PCollection  # Arrow tables
+    longitudinal: beam.PCollection  # Arrow tables
+
+
+class EstimateCrowds(beam.PTransform):
+    """(crowd key, accumulator) -> :class:`EstimateOutputs`."""
+
+    def __init__(self, config: AnalysisConfig) -> None:
+        super().__init__()
+        self._config = config
+
+    def expand(self, crowds: beam.PCollection) -> EstimateOutputs:
+        outputs = crowds | "Estimate" >> beam.ParDo(EstimateCrowd(self._config)).with_outputs(
+            HISTOGRAM_TAG, LONGITUDINAL_TAG, main="reports"
+        )
+        return EstimateOutputs(outputs.reports, outputs[HISTOGRAM_TAG], outputs[LONGITUDINAL_TAG])
+
+
+def _sort_key(report: Mapping[str, Any]) -> tuple:
+    return (
+        report.get("kind", ""),
+        report.get("channel", ""),
+        report.get("recipe_id", ""),
+        report.get("crowd_id") or "",
+        report.get("window_start", report.get("round_start", 0)),
+    )
+
+
+def _write_parquet(path: str, tables: Iterable[pa.Table], schema: pa.Schema) -> str:
+    tables = [table for table in tables if table.num_rows]
+    table = pa.concat_tables(tables) if tables else schema.empty_table()
+    if table.num_rows:
+        table = table.sort_by(
+            [(name, "ascending") for name in ("channel", "recipe_id", "crowd", "window_start")
+             if name in table.column_names]
+            + [(name, "ascending") for name in ("bucket", "period") if name in table.column_names]
+        )  # fmt: skip
+    with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as sink:
+        pq.write_table(table, sink)
+    return path
+
+
+def _json_ready(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _json_ready(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_ready(v) for v in value]
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating | float):
+        return float(value) if math.isfinite(float(value)) else None
+    if isinstance(value, np.ndarray):
+        return _json_ready(value.tolist())
+    return value
+
+
+def write_summary(
+    path: str,
+    inputs: Mapping[str, Any],
+    reports: Iterable[Mapping[str, Any]],
+    metrics: Mapping[str, Any],
+    withheld: Iterable[Mapping[str, Any]],
+) -> dict[str, Any]:
+    """summary.json: inputs, metrics, one entry per crowd and the withheld crowds' notes."""
+    reports = sorted(reports, key=_sort_key)
+    summary = {
+        "inputs": dict(inputs),
+        "metrics": dict(metrics),
+        "histograms": [r for r in reports if r.get("kind") == core.HISTOGRAM],
+        "longitudinal": [r for r in reports if r.get("kind") == core.LONGITUDINAL],
+        "withheld": list(withheld),
+    }
+    summary = _json_ready(summary)
+    with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as sink:
+        sink.write(json.dumps(summary, indent=2, sort_keys=False, allow_nan=False).encode())
+    return summary
+
+
+class WriteAnalysis(beam.PTransform):
+    """Writes histograms.parquet, longitudinal.parquet and summary.json into ``output_dir``.
+
+    ``withheld`` is computed from the reports and the manifests' WITHHELD records (passed in, they
+    are small). Each file is written once, by one worker, after all crowds are estimated.
+    """
+
+    def __init__(
+        self,
+        output_dir: str,
+        config: AnalysisConfig,
+        inputs: Mapping[str, Any],
+        manifests: list[dict[str, Any]],
+    ) -> None:
+        super().__init__()
+        self._output_dir = output_dir
+        self._config = config
+        self._inputs = dict(inputs)
+        self._manifests = list(manifests)
+
+    def expand(self, outputs: tuple[EstimateOutputs, beam.PCollection]) -> beam.PCollection:
+        estimates, counts = outputs
+        output_dir, config = self._output_dir, self._config
+        histogram_path = FileSystems.join(output_dir, HISTOGRAMS_FILE)
+        longitudinal_path = FileSystems.join(output_dir, LONGITUDINAL_FILE)
+        summary_path = FileSystems.join(output_dir, SUMMARY_FILE)
+        histogram_columns = histogram_schema(config)
+        longitudinal_columns = longitudinal_schema(config)
+        written = [
+            estimates.histograms
+            | "AllHistogramTables" >> beam.combiners.ToList()
+            | "WriteHistograms"
+            >> beam.Map(lambda tables: _write_parquet(histogram_path, tables, histogram_columns)),
+            estimates.longitudinal
+            | "AllLongitudinalTables" >> beam.combiners.ToList()
+            | "WriteLongitudinal"
+            >> beam.Map(
+                lambda tables: _write_parquet(longitudinal_path, tables, longitudinal_columns)
+            ),
+        ]
+        reports = estimates.reports | "AllReports" >> beam.combiners.ToList()
+        inputs, manifests = self._inputs, self._manifests
+
+        def summarize(_: Any, reports: list, counts: dict, written: list) -> dict[str, Any]:
+            estimated = set()
+            for report in reports:
+                if report.get("kind") == core.HISTOGRAM and "privacy" in report:
+                    estimated.add(
+                        (report["window_start"], report["channel"], report["recipe_id"],
+                         report["crowd_id"])
+                    )  # fmt: skip
+                elif report.get("kind") == core.LONGITUDINAL:
+                    for period in range(report["periods"]):
+                        if report["respondents_per_period"][period] > 0:
+                            estimated.add(
+                                (report["round_start"] + period * report["window_ms"],
+                                 report["channel"], report["recipe_id"], report["crowd_id"])
+                            )  # fmt: skip
+            withheld = core.withheld_notes(manifests, estimated)
+            return write_summary(summary_path, inputs, reports, metrics_summary(counts), withheld)
+
+        files = written[0].pipeline | "SummaryTrigger" >> beam.Create([None])
+        return files | "WriteSummary" >> beam.Map(
+            summarize,
+            reports=beam.pvalue.AsSingleton(reports),
+            counts=beam.pvalue.AsSingleton(counts),
+            written=beam.pvalue.AsList((written[0], written[1]) | "FilesWritten" >> beam.Flatten()),
+        )
