@@ -7,7 +7,9 @@ setup(
     version="0.1.0",
     description="Encode-Shuffle-Analyze telemetry with local and shuffled differential privacy on Apache Beam",
     python_requires=">=3.11",
-    packages=find_packages(include=["privacy*", "schemas*", "simulators*", "transforms*", "pipelines*"]),
+    packages=find_packages(
+        include=["privacy*", "schemas*", "simulators*", "transforms*", "pipelines*"]
+    ),
     package_data={"schemas": ["*.avsc", "recipes/*.json", "*.json"]},
     include_package_data=True,
     install_requires=[
