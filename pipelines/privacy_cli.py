@@ -50,8 +50,9 @@ def _emit(payload: dict[str, Any], as_json: bool, lines: list[str]) -> int:
     return 0
 
 
-def _describe(bound: str) -> str:
-    return accounting.BOUND_DESCRIPTIONS.get(bound, bound)
+def _bound_line(guarantee: accounting.CentralGuarantee) -> str:
+    bound = guarantee.bound
+    return f"bound: {bound} ({accounting.BOUND_DESCRIPTIONS.get(bound, bound)})"
 
 
 def _candidate_lines(candidates: dict[str, Any]) -> list[str]:
@@ -76,7 +77,7 @@ def _amplify(args: argparse.Namespace) -> int:
     payload["fmt_numerical"] = candidates.get(accounting.FMT_NUMERICAL)
     lines = [
         f"epsilon_central = {guarantee.epsilon:.6g} at delta = {guarantee.delta:.6g}",
-        f"bound: {guarantee.bound} ({_describe(guarantee.bound)})",
+        _bound_line(guarantee),
         f"epsilon_local = {guarantee.epsilon_local:.6g}, respondents = {guarantee.respondents}, "
         f"mechanism = {args.mechanism}",
         "candidates:",
@@ -102,7 +103,7 @@ def _solve(args: argparse.Namespace) -> int:
         f"certifies epsilon_central = {guarantee.epsilon:.6g} <= "
         f"{payload['target_epsilon_central']:.6g} at delta = {guarantee.delta:.6g} "
         f"for {guarantee.respondents} respondents",
-        f"bound: {guarantee.bound} ({_describe(guarantee.bound)})",
+        _bound_line(guarantee),
     ]
     if payload["limited_by_validity_range"]:
         lines.append("epsilon_local is capped by the bound's validity range, not by the target")
@@ -124,7 +125,7 @@ def _crowd(args: argparse.Namespace) -> int:
         f"respondents >= {guarantee.respondents}",
         f"certifies epsilon_central = {guarantee.epsilon:.6g} at delta = {guarantee.delta:.6g} "
         f"for epsilon_local = {guarantee.epsilon_local:.6g}",
-        f"bound: {guarantee.bound} ({_describe(guarantee.bound)})",
+        _bound_line(guarantee),
     ]
     return _emit(payload, args.json, lines)
 
@@ -278,6 +279,20 @@ def _add_bound(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# Help of the required arguments that amplify, solve and crowd share.
+_REQUIRED_HELP = {
+    "--epsilon-local": "local epsilon of one report",
+    "--epsilon-central": "target central epsilon",
+    "--respondents": "crowd size n",
+    "--delta": "central delta",
+}
+
+
+def _add_required(parser: argparse.ArgumentParser, *flags: str) -> None:
+    for flag in flags:
+        parser.add_argument(flag, required=True, help=_REQUIRED_HELP[flag])
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Adds ``esa privacy`` and its subcommands."""
     privacy = subparsers.add_parser(
@@ -288,26 +303,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     commands = privacy.add_subparsers(dest="privacy_command", required=True, metavar="SUBCOMMAND")
 
     amplify = commands.add_parser("amplify", help="central epsilon of n shuffled reports")
-    amplify.add_argument("--epsilon-local", required=True, help="local epsilon of one report")
-    amplify.add_argument("--respondents", required=True, help="crowd size n")
-    amplify.add_argument("--delta", required=True, help="central delta")
+    _add_required(amplify, "--epsilon-local", "--respondents", "--delta")
     _add_mechanism(amplify, accounting.GENERIC)
     _add_json(amplify)
     amplify.set_defaults(handler=_amplify)
 
     solve = commands.add_parser("solve", help="largest epsilon_local for a target epsilon_central")
-    solve.add_argument("--epsilon-central", required=True, help="target central epsilon")
-    solve.add_argument("--respondents", required=True, help="crowd size n")
-    solve.add_argument("--delta", required=True, help="central delta")
+    _add_required(solve, "--epsilon-central", "--respondents", "--delta")
     _add_mechanism(solve, accounting.ONE_HOT_RAPPOR)
     _add_bound(solve)
     _add_json(solve)
     solve.set_defaults(handler=_solve)
 
     crowd = commands.add_parser("crowd", help="smallest crowd for a target epsilon_central")
-    crowd.add_argument("--epsilon-central", required=True, help="target central epsilon")
-    crowd.add_argument("--epsilon-local", required=True, help="local epsilon of one report")
-    crowd.add_argument("--delta", required=True, help="central delta")
+    _add_required(crowd, "--epsilon-central", "--epsilon-local", "--delta")
     _add_mechanism(crowd, accounting.GENERIC)
     _add_bound(crowd)
     _add_json(crowd)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from functools import cached_property
 from typing import Any, ClassVar, Literal
 
 import numpy as np
@@ -238,6 +239,25 @@ def _bit_flip_dense(
     )
 
 
+def _one_hot_messages(
+    columns: np.ndarray, width: int, p_one: float, p_zero: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_bit_flip_messages` for one-hot rows: row i has its single set bit at columns[i]."""
+    return _bit_flip_messages(columns, np.ones(columns.size, np.int64), width, p_one, p_zero, rng)
+
+
+def _randomized_response_sums(
+    set_bits: np.ndarray,
+    bits: int | np.ndarray,
+    p_one: float,
+    p_zero: float,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """Sums of ``bits`` independently randomized bits of which ``set_bits`` are set, per entry:
+    Binomial(set_bits, p_one) + Binomial(bits - set_bits, p_zero) (int64)."""
+    return (rng.binomial(set_bits, p_one) + rng.binomial(bits - set_bits, p_zero)).astype(np.int64)
+
+
 # --------------------------------------------------------------------------------------------
 # Base class
 # --------------------------------------------------------------------------------------------
@@ -277,21 +297,39 @@ class LocalRandomizer:
         return sums
 
 
-class _OneHotBitFlip(LocalRandomizer):
-    """Per-bit randomized response on the one-hot vector of a value, emitting set-bit indices."""
+class _EpsilonRandomizedResponse(LocalRandomizer):
+    """Bits kept with probability e^ε/(1+e^ε) and flipped otherwise (Algorithm 1,
+    esa-privacy-revisited): a set bit is reported with ``p_one``, an unset one with ``p_zero``."""
 
-    payload_kind: ClassVar[str] = "bucket"
-    domain_size: int
+    epsilon: float
+
+    @property
+    def epsilon_local(self) -> float:
+        return self.epsilon
 
     @property
     def p_one(self) -> float:
-        """Probability that the respondent's own bit is reported set."""
-        raise NotImplementedError
+        """Probability that a set bit (the respondent's own) is reported set."""
+        return _keep_probability(self.epsilon)
 
     @property
     def p_zero(self) -> float:
-        """Probability that any other bit is reported set."""
-        raise NotImplementedError
+        """Probability that an unset bit is reported set."""
+        return _flip_probability(self.epsilon)
+
+
+@dataclass(frozen=True)
+class _OneHotBitFlip(_EpsilonRandomizedResponse):
+    """Per-bit randomized response on the one-hot vector of a value, emitting set-bit indices."""
+
+    domain_size: int
+    epsilon: float
+
+    payload_kind: ClassVar[str] = "bucket"
+
+    def __post_init__(self) -> None:
+        _check_int(self, "domain_size", 1)
+        _check_epsilon(self, "epsilon")
 
     @property
     def message_domain_size(self) -> int:
@@ -299,10 +337,7 @@ class _OneHotBitFlip(LocalRandomizer):
 
     def randomize(self, values: np.ndarray, rng: np.random.Generator) -> MessageBatch:
         values = _check_values(values, self.domain_size)
-        rows, columns = _bit_flip_messages(
-            values, np.ones(values.size, np.int64), self.domain_size, self.p_one, self.p_zero, rng
-        )
-        return _batch(rows, columns)
+        return _batch(*_one_hot_messages(values, self.domain_size, self.p_one, self.p_zero, rng))
 
     def estimate(self, bucket_sums: np.ndarray, respondents: float) -> HistogramEstimate:
         return debias_one_hot(
@@ -315,10 +350,7 @@ class _OneHotBitFlip(LocalRandomizer):
         S_j = Binomial(c_j, p_one) + Binomial(n - c_j, p_zero), independent across buckets.
         """
         counts = _check_true_counts(true_counts, self.domain_size)
-        total = int(counts.sum())
-        return (
-            rng.binomial(counts, self.p_one) + rng.binomial(total - counts, self.p_zero)
-        ).astype(np.int64)
+        return _randomized_response_sums(counts, int(counts.sum()), self.p_one, self.p_zero, rng)
 
     def expected_messages_per_respondent(self) -> float:
         """p_one + (d - 1) p_zero set bits (Section II-B, esa-privacy-revisited)."""
@@ -331,7 +363,7 @@ class _OneHotBitFlip(LocalRandomizer):
 
 
 @dataclass(frozen=True)
-class BinaryRandomizedResponse(LocalRandomizer):
+class BinaryRandomizedResponse(_EpsilonRandomizedResponse):
     """Randomized response on one boolean (values 0 = false, 1 = true; domain_size 2).
 
     The randomized bit is 1 with probability e^ε/(1+e^ε) if the value is 1 and 1/(1+e^ε) if it is
@@ -349,26 +381,12 @@ class BinaryRandomizedResponse(LocalRandomizer):
         _check_epsilon(self, "epsilon")
 
     @property
-    def epsilon_local(self) -> float:
-        return self.epsilon
-
-    @property
     def domain_size(self) -> int:
         return 2
 
     @property
     def message_domain_size(self) -> int:
         return 1
-
-    @property
-    def p_one(self) -> float:
-        """Probability of a message when the value is 1."""
-        return _keep_probability(self.epsilon)
-
-    @property
-    def p_zero(self) -> float:
-        """Probability of a message when the value is 0."""
-        return _flip_probability(self.epsilon)
 
     def randomize(self, values: np.ndarray, rng: np.random.Generator) -> MessageBatch:
         values = _check_values(values, 2)
@@ -391,9 +409,8 @@ class BinaryRandomizedResponse(LocalRandomizer):
     def sample_bucket_sums(self, true_counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """The one bucket sum, Binomial(c_1, p_one) + Binomial(c_0, p_zero); true_counts = [c_0, c_1]."""
         counts = _check_true_counts(true_counts, 2)
-        return np.array(
-            [rng.binomial(counts[1], self.p_one) + rng.binomial(counts[0], self.p_zero)],
-            dtype=np.int64,
+        return _randomized_response_sums(
+            counts[1:], int(counts.sum()), self.p_one, self.p_zero, rng
         )
 
     def expected_messages_per_respondent(self, fraction_true: float) -> float:
@@ -412,27 +429,8 @@ class OneHotRappor(_OneHotBitFlip):
     the randomized all-zeros vector (Theorem III.1).
     """
 
-    domain_size: int
-    epsilon: float
-
     name: ClassVar[str] = "one_hot_rappor"
     ldp_kind: ClassVar[LdpKind] = "removal"
-
-    def __post_init__(self) -> None:
-        _check_int(self, "domain_size", 1)
-        _check_epsilon(self, "epsilon")
-
-    @property
-    def epsilon_local(self) -> float:
-        return self.epsilon
-
-    @property
-    def p_one(self) -> float:
-        return _keep_probability(self.epsilon)
-
-    @property
-    def p_zero(self) -> float:
-        return _flip_probability(self.epsilon)
 
 
 @dataclass(frozen=True)
@@ -443,32 +441,13 @@ class SymmetricOneHot(_OneHotBitFlip):
     2ε in the replacement model. The server side is Algorithm 4 (Theorem C.2).
     """
 
-    domain_size: int
-    epsilon: float
-
     name: ClassVar[str] = "symmetric_one_hot"
     ldp_kind: ClassVar[LdpKind] = "removal"
-
-    def __post_init__(self) -> None:
-        _check_int(self, "domain_size", 1)
-        _check_epsilon(self, "epsilon")
-
-    @property
-    def epsilon_local(self) -> float:
-        return self.epsilon
 
     @property
     def replacement_epsilon(self) -> float:
         """2ε: the replacement-model guarantee noted after Theorem C.1."""
         return 2 * self.epsilon
-
-    @property
-    def p_one(self) -> float:
-        return _keep_probability(self.epsilon)
-
-    @property
-    def p_zero(self) -> float:
-        return _flip_probability(self.epsilon)
 
 
 @dataclass(frozen=True)
@@ -480,27 +459,12 @@ class AsymmetricOneHot(_OneHotBitFlip):
     n 4e^ε/(e^ε-1)^2 + f(d)).
     """
 
-    domain_size: int
-    epsilon: float
-
     name: ClassVar[str] = "asymmetric_one_hot"
     ldp_kind: ClassVar[LdpKind] = "replacement"
-
-    def __post_init__(self) -> None:
-        _check_int(self, "domain_size", 1)
-        _check_epsilon(self, "epsilon")
-
-    @property
-    def epsilon_local(self) -> float:
-        return self.epsilon
 
     @property
     def p_one(self) -> float:
         return 0.5
-
-    @property
-    def p_zero(self) -> float:
-        return _flip_probability(self.epsilon)
 
 
 _MASK32 = np.uint64(0xFFFFFFFF)
@@ -526,18 +490,89 @@ def _fmix32(values: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class CountMeanSketch(LocalRandomizer):
-    """Count-mean sketch with one hash row per respondent (Section II-B and VII-A, esa-privacy-revisited).
-
-    A respondent picks one of ``num_hashes`` rows uniformly, hashes its value to a column of that
-    row and reports one-hot randomized response (keep probability e^ε/(1+e^ε), as Algorithm 1)
-    over the ``width`` bits of the row; each set bit is a message with bucket = row * width +
-    column. Removal ε-LDP with respect to a uniformly chosen row of randomized zeros. Table I/III
-    use 1,024 rows of width 65,536.
+class SketchHashes:
+    """The k = ``num_hashes`` hash functions of a count-mean sketch of ``width`` columns.
 
     Row j hashes v with h_j(v) = ((a_j x + b_j) mod 2^64) >> (64 - log2 width), x = fmix32(v),
     a strongly universal multiply-add-shift family on 32-bit keys (Dietzfelbinger) whose 64-bit
-    a_j, b_j come from SplitMix64 seeded by ``hash_seed``: devices and analyzer agree on it.
+    a_j, b_j come from SplitMix64 seeded by ``hash_seed``: devices, analyzer and the exact
+    sketch simulator (``simulators.experiments``) agree on it. Scrambling the keys first matters:
+    whether two keys collide under multiply-add-shift depends only on their difference, so on
+    consecutive keys (pixels) the collisions of many pairs would move together.
+
+    Hashing many values into every row (estimation, simulation): scramble them once with
+    :meth:`keys`, then :meth:`row_columns` costs a multiply, an add and a shift per value and row.
+    """
+
+    num_hashes: int
+    width: int
+    hash_seed: int
+
+    def __post_init__(self) -> None:
+        _check_int(self, "num_hashes", 1)
+        width = _check_int(self, "width", 2)
+        if width & (width - 1) or width > 2**32:
+            raise ValueError(f"width must be a power of two <= 2^32, got {width}")
+        seed = _check_int(self, "hash_seed", 0)
+        if seed >= 2**64:
+            raise ValueError(f"hash_seed must be < 2^64, got {seed}")
+
+    @cached_property
+    def _row_keys(self) -> tuple[np.ndarray, np.ndarray]:
+        """(a_j, b_j) for every row j: SplitMix64 of a counter started from ``hash_seed``."""
+        start = np.uint64((self.hash_seed * 0xD1B54A32D192ED03) % 2**64)
+        steps = np.arange(2 * self.num_hashes, dtype=np.uint64)
+        keys = _splitmix64(start + steps * np.uint64(0x9E3779B97F4A7C15))
+        return keys[0::2], keys[1::2]
+
+    @property
+    def _shift(self) -> np.uint64:
+        return np.uint64(64 - (self.width.bit_length() - 1))
+
+    def keys(self, values: np.ndarray) -> np.ndarray:
+        """The scrambled keys x = fmix32(v) of integer values in [0, 2^32) (uint64)."""
+        return _fmix32(_check_values(values, 2**32))
+
+    def columns(self, values: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Column h_row(value) for each (value, row) pair (int64)."""
+        keys = self.keys(values)
+        rows = np.asarray(rows, dtype=np.int64)
+        if rows.shape != keys.shape:
+            raise ValueError(f"rows shape {rows.shape} differs from values {keys.shape}")
+        if rows.size and (rows.min() < 0 or rows.max() >= self.num_hashes):
+            raise ValueError(f"rows must lie in [0, {self.num_hashes})")
+        multipliers, offsets = self._row_keys
+        with np.errstate(over="ignore"):
+            mixed = multipliers[rows] * keys + offsets[rows]
+        return (mixed >> self._shift).view(np.int64)
+
+    def row_columns(self, row: int, keys: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Column h_row(v) for every scrambled key of ``keys`` (from :meth:`keys`), as int64.
+
+        ``out``: a uint64 buffer of the keys' shape to compute in (returned, viewed as int64),
+        so that hashing every row allocates nothing.
+        """
+        if not 0 <= row < self.num_hashes:
+            raise ValueError(f"row must lie in [0, {self.num_hashes}), got {row}")
+        if keys.dtype != np.uint64:
+            raise ValueError(f"keys must be the uint64 keys of SketchHashes.keys, got {keys.dtype}")
+        multipliers, offsets = self._row_keys
+        with np.errstate(over="ignore"):
+            out = np.multiply(keys, multipliers[row], out=out)
+            np.add(out, offsets[row], out=out)
+        np.right_shift(out, self._shift, out=out)
+        return out.view(np.int64)
+
+
+@dataclass(frozen=True)
+class CountMeanSketch(_EpsilonRandomizedResponse):
+    """Count-mean sketch with one hash row per respondent (Section II-B and VII-A, esa-privacy-revisited).
+
+    A respondent picks one of ``num_hashes`` rows uniformly, hashes its value to a column of that
+    row (:class:`SketchHashes` seeded by ``hash_seed``) and reports one-hot randomized response
+    (keep probability e^ε/(1+e^ε), as Algorithm 1) over the ``width`` bits of the row; each set
+    bit is a message with bucket = row * width + column. Removal ε-LDP with respect to a
+    uniformly chosen row of randomized zeros. Table I/III use 1,024 rows of width 65,536.
     """
 
     num_hashes: int
@@ -551,62 +586,32 @@ class CountMeanSketch(LocalRandomizer):
     ldp_kind: ClassVar[LdpKind] = "removal"
 
     def __post_init__(self) -> None:
-        _check_int(self, "num_hashes", 1)
-        width = _check_int(self, "width", 2)
-        if width & (width - 1) or width > 2**32:
-            raise ValueError(f"width must be a power of two <= 2^32, got {width}")
+        hashes = SketchHashes(self.num_hashes, self.width, self.hash_seed)  # checks all three
+        for name in ("num_hashes", "width", "hash_seed"):
+            _set(self, name, getattr(hashes, name))
         _check_epsilon(self, "epsilon")
-        seed = _check_int(self, "hash_seed", 0)
-        if seed >= 2**64:
-            raise ValueError(f"hash_seed must be < 2^64, got {seed}")
         domain_size = _check_int(self, "domain_size", 1)
         if domain_size > 2**32:
             raise ValueError(f"domain_size must be <= 2^32 for the sketch hash, got {domain_size}")
 
-    @property
-    def epsilon_local(self) -> float:
-        return self.epsilon
+    @cached_property
+    def hashes(self) -> SketchHashes:
+        """The sketch's hash functions: :meth:`SketchHashes.row_columns` hashes a row at a time."""
+        return SketchHashes(self.num_hashes, self.width, self.hash_seed)
 
     @property
     def message_domain_size(self) -> int:
         return self.num_hashes * self.width
 
-    @property
-    def p_one(self) -> float:
-        return _keep_probability(self.epsilon)
-
-    @property
-    def p_zero(self) -> float:
-        return _flip_probability(self.epsilon)
-
-    def _row_keys(self) -> tuple[np.ndarray, np.ndarray]:
-        """(a_j, b_j) for every row j: SplitMix64 of a counter started from ``hash_seed``."""
-        start = np.uint64((self.hash_seed * 0xD1B54A32D192ED03) % 2**64)
-        steps = np.arange(2 * self.num_hashes, dtype=np.uint64)
-        keys = _splitmix64(start + steps * np.uint64(0x9E3779B97F4A7C15))
-        return keys[0::2], keys[1::2]
-
     def hash_columns(self, values: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """Column h_row(value) for each (value, row) pair (int64)."""
-        values = _check_values(values, self.domain_size)
-        rows = np.asarray(rows, dtype=np.int64)
-        if rows.shape != values.shape:
-            raise ValueError(f"rows shape {rows.shape} differs from values {values.shape}")
-        if rows.size and (rows.min() < 0 or rows.max() >= self.num_hashes):
-            raise ValueError(f"rows must lie in [0, {self.num_hashes})")
-        multipliers, offsets = self._row_keys()
-        shift = np.uint64(64 - (self.width.bit_length() - 1))
-        with np.errstate(over="ignore"):
-            mixed = multipliers[rows] * _fmix32(values) + offsets[rows]
-        return (mixed >> shift).astype(np.int64)
+        return self.hashes.columns(_check_values(values, self.domain_size), rows)
 
     def randomize(self, values: np.ndarray, rng: np.random.Generator) -> MessageBatch:
         values = _check_values(values, self.domain_size)
         rows = rng.integers(0, self.num_hashes, size=values.size)
         columns = self.hash_columns(values, rows)
-        respondent, column = _bit_flip_messages(
-            columns, np.ones(values.size, np.int64), self.width, self.p_one, self.p_zero, rng
-        )
+        respondent, column = _one_hot_messages(columns, self.width, self.p_one, self.p_zero, rng)
         return _batch(respondent, rows[respondent] * self.width + column)
 
     def estimate(self, bucket_sums: np.ndarray, respondents: float) -> HistogramEstimate:
@@ -620,16 +625,12 @@ class CountMeanSketch(LocalRandomizer):
         """Count-mean-sketch estimates for ``values`` only (decoding costs num_hashes per value)."""
         sketch = self._check_bucket_sums(bucket_sums).astype(np.float64)
         sketch = sketch.reshape(self.num_hashes, self.width)
-        values = _check_values(values, self.domain_size)
         # Σ_j S[j, h_j(v)], one row at a time: the scrambled keys are computed once.
-        keys = _fmix32(values)
-        multipliers, offsets = self._row_keys()
-        shift = np.uint64(64 - (self.width.bit_length() - 1))
-        hashed = np.zeros(values.size, dtype=np.float64)
-        with np.errstate(over="ignore"):
-            for row in range(self.num_hashes):
-                columns = (keys * multipliers[row] + offsets[row]) >> shift
-                hashed += sketch[row].take(columns.astype(np.intp))
+        keys = self.hashes.keys(_check_values(values, self.domain_size))
+        buffer = np.empty_like(keys)
+        hashed = np.zeros(keys.size, dtype=np.float64)
+        for row in range(self.num_hashes):
+            hashed += sketch[row].take(self.hashes.row_columns(row, keys, buffer))
         moment = count_mean_sketch_collision_moment(sketch, respondents, self.p_one, self.p_zero)
         return count_mean_sketch_estimate(
             hashed,
@@ -817,10 +818,7 @@ class ReportFragmented(LocalRandomizer):
         """x' = R_b(x; ε_b) (Step 1 of Algorithm 2): set bits of the backstop, fragment 0."""
         values = _check_values(values, self.domain_size)
         keep = self.backstop_keep
-        rows, columns = _bit_flip_messages(
-            values, np.ones(values.size, np.int64), self.domain_size, keep, 1 - keep, rng
-        )
-        return _batch(rows, columns)
+        return _batch(*_one_hot_messages(values, self.domain_size, keep, 1 - keep, rng))
 
     def fragment(
         self, backstop: MessageBatch, respondents: int, rng: np.random.Generator
@@ -869,11 +867,8 @@ class ReportFragmented(LocalRandomizer):
         counts = _check_true_counts(true_counts, self.domain_size)
         total = int(counts.sum())
         a, r, tau = self.backstop_keep, self.fragment_keep, self.fragments
-        backstop_ones = rng.binomial(counts, a) + rng.binomial(total - counts, 1 - a)
-        return (
-            rng.binomial(tau * backstop_ones, r)
-            + rng.binomial(tau * (total - backstop_ones), 1 - r)
-        ).astype(np.int64)
+        backstop_ones = _randomized_response_sums(counts, total, a, 1 - a, rng)
+        return _randomized_response_sums(tau * backstop_ones, tau * total, r, 1 - r, rng)
 
     def expected_messages_per_respondent(self) -> float:
         a, r = self.backstop_keep, self.fragment_keep

@@ -8,9 +8,11 @@ draw these sums directly (``sample_bucket_sums``); this module wraps that draw w
 datasets at their full size (Table II), so the largest setting — 236,559,063 respondents over
 2,795,520 buckets — runs in seconds instead of making ~10^10 messages.
 
-The Table II images are not all available (the Map and Child pictures are not redistributable);
-``paper_counts`` keeps each dataset's exact grid and respondent total and takes its shape from a
-stand-in picture: scikit-image's horse for Horse when installed, generated patterns otherwise.
+:data:`PAPER_DATASETS` are the four populations of Table II at the paper's n, d and delta; the
+paper's images and browser data are not public, so each dataset keeps its exact grid and
+respondent total and takes its shape from a stand-in (scikit-image's moon, horse and camera for
+Map, Horse and Child, the ``images`` extra; the Section VII-A shape for the heavy hitters).
+``simulators.experiments`` regenerates Section VII's tables on these datasets.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from simulators import images
-from simulators.populations import apportion, heavy_hitter_counts
+from simulators.populations import PAPER_HEAVY_HITTERS, heavy_hitter_counts, image_counts
 
 
 class ExactRandomizer(Protocol):
@@ -32,51 +34,104 @@ class ExactRandomizer(Protocol):
 
 
 @dataclass(frozen=True)
-class PaperDataset:
-    """One column of Table II (esa-privacy-revisited): grid (None for a plain domain), domain
-    size and the number of respondents."""
+class Dataset:
+    """One population of Table II (esa-privacy-revisited) at a chosen size.
 
-    name: str
-    grid: tuple[int, int] | None
-    domain_size: int
+    ``image`` names the stand-in picture of :mod:`simulators.images` (None for the heavy-hitter
+    shape); its luminosity is resized to ``grid`` and apportioned to exactly ``respondents``
+    respondents, as the paper scales its Map image by 2.5. ``delta`` is the one of the dataset's
+    tables (Tables I, IV, VIII, IX); ``source`` says what stands in for the paper's data.
+    """
+
+    key: str
+    title: str
     respondents: int
+    domain_size: int
+    delta: float
+    grid: tuple[int, int] | None = None
+    image: str | None = None
+    source: str = ""
 
     def __post_init__(self) -> None:
+        if not self.key or "/" in self.key:
+            raise ValueError(f"key must be a non-empty name without '/', got {self.key!r}")
+        if self.respondents < 1:
+            raise ValueError(f"respondents must be >= 1, got {self.respondents}")
+        if self.domain_size < 2:
+            raise ValueError(f"domain_size must be >= 2, got {self.domain_size}")
+        if not 0 < self.delta < 0.5:
+            raise ValueError(f"delta must be in (0, 0.5), got {self.delta}")
         if self.grid is not None and self.grid[0] * self.grid[1] != self.domain_size:
-            raise ValueError(f"{self.name}: grid {self.grid} does not cover {self.domain_size}")
+            raise ValueError(f"grid {self.grid} does not cover domain_size {self.domain_size}")
+        if (self.image is None) != (self.grid is None):
+            raise ValueError("an image dataset needs both image and grid; others neither")
+
+    @property
+    def is_image(self) -> bool:
+        return self.image is not None
 
 
-PAPER_DATASETS: dict[str, PaperDataset] = {
-    "map": PaperDataset("map", (1365, 2048), 2_795_520, 236_559_063),
-    "horse": PaperDataset("horse", (274, 320), 87_680, 1_914_589),
-    "child": PaperDataset("child", (721, 497), 358_337, 50_409_435),
-    "heavy-hitter": PaperDataset("heavy-hitter", None, 1_778_120, 203_950_512),
+PAPER_DATASETS: dict[str, Dataset] = {
+    "map": Dataset(
+        "map",
+        "Map",
+        respondents=236_559_063,
+        domain_size=2_795_520,
+        delta=5e-10,
+        grid=(1365, 2048),
+        image="moon",
+        source="stand-in: scikit-image 'moon' resized to 1365x2048 (the paper's phone-location "
+        "image is not public)",
+    ),
+    "horse": Dataset(
+        "horse",
+        "Horse",
+        respondents=1_914_589,
+        domain_size=87_680,
+        delta=5e-8,
+        grid=(274, 320),
+        image="horse",
+        source="stand-in: scikit-image 'horse' silhouette, inverted (bright horse on black), "
+        "resized to 274x320 (the paper's contour drawing is not public)",
+    ),
+    "child": Dataset(
+        "child",
+        "Child",
+        respondents=50_409_435,
+        domain_size=358_337,
+        delta=5e-9,
+        grid=(721, 497),
+        image="camera",
+        source="stand-in: scikit-image 'camera' resized to 721x497 (the paper's drawing of a "
+        "child is not public); like the paper's, a dense image with mean luminosity about 140",
+    ),
+    "heavy-hitters": Dataset(
+        "heavy-hitters",
+        "Heavy-hitter",
+        respondents=203_950_512,
+        domain_size=1_778_120,
+        delta=5e-10,
+        source="stand-in: simulators.populations heavy-hitter shape (100 heavy hitters with a "
+        "quarter of the mass, power law x^-1.35; the paper's browser data are not public)",
+    ),
 }
-# Stand-in pictures for the Table II images (the originals are not redistributable).
-_STAND_INS = {"map": ("disc",), "horse": ("horse", "disc"), "child": ("gradient",)}
+
+
+def dataset_counts(dataset: Dataset, seed: int) -> np.ndarray:
+    """True respondents per value (int64, length d): the image's luminosity apportioned to n
+    (Section VII-B), or the heavy-hitter shape (Section VII-A) drawn with ``seed``."""
+    if dataset.is_image:
+        luminosity = images.load_image(dataset.image, dataset.grid)
+        return image_counts(luminosity, dataset.respondents)
+    heavy = min(PAPER_HEAVY_HITTERS, dataset.domain_size)
+    return heavy_hitter_counts(dataset.domain_size, dataset.respondents, seed, heavy_hitters=heavy)
 
 
 def paper_counts(name: str, seed: int = 0) -> np.ndarray:
-    """True counts of a Table II dataset with its exact domain size and respondent total.
-
-    ``heavy-hitter``: the Section VII-A shape (``populations.heavy_hitter_counts``); images: a
-    stand-in picture on the dataset's grid, one respondent per unit of luminosity, scaled to the
-    dataset's total as the paper scaled the Map (Section VII-B).
-    """
+    """True counts of the Table II dataset ``name`` at its exact domain size and respondents."""
     if name not in PAPER_DATASETS:
         raise ValueError(f"unknown paper dataset {name!r}; choose from {', '.join(PAPER_DATASETS)}")
-    dataset = PAPER_DATASETS[name]
-    if dataset.grid is None:
-        return heavy_hitter_counts(dataset.domain_size, dataset.respondents, seed)
-    picture = None
-    for stand_in in _STAND_INS[name]:
-        try:
-            picture = images.load_image(stand_in, dataset.grid)
-            break
-        except ValueError:  # an optional picture that is not installed: take the next one
-            continue
-    assert picture is not None  # the last stand-in is always a generated one
-    return apportion(picture.ravel().astype(np.float64), dataset.respondents)
+    return dataset_counts(PAPER_DATASETS[name], seed)
 
 
 @dataclass(frozen=True, eq=False)

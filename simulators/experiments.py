@@ -2,8 +2,8 @@
 
 Everything here is pure (numpy, scipy and the ``privacy`` package; no Beam, no files):
 
-- :data:`PAPER_DATASETS` are the four populations of Table II at the paper's n, d and delta, with
-  the stand-ins we use where the paper's data are not public (its images and browser data);
+- the four populations of Table II are ``simulators.exact.PAPER_DATASETS`` (the paper's n, d and
+  delta, with stand-ins where its data are not public), and :func:`quick_datasets` shrinks them;
 - a :class:`Scenario` names one cell of the evaluation (dataset x mechanism x privacy target), and
   :func:`scenario_grid` lists them all by name, RAPPOR-style (``horse/one-hot/eps_c=0.05``);
 - :class:`ExperimentLab` computes scenarios with the *exact aggregate simulator*: released bucket
@@ -50,99 +50,14 @@ from privacy.estimators import (
     count_mean_sketch_estimate,
     norm_sub,
 )
-from privacy.randomizers import OneHotRappor, ReportFragmented
-from simulators import exact, images, populations
+from privacy.randomizers import OneHotRappor, ReportFragmented, SketchHashes
+from simulators import exact
+from simulators.exact import PAPER_DATASETS, Dataset, dataset_counts
 
 # --------------------------------------------------------------------------------------------
 # Datasets (Table II)
 # --------------------------------------------------------------------------------------------
 
-
-@dataclass(frozen=True)
-class Dataset:
-    """One population of Table II (esa-privacy-revisited) at a chosen size.
-
-    ``image`` names the stand-in picture of :mod:`simulators.images` (None for the heavy-hitter
-    shape); its luminosity is resized to ``grid`` and apportioned to exactly ``respondents``
-    respondents, as the paper scales its Map image by 2.5.
-    """
-
-    key: str
-    title: str
-    respondents: int
-    domain_size: int
-    delta: float
-    grid: tuple[int, int] | None = None
-    image: str | None = None
-    source: str = ""
-
-    def __post_init__(self) -> None:
-        if not self.key or "/" in self.key:
-            raise ValueError(f"key must be a non-empty name without '/', got {self.key!r}")
-        if self.respondents < 1:
-            raise ValueError(f"respondents must be >= 1, got {self.respondents}")
-        if self.domain_size < 2:
-            raise ValueError(f"domain_size must be >= 2, got {self.domain_size}")
-        if not 0 < self.delta < 0.5:
-            raise ValueError(f"delta must be in (0, 0.5), got {self.delta}")
-        if self.grid is not None and self.grid[0] * self.grid[1] != self.domain_size:
-            raise ValueError(f"grid {self.grid} does not cover domain_size {self.domain_size}")
-        if (self.image is None) != (self.grid is None):
-            raise ValueError("an image dataset needs both image and grid; others neither")
-
-    @property
-    def is_image(self) -> bool:
-        return self.image is not None
-
-
-def _paper_dataset(
-    key: str, exact_key: str, title: str, delta: float, image: str | None, source: str
-) -> Dataset:
-    """A Table II dataset: n, d and grid from ``simulators.exact``, delta from Tables I-IX."""
-    paper = exact.PAPER_DATASETS[exact_key]
-    return Dataset(
-        key, title, paper.respondents, paper.domain_size, delta, paper.grid, image, source
-    )
-
-
-PAPER_DATASETS: dict[str, Dataset] = {
-    "map": _paper_dataset(
-        "map",
-        "map",
-        "Map",
-        5e-10,
-        "moon",
-        "stand-in: scikit-image 'moon' resized to 1365x2048 (the paper's phone-location image is "
-        "not public)",
-    ),
-    "horse": _paper_dataset(
-        "horse",
-        "horse",
-        "Horse",
-        5e-8,
-        "horse",
-        "stand-in: scikit-image 'horse' silhouette, inverted (bright horse on black), resized to "
-        "274x320 (the paper's contour drawing is not public)",
-    ),
-    "child": _paper_dataset(
-        "child",
-        "child",
-        "Child",
-        5e-9,
-        "camera",
-        "stand-in: scikit-image 'camera' resized to 721x497 (the paper's drawing of a child is "
-        "not public); like the paper's, a dense image with mean luminosity about 140",
-    ),
-    "heavy-hitters": _paper_dataset(
-        "heavy-hitters",
-        "heavy-hitter",
-        "Heavy-hitter",
-        5e-10,
-        None,
-        "stand-in: simulators.populations heavy-hitter shape (100 heavy hitters with a quarter of "
-        "the mass, power law x^-1.35; the paper's browser data are not public)",
-    ),
-}
 
 IMAGE_DATASETS = ("map", "horse", "child")
 
@@ -164,18 +79,6 @@ def quick_datasets() -> dict[str, Dataset]:
             PAPER_DATASETS["heavy-hitters"], respondents=500_000, domain_size=5_000
         ),
     }
-
-
-def dataset_counts(dataset: Dataset, seed: int) -> np.ndarray:
-    """True respondents per value (int64, length d): the image's luminosity apportioned to n, or
-    the heavy-hitter shape (Section VII-A)."""
-    if dataset.is_image:
-        luminosity = images.load_image(dataset.image, dataset.grid)
-        return populations.image_counts(luminosity, dataset.respondents)
-    heavy = min(populations.PAPER_HEAVY_HITTERS, dataset.domain_size)
-    return populations.heavy_hitter_counts(
-        dataset.domain_size, dataset.respondents, seed, heavy_hitters=heavy
-    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -523,67 +426,6 @@ _PMF_SIGMAS = 40.0
 _PRIVATE_CELLS_WORTH = 0.05
 
 
-def scramble_keys(values: np.ndarray) -> np.ndarray:
-    """A fixed bijection of uint64 keys (the SplitMix64 finalizer) applied before hashing.
-
-    Multiply-add-shift hashing is universal for each pair of keys, but whether x and y collide
-    depends only on x - y, so on consecutive keys (pixels) the collisions of many pairs move
-    together and one unlucky hash function ruins a whole row. Scrambling the keys first breaks
-    that arithmetic structure (CountMeanSketch scrambles with a 32-bit finalizer for the same
-    reason); without it the RMSE of a simulated sketch strays far from its variance formula.
-    """
-    z = np.asarray(values).astype(np.uint64)
-    with np.errstate(over="ignore"):
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return z ^ (z >> np.uint64(31))
-
-
-@dataclass(frozen=True, eq=False)
-class SketchHashes:
-    """k hash functions h_j(v) = ((a_j x + b_j) mod 2^64) >> (64 - log2 m) of the scrambled key
-    x = scramble_keys(v): multiply-add-shift (Dietzfelbinger), the form CountMeanSketch uses."""
-
-    width: int
-    multipliers: np.ndarray
-    offsets: np.ndarray
-
-    def __post_init__(self) -> None:
-        if self.width < 2 or self.width & (self.width - 1) or self.width > 2**32:
-            raise ValueError(f"width must be a power of two in [2, 2^32], got {self.width}")
-        if self.multipliers.shape != self.offsets.shape or self.multipliers.ndim != 1:
-            raise ValueError("multipliers and offsets must be 1-D arrays of one length")
-        if self.multipliers.dtype != np.uint64 or self.offsets.dtype != np.uint64:
-            raise ValueError("multipliers and offsets must be uint64")
-
-    @classmethod
-    def draw(cls, num_hashes: int, width: int, rng: np.random.Generator) -> SketchHashes:
-        keys = rng.integers(0, 2**64, size=(2, num_hashes), dtype=np.uint64)
-        return cls(width, keys[0] | np.uint64(1), keys[1])
-
-    @property
-    def num_hashes(self) -> int:
-        return int(self.multipliers.size)
-
-    @property
-    def _shift(self) -> np.uint64:
-        return np.uint64(64 - (self.width.bit_length() - 1))
-
-    def columns(self, rows: np.ndarray, values: np.ndarray) -> np.ndarray:
-        """h_row(value) for each pair (int64)."""
-        with np.errstate(over="ignore"):
-            mixed = self.multipliers[rows] * scramble_keys(values) + self.offsets[rows]
-        return (mixed >> self._shift).view(np.int64)
-
-    def row_columns(self, row: int, keys: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """h_row for every key of ``keys`` (already scrambled, uint64), written into ``out``."""
-        with np.errstate(over="ignore"):
-            np.multiply(keys, self.multipliers[row], out=out)
-            np.add(out, self.offsets[row], out=out)
-        np.right_shift(out, self._shift, out=out)
-        return out.view(np.int64)
-
-
 @dataclass(frozen=True)
 class SketchChannel:
     """How every bit of a respondent's sketch row is randomized before it is summed.
@@ -657,7 +499,7 @@ def sketch_truth(
         per_row = rng.multinomial(reports[heavy], np.full(k, 1.0 / k))
         rows = np.broadcast_to(np.arange(k), per_row.shape).ravel()
         values = np.broadcast_to(heavy[:, None], per_row.shape).ravel()
-        index = rows * m + hashes.columns(rows, values)
+        index = rows * m + hashes.columns(values, rows)
         cells += np.bincount(index, weights=per_row.ravel(), minlength=k * m).astype(np.int64)
     light = np.flatnonzero((reports > 0) & (reports < _MULTINOMIAL_FROM))
     if light.size:
@@ -668,7 +510,7 @@ def sketch_truth(
             chunk = light[low:high]
             values = np.repeat(chunk, reports[chunk])
             rows = rng.integers(0, k, size=values.size)
-            cells += np.bincount(rows * m + hashes.columns(rows, values), minlength=k * m)
+            cells += np.bincount(rows * m + hashes.columns(values, rows), minlength=k * m)
     return cells.reshape(k, m)
 
 
@@ -763,7 +605,7 @@ def simulate_sketch(
     _SKETCH_PASS.update(
         truth=truth,
         totals=truth.sum(axis=1),
-        keys=scramble_keys(np.arange(counts.size)),
+        keys=hashes.keys(np.arange(counts.size)),
         hashes=hashes,
         channels=list(channels),
         seeds=list(channel_seeds),
@@ -961,8 +803,10 @@ class ExperimentLab:
     """Computes scenario outcomes with the exact aggregate simulator and caches them.
 
     Sketch scenarios of one dataset and split count are simulated in one pass over the sketch
-    rows (the true cells are shared, as a deployment shares its hash functions). ``counts``
-    replaces a dataset's true counts (e.g. with those of a message-level run).
+    rows (the true cells are shared, as a deployment shares its hash functions). The hash
+    functions are CountMeanSketch's with the experiment seed as ``hash_seed``, the seed the
+    message-level check's recipes use. ``counts`` replaces a dataset's true counts (e.g. with
+    those of a message-level run).
     """
 
     def __init__(
@@ -1106,11 +950,11 @@ class ExperimentLab:
         truth = self.counts(key)
         n = int(truth.sum())
         k, m = config.sketch_hashes, config.sketch_width
-        shared = scenario_generator(config.seed, f"{key}/sketch-hashes/splits={splits}")
-        hashes = SketchHashes.draw(k, m, shared)
+        hashes = SketchHashes(k, m, hash_seed=config.seed)
+        rows_rng = scenario_generator(config.seed, f"{key}/sketch-rows/splits={splits}")
         channels = [sketch_channel(s, self.privacy(s), m) for s in scenarios]
         seeds = [int(scenario_generator(config.seed, s.name).integers(0, 2**63)) for s in scenarios]
-        hashed = simulate_sketch(truth, hashes, channels, seeds, splits, shared, config.workers)
+        hashed = simulate_sketch(truth, hashes, channels, seeds, splits, rows_rng, config.workers)
         seconds = (time.perf_counter() - started) / len(scenarios)
         outcomes = {}
         for scenario, channel, sums in zip(scenarios, channels, hashed, strict=True):
@@ -1505,7 +1349,8 @@ def common_notes(lab: ExperimentLab, keys: Sequence[str], sketch: bool, gaussian
             "attribute fragments (Section III): known analyses only give target ≤ ε_c ≤ ε_ℓ∞. "
             "Simulated exactly from the distribution of the sketch cells (each report picks a row "
             "uniformly: multinomial row counts; per-bit randomized response: binomial cell sums); "
-            "hash family: multiply-add-shift of scrambled keys, drawn from the seed."
+            "hash family: CountMeanSketch's multiply-add-shift of scrambled keys, hash seed = "
+            "the experiment seed."
         )
     notes.append(
         "#msgs: expected messages (set bits) per respondent, p_one + (d − 1)·p_zero for one-hot "

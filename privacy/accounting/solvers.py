@@ -180,10 +180,7 @@ def amplify(
         except BoundOutOfRange as error:
             candidates[bound] = f"not applicable: {error}"
     candidates[LOCAL] = eps
-    best = min(
-        (name for name, value in candidates.items() if isinstance(value, float)),
-        key=lambda name: candidates[name],
-    )
+    best = _smallest_candidate(candidates)
     details = {
         "mechanism": mechanism,
         "local_model": REMOVAL if mechanism == ONE_HOT_RAPPOR else local_model,
@@ -200,6 +197,14 @@ def amplify(
     )
 
 
+def _smallest_candidate(candidates: Mapping[str, float | str]) -> str:
+    """The bound with the smallest central epsilon (strings are reasons a bound does not apply)."""
+    return min(
+        (name for name, value in candidates.items() if isinstance(value, float)),
+        key=lambda name: candidates[name],
+    )
+
+
 def cohort_epsilon(epsilon_local: float, respondents: int, delta: float) -> float:
     """Central epsilon of aggregating n replacement eps_0-DP reports (generic randomizer): the
     ``cohort_bound`` callable of ``privacy.budget`` for Check 3."""
@@ -211,13 +216,21 @@ def cohort_epsilon(epsilon_local: float, respondents: int, delta: float) -> floa
 # ---------------------------------------------------------------------------------------------
 
 
+def _fmt_delta(
+    eps: float, mechanism: str, local_model: str, n: int, d: float, target: float
+) -> float:
+    """Upper bound on the delta at which the FMT numerical bound certifies ``target`` for eps_l:
+    one delta evaluation instead of a search over epsilon."""
+    eps0 = _fmt_epsilon0(eps, mechanism, local_model)
+    return fmt_numerical_delta(eps0, n, target, tail_mass=1e-4 * d).upper
+
+
 def _fmt_margin(
     eps: float, mechanism: str, local_model: str, n: int, d: float, target: float
 ) -> float:
     """log(delta(target)) - log(delta) of the FMT numerical bound at eps_l: <= 0 exactly when
-    the bound certifies (target, delta). One delta evaluation instead of a search over eps."""
-    eps0 = _fmt_epsilon0(eps, mechanism, local_model)
-    upper = fmt_numerical_delta(eps0, n, target, tail_mass=1e-4 * d).upper
+    the bound certifies (target, delta)."""
+    upper = _fmt_delta(eps, mechanism, local_model, n, d, target)
     return math.log(max(upper, 1e-300)) - math.log(d)
 
 
@@ -258,6 +271,33 @@ def _largest_below(
     return answer, False
 
 
+def _chosen_bound(mechanism: str, bound: str | None) -> str:
+    """The bound a solver uses: ``bound``, or the mechanism's paper bound when None."""
+    name = PAPER_BOUNDS[mechanism] if bound is None else bound
+    if name not in _MECHANISM_BOUNDS[mechanism]:
+        raise ValueError(
+            f"bound {name!r} does not apply to mechanism {mechanism!r}; use one of "
+            f"{', '.join(_MECHANISM_BOUNDS[mechanism] + (TIGHTEST,))}"
+        )
+    return name
+
+
+def _solve_with_each_bound(
+    mechanism: str, solve: Callable[[str], CentralGuarantee]
+) -> list[CentralGuarantee]:
+    """``solve`` with every bound of the mechanism (``bound="tightest"``): the solutions of the
+    bounds that apply; BoundOutOfRange with every bound's reason when none does."""
+    solutions, reasons = [], []
+    for name in _MECHANISM_BOUNDS[mechanism]:
+        try:
+            solutions.append(solve(name))
+        except BoundOutOfRange as error:
+            reasons.append(f"{name}: {error}")
+    if not solutions:
+        raise BoundOutOfRange("no bound applies: " + "; ".join(reasons))
+    return solutions
+
+
 def solve_epsilon_local(
     epsilon_central: float,
     respondents: int,
@@ -289,25 +329,14 @@ def solve_epsilon_local(
     n = check_count(respondents, "respondents")
     d = check_delta(delta)
     if bound == TIGHTEST:
-        solutions, reasons = [], []
-        for name in _MECHANISM_BOUNDS[mechanism]:
-            try:
-                solutions.append(
-                    solve_epsilon_local(
-                        target, n, d, mechanism, bound=name, local_model=local_model
-                    )
-                )
-            except BoundOutOfRange as error:
-                reasons.append(f"{name}: {error}")
-        if not solutions:
-            raise BoundOutOfRange("no bound applies: " + "; ".join(reasons))
-        return max(solutions, key=lambda result: result.epsilon_local)
-    name = PAPER_BOUNDS[mechanism] if bound is None else bound
-    if name not in _MECHANISM_BOUNDS[mechanism]:
-        raise ValueError(
-            f"bound {name!r} does not apply to mechanism {mechanism!r}; use one of "
-            f"{', '.join(_MECHANISM_BOUNDS[mechanism] + (TIGHTEST,))}"
+        solutions = _solve_with_each_bound(
+            mechanism,
+            lambda name: solve_epsilon_local(
+                target, n, d, mechanism, bound=name, local_model=local_model
+            ),
         )
+        return max(solutions, key=lambda result: result.epsilon_local)
+    name = _chosen_bound(mechanism, bound)
     low, high = _epsilon_local_range(name, mechanism, local_model, n, d, target)
 
     def certified(eps: float) -> float:
@@ -346,9 +375,8 @@ def solve_epsilon_local(
 def _meets(
     bound: str, eps: float, n: int, d: float, target: float, mechanism: str, local_model: str
 ) -> bool:
-    if bound == FMT_NUMERICAL:  # one delta evaluation instead of a search over epsilon
-        eps0 = _fmt_epsilon0(eps, mechanism, local_model)
-        return fmt_numerical_delta(eps0, n, target, tail_mass=1e-4 * d).upper <= d
+    if bound == FMT_NUMERICAL:
+        return _fmt_delta(eps, mechanism, local_model, n, d, target) <= d
     try:
         return central_epsilon(bound, eps, n, d, mechanism, local_model) <= target
     except BoundOutOfRange:
@@ -378,20 +406,14 @@ def min_respondents(
     eps = check_epsilon(epsilon_local, "epsilon_local")
     d = check_delta(delta)
     if bound == TIGHTEST:
-        results, reasons = [], []
-        for name in _MECHANISM_BOUNDS[mechanism]:
-            try:
-                results.append(
-                    min_respondents(target, eps, d, mechanism, bound=name, local_model=local_model)
-                )
-            except BoundOutOfRange as error:
-                reasons.append(f"{name}: {error}")
-        if not results:
-            raise BoundOutOfRange("no bound applies: " + "; ".join(reasons))
+        results = _solve_with_each_bound(
+            mechanism,
+            lambda name: min_respondents(
+                target, eps, d, mechanism, bound=name, local_model=local_model
+            ),
+        )
         return min(results, key=lambda result: result.respondents)
-    name = PAPER_BOUNDS[mechanism] if bound is None else bound
-    if name not in _MECHANISM_BOUNDS[mechanism]:
-        raise ValueError(f"bound {name!r} does not apply to mechanism {mechanism!r}")
+    name = _chosen_bound(mechanism, bound)
 
     def meets(n: int) -> bool:
         return _meets(name, eps, n, d, target, mechanism, local_model)
@@ -480,27 +502,21 @@ def privacy_report(
     # Report fragments are a post-processing of the shuffled backstop reports (proof of Theorem
     # IV.2), so the backstop's guarantee holds for them; Theorem IV.2's own backstop term is
     # Theorem III.1's simplified form, already among the candidates.
-    central = amplify(eps_b, n, d, ONE_HOT_RAPPOR)
-    candidates = dict(central.details["candidates"])
-    candidates[LOCAL] = local.epsilon_all
-    central = _best_of(candidates, central, local.epsilon_all)
-
-    generic = amplify(eps_b, n, d, GENERIC, local_model=REMOVAL)
-    generic_candidates = dict(generic.details["candidates"])
-    generic_candidates[LOCAL] = local.epsilon_all
-    without = _best_of(generic_candidates, generic, local.epsilon_all)
+    central = _with_local_candidate(amplify(eps_b, n, d, ONE_HOT_RAPPOR), local.epsilon_all)
+    without = _with_local_candidate(
+        amplify(eps_b, n, d, GENERIC, local_model=REMOVAL), local.epsilon_all
+    )
     return PrivacyReport(
         local=local, central=central, central_without_attribute_fragmentation=without
     )
 
 
-def _best_of(
-    candidates: dict[str, Any], base: CentralGuarantee, epsilon_local_all: float
-) -> CentralGuarantee:
-    best = min(
-        (name for name, value in candidates.items() if isinstance(value, float)),
-        key=lambda name: candidates[name],
-    )
+def _with_local_candidate(base: CentralGuarantee, epsilon_local_all: float) -> CentralGuarantee:
+    """``base`` (an :func:`amplify` result) with eps_l_inf of the report fragments as the local
+    candidate instead of the backstop's eps_l."""
+    candidates = dict(base.details["candidates"])
+    candidates[LOCAL] = epsilon_local_all
+    best = _smallest_candidate(candidates)
     details = dict(to_plain(base.details))
     details["candidates"] = candidates
     details["epsilon_local_all"] = epsilon_local_all

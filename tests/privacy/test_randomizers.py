@@ -62,15 +62,19 @@ def _assert_exact_epsilon(largest: float, epsilon: float) -> None:
     assert largest == pytest.approx(epsilon, abs=1e-9)
 
 
+def _one_hot_log_probabilities(randomizer, inputs: np.ndarray) -> list[np.ndarray]:
+    """log P(outputs | input bits) over every output vector, one array per row of ``inputs``."""
+    outputs = np.array(list(itertools.product([False, True], repeat=inputs.shape[1])))
+    return [
+        _bit_log_probabilities(outputs, bits, randomizer.p_one, randomizer.p_zero)
+        for bits in inputs
+    ]
+
+
 def test_binary_rr_epsilon_is_exact():
     randomizer = BinaryRandomizedResponse(1.7)
-    outputs = np.array([[False], [True]])  # no message, one message in bucket 0
-    log_false = _bit_log_probabilities(
-        outputs, np.array([False]), randomizer.p_one, randomizer.p_zero
-    )
-    log_true = _bit_log_probabilities(
-        outputs, np.array([True]), randomizer.p_one, randomizer.p_zero
-    )
+    # Outputs: no message, one message in bucket 0.
+    log_false, log_true = _one_hot_log_probabilities(randomizer, np.array([[False], [True]]))
     assert randomizer.ldp_kind == "replacement"
     _assert_exact_epsilon(_max_log_ratio(log_true, log_false), randomizer.epsilon_local)
 
@@ -83,45 +87,23 @@ def test_binary_rr_epsilon_is_exact():
 def test_removal_one_hot_epsilon_is_exact(randomizer):
     """Removal LDP against the randomized all-zeros vector (proof of Theorem III.1)."""
     d = randomizer.domain_size
-    outputs = np.array(list(itertools.product([False, True], repeat=d)))
-    reference = _bit_log_probabilities(
-        outputs, np.zeros(d, bool), randomizer.p_one, randomizer.p_zero
-    )
-    largest = max(
-        _max_log_ratio(
-            _bit_log_probabilities(
-                outputs, np.eye(d, dtype=bool)[v], randomizer.p_one, randomizer.p_zero
-            ),
-            reference,
-        )
-        for v in range(d)
-    )
+    inputs = np.vstack([np.zeros((1, d), bool), np.eye(d, dtype=bool)])
+    reference, *per_value = _one_hot_log_probabilities(randomizer, inputs)
+    largest = max(_max_log_ratio(logs, reference) for logs in per_value)
     assert randomizer.ldp_kind == "removal"
     _assert_exact_epsilon(largest, randomizer.epsilon_local)
 
 
 def test_symmetric_one_hot_replacement_epsilon_is_twice_removal():
     randomizer = SymmetricOneHot(3, 0.9)
-    outputs = np.array(list(itertools.product([False, True], repeat=3)))
-    logs = [
-        _bit_log_probabilities(
-            outputs, np.eye(3, dtype=bool)[v], randomizer.p_one, randomizer.p_zero
-        )
-        for v in range(3)
-    ]
+    logs = _one_hot_log_probabilities(randomizer, np.eye(3, dtype=bool))
     largest = max(_max_log_ratio(a, b) for a, b in itertools.combinations(logs, 2))
     _assert_exact_epsilon(largest, randomizer.replacement_epsilon)
 
 
 def test_asymmetric_one_hot_replacement_epsilon_is_exact():
     randomizer = AsymmetricOneHot(4, 1.1)
-    outputs = np.array(list(itertools.product([False, True], repeat=4)))
-    logs = [
-        _bit_log_probabilities(
-            outputs, np.eye(4, dtype=bool)[v], randomizer.p_one, randomizer.p_zero
-        )
-        for v in range(4)
-    ]
+    logs = _one_hot_log_probabilities(randomizer, np.eye(4, dtype=bool))
     largest = max(_max_log_ratio(a, b) for a, b in itertools.permutations(logs, 2))
     assert randomizer.ldp_kind == "replacement"
     _assert_exact_epsilon(largest, randomizer.epsilon_local)
@@ -391,6 +373,23 @@ def test_count_mean_sketch_hash_is_stable_uniform_and_universal():
     for a, b in itertools.combinations(range(values.size), 2):
         collisions = np.count_nonzero(columns[a] == columns[b])
         assert abs(collisions - rows / width) <= Z * sd
+
+
+def test_sketch_row_hashing_matches_the_per_pair_hash():
+    sketch = CountMeanSketch(8, 1 << 12, 1.0, 7, 5000)
+    values = np.arange(5000)
+    keys = sketch.hashes.keys(values)
+    buffer = np.empty_like(keys)
+    for row in range(sketch.num_hashes):
+        expected = sketch.hash_columns(values, np.full(values.size, row))
+        assert np.array_equal(sketch.hashes.row_columns(row, keys, buffer), expected)
+        assert np.array_equal(sketch.hashes.row_columns(row, keys), expected)
+    with pytest.raises(ValueError, match="row"):
+        sketch.hashes.row_columns(8, keys)
+    with pytest.raises(ValueError, match="uint64"):
+        sketch.hashes.row_columns(0, values)
+    with pytest.raises(ValueError, match="values"):
+        sketch.hashes.keys(np.array([-1]))
 
 
 def test_longitudinal_randomize_matches_algorithm_1():
