@@ -437,9 +437,18 @@ class RunOptions(PipelineOptions):
             "instances",
             {
                 "type": int,
-                "default": 2,
-                "help": "Shuffler instances K; a recipe made for another K is re-issued as "
-                "<name>-k<K> with uniform instance weights. Default 2.",
+                "default": None,
+                "help": "Shuffler instances K. Default: the recipe's own; a recipe made for "
+                "another K is re-issued as <name>-k<K> with uniform instance weights.",
+            },
+        ),
+        (
+            "parallel_shuffles",
+            {
+                "type": int,
+                "default": None,
+                "help": "How many shuffler instances run at once, each in its own process. "
+                "Default: the number of CPUs.",
             },
         ),
         ("seed", {"type": int, "default": None, "help": "Simulation seed. Default: random."}),

@@ -1,30 +1,37 @@
 """``esa run``: the whole product on one machine: simulated devices -> K shufflers -> analyzer.
 
     esa run [--output results] [--recipe image_grid_onehot] [--population image:horse]
-        [--respondents 120000] [--instances 2] [--seed S] [--deletion-epsilon E --deletion-delta D]
-        [Beam runner flags, passed to every stage]
+        [--respondents 120000] [--instances K] [--seed S] [--deletion-epsilon E --deletion-delta D]
+        [--parallel-shuffles P] [Beam runner flags, passed to every stage]
 
 Steps (each a Beam pipeline on the same runner flags):
 
 1. ``esa simulate``: the fleet writes ``OUTPUT/simulation/instance=<u>/reports-*.avro`` with the
    truth (``truth.parquet``);
 2. ``esa shuffle --instance u`` for each of the K instances, on that instance's reports only:
-   ``OUTPUT/shuffled/instance=<u>/`` (its own release);
+   ``OUTPUT/shuffled/instance=<u>/`` (its own release). The K runs are independent (as in a
+   deployment, where each instance sits in its own trust domain), so up to ``--parallel-shuffles``
+   of them run at once, each in its own process;
 3. ``esa analyze`` over the K releases with the simulation's truth: ``OUTPUT/analysis/``
    (histograms.parquet, longitudinal.parquet, summary.json, pictures/*.png).
 
-A recipe made for a different number of shuffler instances is re-issued for K instances as
-``<name>-k<K>`` (uniform instance weights; everything else unchanged) in ``OUTPUT/recipe.json``,
-so its id still names every parameter. The defaults (the 64x64 image-grid one-hot recipe, two
-instances, 120,000 respondents: just above the recipe's minimum crowd of 100,000) finish in
-about a minute on two cores. ``make run`` calls ``esa run --output results``.
+K defaults to the recipe's own number of shuffler instances. Given another K, the recipe is
+re-issued for K instances as ``<name>-k<K>`` (uniform instance weights; everything else
+unchanged) in ``OUTPUT/recipe.json``, so its id still names every parameter; a zero-sum recipe,
+whose sums hide a respondent only inside one shuffler, is never re-issued. The defaults (the
+64x64 image-grid one-hot recipe, its four instances, 120,000 respondents: just above the recipe's
+minimum crowd of 100,000) take one to two minutes on two cores. ``make run`` calls
+``esa run --output results``.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import importlib.util
 import json
+import multiprocessing
+import os
 import shutil
 import time
 from pathlib import Path
@@ -67,14 +74,24 @@ def default_population() -> str:
     return "image:horse" if importlib.util.find_spec("skimage") is not None else "image:disc"
 
 
-def recipe_for_instances(recipe: Recipe, instances: int) -> Recipe:
-    """``recipe`` itself when it is made for ``instances`` shufflers, else ``<name>-k<K>``: the
-    same recipe re-issued for K instances with uniform weights (a new id, since an id names every
-    parameter)."""
+def recipe_for_instances(recipe: Recipe, instances: int | None) -> Recipe:
+    """``recipe`` itself when it is made for ``instances`` shufflers (or ``instances`` is None),
+    else ``<name>-k<K>``: the same recipe re-issued for K instances with uniform weights (a new
+    id, since an id names every parameter).
+
+    The zero-sum protocol (shuffled-model-histograms, Figure 2) is never re-issued: its messages
+    have no local privacy, and its guarantee holds only when one shuffler mixes all of a
+    respondent's messages with everyone else's.
+    """
+    if instances is None or recipe.shuffler_instances == instances:
+        return recipe
     if instances < 1:
         raise UsageError(f"--instances must be >= 1, got {instances}")
-    if recipe.shuffler_instances == instances:
-        return recipe
+    if recipe.randomizer == "zero_sum_histogram":
+        raise UsageError(
+            f"{recipe.id} is made for {recipe.shuffler_instances} shuffler instance(s) and cannot "
+            f"be spread over {instances}: its sums hide a respondent only inside one shuffler"
+        )
     data = recipe.to_dict()
     data["name"] = f"{recipe.name}-k{instances}"
     data["shuffler_instances"] = instances
@@ -83,6 +100,19 @@ def recipe_for_instances(recipe: Recipe, instances: int) -> Recipe:
         f"{recipe.id} re-issued for {instances} shuffler instances. " + recipe.description
     )
     return recipe_from_dict(data, source=f"{recipe.id} for {instances} instances")
+
+
+def _shuffle_instance(flags: list[str], values: dict[str, Any]) -> dict[str, Any]:
+    """One shuffler instance's run (module level, so a worker process can run it)."""
+    return shuffle_pipeline.run(PipelineOptions(flags, **values))
+
+
+def _say_shuffled(say: Any, instance: int, summary: dict[str, Any], began: float) -> None:
+    say(
+        f"  instance {instance}: released {summary['released']:,} of {summary['read']:,} "
+        f"messages, {summary['crowds_withheld']} crowds withheld "
+        f"({time.monotonic() - began:.1f} s)"
+    )
 
 
 def _prepare(output: Path, overwrite: bool) -> None:
@@ -150,27 +180,41 @@ def run(
     say(f"  {simulation['messages']:,} messages, {simulation['census_messages']:,} census "
         f"({seconds['simulate']} s)")  # fmt: skip
 
-    shuffles = []
-    for instance in range(recipe.shuffler_instances):
-        began = time.monotonic()
-        release = output / "shuffled" / f"instance={instance}"
-        say(f"shuffle: instance {instance}")
-        shuffle_values: dict[str, Any] = {
+    shuffle_jobs = {
+        instance: {
             "input": str(simulation_dir / f"instance={instance}" / "*.avro"),
-            "output": str(release),
+            "output": str(output / "shuffled" / f"instance={instance}"),
             "instance": instance,
             "recipe": [str(recipe_path)],
             "crowd_threshold": values.run_crowd_threshold,
             "deletion_epsilon": values.run_deletion_epsilon,
             "deletion_delta": values.run_deletion_delta,
         }
-        summary = shuffle_pipeline.run(PipelineOptions(flags, **shuffle_values))
-        seconds[f"shuffle_{instance}"] = round(time.monotonic() - began, 2)
-        shuffles.append(summary)
-        say(
-            f"  released {summary['released']:,} of {summary['read']:,} messages, "
-            f"{summary['crowds_withheld']} crowds withheld ({seconds[f'shuffle_{instance}']} s)"
-        )
+        for instance in range(recipe.shuffler_instances)
+    }
+    began = time.monotonic()
+    workers = min(len(shuffle_jobs), values.run_parallel_shuffles or os.cpu_count() or 1)
+    say(f"shuffle: {len(shuffle_jobs)} instances, {workers} at a time")
+    summaries: dict[int, dict[str, Any]] = {}
+    if workers <= 1:
+        for instance, job in shuffle_jobs.items():
+            summaries[instance] = _shuffle_instance(flags, job)
+            _say_shuffled(say, instance, summaries[instance], began)
+    else:
+        # A fresh interpreter per worker: forking a process that already ran a Beam pipeline
+        # (and may hold gRPC threads) is not safe.
+        context = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+            futures = {
+                pool.submit(_shuffle_instance, flags, job): instance
+                for instance, job in shuffle_jobs.items()
+            }
+            for future in concurrent.futures.as_completed(futures):
+                instance = futures[future]
+                summaries[instance] = future.result()
+                _say_shuffled(say, instance, summaries[instance], began)
+    shuffles = [summaries[instance] for instance in sorted(summaries)]
+    seconds["shuffle"] = round(time.monotonic() - began, 2)
 
     began = time.monotonic()
     say("analyze")

@@ -293,7 +293,8 @@ def test_esa_run_makes_files_pictures_and_a_table(tmp_path):
     with redirect_stdout(printed):
         code = cli.main(
             ["run", "--output", str(output), "--recipe", recipe_path, "--population",
-             "image:gradient", "--respondents", "3000", "--seed", "5", *FNAPI]
+             "image:gradient", "--respondents", "3000", "--seed", "5", "--instances", "2",
+             *FNAPI]
         )  # fmt: skip
     assert code == 0
     text = printed.getvalue()
@@ -304,3 +305,16 @@ def test_esa_run_makes_files_pictures_and_a_table(tmp_path):
         assert Path(run["paths"][name]).exists()
     assert any(p.endswith("_image.png") for p in run["paths"]["pictures"])
     assert sorted(p.name for p in (output / "shuffled").iterdir()) == ["instance=0", "instance=1"]
+
+
+def test_instances_default_to_the_recipe_and_zero_sum_is_never_spread():
+    from pipelines.run import recipe_for_instances
+    from schemas.recipes import load_recipe
+
+    grid = load_recipe("image_grid_onehot")
+    assert recipe_for_instances(grid, None) is grid
+    assert recipe_for_instances(grid, 2).shuffler_instances == 2
+    zero_sum = load_recipe("zero_sum_histogram")
+    assert recipe_for_instances(zero_sum, None) is zero_sum
+    with pytest.raises(cli.UsageError, match="only inside one shuffler"):
+        recipe_for_instances(zero_sum, 2)
