@@ -7,8 +7,9 @@ whose logic lives in ``transforms/shuffle_core.py``:
 1. ``ReadValidateSpill``: read a file in fastavro blocks (``avro_io``), validate every record
    (schema, version, recipe, channel, instance, origin, time, min crowd, payload, CRC32C),
    dead-letter the rejected ones, assign event-time windows, hash origins into shards (secret
-   key), sort by (crowd, hash) and spill the batch to one Arrow IPC file; emit one small pointer
-   per (crowd, batch), timestamped with its window.
+   key), sort by (crowd, hash) and spill the batch to one file (an Arrow IPC record batch
+   message per crowd); emit one small pointer (file, byte range) per (crowd, batch), timestamped
+   with its window.
 2. Window by event time; group pointers by crowd = (window, instance, channel, recipe, crowd ID).
    Pointers arriving in a late pane are dead-lettered (``late_data``): nothing is dropped.
 3. ``PlanShards``/``CountShard``: split each crowd into 2**b origin shards by hash range (b from
@@ -78,21 +79,29 @@ CrowdKey = tuple[
 
 
 class Piece(NamedTuple):
-    """Pointer to rows spilled to one record batch of an Arrow IPC file."""
+    """Pointer to rows spilled as one Arrow IPC record batch message: bytes
+    ``offset .. offset + length - 1`` of the spill file at ``path``."""
 
     path: str
-    index: int
+    offset: int
+    length: int
     rows: int
     source: str  # the input file the rows came from
     min_crowd: int  # the largest min_crowd_size among the rows
 
 
 class ShardTask(NamedTuple):
-    """One origin shard of a crowd: rows with hash top ``bits`` bits equal to ``shard``."""
+    """One origin shard of a crowd: rows with hash top ``bits`` bits equal to ``shard``.
+
+    ``piece_list`` points to the crowd's list of pieces (:func:`write_piece_list`), so that a
+    task stays small however many input batches the crowd came from; ``min_crowd`` is the
+    largest min_crowd_size in the crowd.
+    """
 
     shard: int
     bits: int
-    pieces: tuple[Piece, ...]
+    piece_list: Piece
+    min_crowd: int
 
 
 class ShardCount(NamedTuple):
@@ -186,36 +195,100 @@ def _spill_path(spill_dir: str, kind: str) -> str:
     return FileSystems.join(spill_dir, kind, f"{secrets.token_hex(16)}.arrow")
 
 
-def write_spill(path: str, batches: list[pa.RecordBatch]) -> None:
-    """Write record batches (one schema) to a new Arrow IPC file at ``path``."""
+# Spill files hold record batch messages of one of these schemas (no schema message: readers
+# know it), one after another, so that a piece is read with one seek and one read.
+REPORT_SPILL_SCHEMA = pa.schema(
+    [
+        ("origin_hash", pa.uint64()),
+        ("origin", pa.string()),
+        ("event_time", pa.int64()),
+        ("min_crowd_size", pa.int64()),
+        ("payload", pa.binary()),
+        ("payload_crc32c", pa.int64()),
+        ("record_index", pa.int64()),
+    ]
+)
+RELEASED_SPILL_SCHEMA = pa.schema([("payload", pa.binary()), ("payload_crc32c", pa.int64())])
+PIECE_LIST_SCHEMA = pa.schema(
+    [(name, pa.string() if name in ("path", "source") else pa.int64()) for name in Piece._fields]
+)
+# A shard's rows are copied out of the pieces read for it whenever the pieces held reach this
+# many bytes, so memory follows the shard's size, not its crowd's.
+_COMPACT_BYTES = 16 << 20
+
+
+def write_spill(path: str, batches: list[pa.RecordBatch]) -> list[tuple[int, int]]:
+    """Write record batches to a new spill file at ``path`` as consecutive Arrow IPC record
+    batch messages; returns each one's ``(offset, length)`` in the file."""
+    positions = []
+    offset = 0
     with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-        sink = pa.PythonFile(handle, mode="w")
-        with pa.ipc.new_file(sink, batches[0].schema) as writer:
-            for batch in batches:
-                writer.write_batch(batch)
+        for batch in batches:
+            message = batch.serialize()
+            handle.write(memoryview(message))
+            positions.append((offset, message.size))
+            offset += message.size
+    return positions
 
 
-def read_spill(path: str, index: int) -> pa.RecordBatch:
-    """Record batch ``index`` of a spill file (memory-mapped when local)."""
-    if FileSystems.get_scheme(path) is None:
-        return pa.ipc.open_file(pa.memory_map(path)).get_batch(index)
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-        return pa.ipc.open_file(pa.py_buffer(handle.read())).get_batch(index)
+def read_spill(piece: Piece, schema: pa.Schema) -> pa.RecordBatch:
+    """The record batch a piece points to (one seek and one read of its bytes)."""
+    if FileSystems.get_scheme(piece.path) is None:
+        with open(piece.path, "rb", buffering=0) as handle:
+            handle.seek(piece.offset)
+            data = handle.read(piece.length)
+    else:
+        with FileSystems.open(piece.path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            handle.seek(piece.offset)
+            data = handle.read(piece.length)
+    if len(data) != piece.length:
+        raise RuntimeError(f"spill file {piece.path} is shorter than expected")
+    return pa.ipc.read_record_batch(pa.py_buffer(data), schema)
+
+
+def write_piece_list(spill_dir: str, pieces: tuple[Piece, ...]) -> Piece:
+    """Spill a crowd's pieces (one row each); returns the pointer to the list."""
+    columns = [
+        pa.array([getattr(piece, name) for piece in pieces], type=field.type)
+        for name, field in zip(Piece._fields, PIECE_LIST_SCHEMA, strict=True)
+    ]
+    path = _spill_path(spill_dir, "crowds")
+    ((offset, length),) = write_spill(
+        path, [pa.RecordBatch.from_arrays(columns, schema=PIECE_LIST_SCHEMA)]
+    )
+    return Piece(
+        path, offset, length, len(pieces), "", max((p.min_crowd for p in pieces), default=0)
+    )
+
+
+def read_piece_list(piece_list: Piece) -> list[Piece]:
+    """The pieces :func:`write_piece_list` spilled."""
+    batch = read_spill(piece_list, PIECE_LIST_SCHEMA)
+    columns = [batch.column(name).to_pylist() for name in Piece._fields]
+    return [Piece(*values) for values in zip(*columns, strict=True)]
 
 
 def read_shard_rows(task: ShardTask, columns: Iterable[str]) -> pa.Table:
     """The rows of one origin shard from every piece of its crowd (only ``columns``)."""
     columns = list(columns)
-    tables = []
-    for piece in task.pieces:
-        batch = read_spill(piece.path, piece.index)
+    compacted: list[pa.Table] = []
+    held: list[pa.RecordBatch] = []
+    held_bytes = 0
+    for piece in read_piece_list(task.piece_list):
+        batch = read_spill(piece, REPORT_SPILL_SCHEMA)
         hashes = batch.column("origin_hash").to_numpy()
         begin, end = core.shard_row_range(hashes, task.shard, task.bits)
         if end > begin:
-            tables.append(pa.Table.from_batches([batch.slice(begin, end - begin).select(columns)]))
-    if not tables:
-        return pa.table({name: pa.array([], type=pa.null()) for name in columns})
-    return pa.concat_tables(tables)
+            held.append(batch.slice(begin, end - begin).select(columns))
+            held_bytes += piece.length
+        if held_bytes >= _COMPACT_BYTES:
+            compacted.append(pa.Table.from_batches(held).combine_chunks())
+            held, held_bytes = [], 0
+    if held:
+        compacted.append(pa.Table.from_batches(held).combine_chunks())
+    if not compacted:
+        return REPORT_SPILL_SCHEMA.empty_table().select(columns)
+    return pa.concat_tables(compacted)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,23 +374,26 @@ def spill_valid_rows(
         batch.column("recipe_id"),
         batch.column("crowd_id"),
     ]
-    order, starts = core.group_rows(key_columns, tiebreak=hashes)
+    order, starts = core.group_rows_by_hash(key_columns, hashes)
+    take = pa.array(order)
     ordered = pa.RecordBatch.from_arrays(
         [pa.array(hashes[order], type=pa.uint64())]
-        + [batch.column(name).take(pa.array(order)) for name in _SPILL_COLUMNS]
-        + [pa.array(np.arange(batch.num_rows, dtype=np.int64)[order] + first_record)],
-        names=["origin_hash", *_SPILL_COLUMNS, "record_index"],
+        + [
+            batch.column(name).take(take).cast(REPORT_SPILL_SCHEMA.field(name).type)
+            for name in _SPILL_COLUMNS
+        ]
+        + [pa.array(order.astype(np.int64) + first_record)],
+        schema=REPORT_SPILL_SCHEMA,
     )
-    min_crowd = ordered.column("min_crowd_size").to_numpy(zero_copy_only=False).astype(np.int64)
+    min_crowd = ordered.column("min_crowd_size").to_numpy()
     path = _spill_path(spill_dir, "reports")
     slices = []
-    outputs = []
+    bounds = []
     instance = batch.column("shuffler_instance")
     channel = batch.column("channel")
     recipe = batch.column("recipe_id")
     crowd = batch.column("crowd_id")
-    for index, (begin, end) in enumerate(zip(starts[:-1], starts[1:], strict=True)):
-        begin, end = int(begin), int(end)
+    for begin, end in zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True):
         row = int(order[begin])
         key: CrowdKey = (
             int(window_start[row]),
@@ -327,10 +403,12 @@ def spill_valid_rows(
             crowd[row].as_py(),
         )
         slices.append(ordered.slice(begin, end - begin))
-        piece = Piece(path, index, end - begin, source, int(min_crowd[begin:end].max()))
-        outputs.append(_PieceOutput(key, piece))
-    write_spill(path, slices)
-    return outputs
+        bounds.append((key, end - begin, int(min_crowd[begin:end].max())))
+    positions = write_spill(path, slices)
+    return [
+        _PieceOutput(key, Piece(path, offset, length, rows, source, min_crowd_size))
+        for (key, rows, min_crowd_size), (offset, length) in zip(bounds, positions, strict=True)
+    ]
 
 
 @beam.typehints.with_output_types(typing.Any)
@@ -408,8 +486,9 @@ class ReadValidateSpill(beam.DoFn):
 class PlanShards(beam.DoFn):
     """(crowd, pointers) -> one ShardTask per origin shard; a late pane goes to ``late``."""
 
-    def __init__(self, config: ShuffleConfig) -> None:
+    def __init__(self, config: ShuffleConfig, spill_dir: str) -> None:
         self._config = config
+        self._spill_dir = spill_dir
 
     def process(
         self, element: tuple[CrowdKey, Iterable[Piece]], pane_info=beam.DoFn.PaneInfoParam
@@ -421,8 +500,9 @@ class PlanShards(beam.DoFn):
             return
         messages = sum(piece.rows for piece in pieces)
         bits = core.split_bits(messages, self._config.messages_per_shard)
+        piece_list = write_piece_list(self._spill_dir, pieces)
         for shard in range(1 << bits):
-            yield key, ShardTask(shard, bits, pieces)
+            yield key, ShardTask(shard, bits, piece_list, piece_list.min_crowd)
 
 
 @beam.typehints.with_output_types(tuple[typing.Any, typing.Any])
@@ -487,7 +567,7 @@ class Decide(beam.DoFn):
         respondents = sum(count.respondents for count in shard_counts)
         messages = sum(count.messages for count in shard_counts)
         route = self._config.rules.routes.get(key[3])
-        message_minimum = max((p.min_crowd for p in shard_counts[0].task.pieces), default=0)
+        message_minimum = shard_counts[0].task.min_crowd
         threshold = core.crowd_threshold(
             self._config.crowd_threshold, route.min_crowd_size if route else 0, message_minimum
         )
@@ -560,21 +640,21 @@ class DeleteAndScatter(beam.DoFn):
         groups = core.assign_groups(survivors.size, 1 << deletion.bucket_bits, self._source)
         order = survivors[np.argsort(groups, kind="stable")]
         sorted_groups = np.sort(groups)
+        take = pa.array(order)
         released = pa.RecordBatch.from_arrays(
             [
-                rows.column("payload").combine_chunks().take(pa.array(order)),
-                rows.column("payload_crc32c").combine_chunks().take(pa.array(order)),
+                rows.column("payload").combine_chunks().take(take),
+                rows.column("payload_crc32c").combine_chunks().take(take),
             ],
-            names=["payload", "payload_crc32c"],
+            schema=RELEASED_SPILL_SCHEMA,
         )
         starts = np.flatnonzero(np.r_[True, sorted_groups[1:] != sorted_groups[:-1]])
         ends = np.r_[starts[1:], sorted_groups.size]
+        bounds = list(zip(starts.tolist(), ends.tolist(), strict=True))
         path = _spill_path(self._spill_dir, "released")
-        write_spill(
-            path, [released.slice(int(b), int(e - b)) for b, e in zip(starts, ends, strict=True)]
-        )
-        for index, (begin, end) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
-            piece = Piece(path, index, end - begin, "", 0)
+        positions = write_spill(path, [released.slice(b, e - b) for b, e in bounds])
+        for (begin, end), (offset, length) in zip(bounds, positions, strict=True):
+            piece = Piece(path, offset, length, end - begin, "", 0)
             yield key, BucketPiece(int(sorted_groups[begin]), deletion.bucket_bits, piece)
 
 
@@ -591,8 +671,8 @@ class PermuteGroup(beam.DoFn):
 
     def process(self, element: tuple[tuple[CrowdKey, int], tuple[Piece, ...]]) -> Iterator[Any]:
         (key, _group), pieces = element
-        batches = [read_spill(piece.path, piece.index) for piece in pieces]
-        table = pa.Table.from_batches(batches)
+        batches = [read_spill(piece, RELEASED_SPILL_SCHEMA) for piece in pieces]
+        table = pa.Table.from_batches(batches, schema=RELEASED_SPILL_SCHEMA)
         order = pa.array(core.release_order(table.num_rows, self._source))
         payloads = table.column("payload").combine_chunks().take(order)
         crcs = table.column("payload_crc32c").combine_chunks().take(order).to_numpy()
@@ -625,7 +705,7 @@ class LateToDeadLetter(beam.DoFn):
         window_start, instance, channel, recipe_id, crowd_id = key
         counts: dict[str, int] = {}
         for piece in pieces:
-            batch = read_spill(piece.path, piece.index)
+            batch = read_spill(piece, REPORT_SPILL_SCHEMA)
             letters = []
             for row in batch.to_pylist():
                 record = {
@@ -729,7 +809,8 @@ class ShuffleReports(beam.PTransform):
             read.pieces
             | "WindowByEventTime" >> self._windowing()
             | "GroupByCrowd" >> beam.GroupByKey()
-            | "PlanShards" >> beam.ParDo(PlanShards(config)).with_outputs("late", main="shards")
+            | "PlanShards"
+            >> beam.ParDo(PlanShards(config, self._spill_dir)).with_outputs("late", main="shards")
         )
         late = planned.late | "LateToDeadLetter" >> beam.ParDo(LateToDeadLetter()).with_outputs(
             "dead_letter", "counts"

@@ -252,14 +252,84 @@ def schema_problem(schema: pa.Schema) -> str | None:
     return None
 
 
-def crc32c_of_payloads(payloads: pa.Array) -> np.ndarray:
-    """CRC32C (Castagnoli) of every payload as uint32 values in an int64 array (null -> -1)."""
-    values = payloads.to_pylist()
-    return np.fromiter(
-        (-1 if value is None else google_crc32c.value(value) for value in values),
-        dtype=np.int64,
-        count=len(values),
+def _crc32c_table() -> np.ndarray:
+    """Byte table of the reflected Castagnoli polynomial 0x82F63B78 (RFC 3720, B.4)."""
+    table = np.arange(256, dtype=np.uint32)
+    for _ in range(8):
+        table = np.where(table & 1, (table >> 1) ^ np.uint32(0x82F63B78), table >> 1)
+    return table.astype(np.uint32)
+
+
+_CRC32C_TABLE = _crc32c_table()
+# Byte positions are processed for all payloads at once while more than this many payloads are
+# that long; the rest of the (few) longer payloads goes to the native CRC.
+_CRC_VECTOR_MIN_ROWS = 32
+
+
+def _binary_buffers(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets as int64, data bytes) of a binary or string Arrow array (no copy of the data)."""
+    if pa.types.is_string(array.type):
+        array = array.cast(pa.binary())
+    elif pa.types.is_large_string(array.type):
+        array = array.cast(pa.large_binary())
+    offset_type = np.int64 if pa.types.is_large_binary(array.type) else np.int32
+    buffers = array.buffers()
+    offsets = np.frombuffer(buffers[1], dtype=offset_type)[
+        array.offset : array.offset + len(array) + 1
+    ]
+    data = (
+        np.frombuffer(buffers[2], dtype=np.uint8)
+        if buffers[2] is not None
+        else np.zeros(1, np.uint8)
     )
+    return offsets.astype(np.int64), data
+
+
+def crc32c_of_payloads(payloads: pa.Array) -> np.ndarray:
+    """CRC32C (Castagnoli) of every payload as uint32 values in an int64 array (null -> -1).
+
+    The table-driven CRC runs over all payloads at once, one byte position per vectorized
+    step (payloads sorted longest first, so the ones still running are a prefix); the tail of
+    the few longest payloads is finished by ``google_crc32c.extend``.
+    """
+    if isinstance(payloads, pa.ChunkedArray):
+        payloads = payloads.combine_chunks()
+    count = len(payloads)
+    result = np.full(count, -1, dtype=np.int64)
+    if count == 0:
+        return result
+    offsets, data = _binary_buffers(payloads)
+    lengths = np.diff(offsets)
+    valid = (
+        np.ones(count, dtype=bool)
+        if payloads.null_count == 0
+        else payloads.is_valid().to_numpy(zero_copy_only=False)
+    )
+    lengths = np.where(valid, lengths, 0)
+    order = np.argsort(-lengths, kind="stable")
+    sorted_lengths = lengths[order]
+    starts = offsets[:-1][order]
+    # still_running[j]: payloads longer than j (a prefix of the sorted order).
+    histogram = np.bincount(sorted_lengths, minlength=int(sorted_lengths[0]) + 1)
+    still_running = count - np.cumsum(histogram)
+    vector_positions = int(np.count_nonzero(still_running > _CRC_VECTOR_MIN_ROWS))
+    register = np.full(count, 0xFFFFFFFF, dtype=np.uint32)
+    for position in range(vector_positions):
+        running = int(still_running[position])
+        current = register[:running]
+        byte = data[starts[:running] + position]
+        register[:running] = _CRC32C_TABLE[(current ^ byte) & 0xFF] ^ (current >> 8)
+    register ^= np.uint32(0xFFFFFFFF)
+    tail = int(still_running[vector_positions]) if vector_positions < still_running.size else 0
+    if tail:
+        blob = data
+        for row in range(tail):
+            begin = int(starts[row]) + vector_positions
+            end = int(starts[row]) + int(sorted_lengths[row])
+            register[row] = google_crc32c.extend(int(register[row]), blob[begin:end].tobytes())
+    result[order] = register
+    result[~valid] = -1
+    return result
 
 
 def _int_column(batch: pa.RecordBatch, name: str, fill: int) -> np.ndarray:
@@ -424,6 +494,11 @@ def _fmix64(values: np.ndarray) -> np.ndarray:
     return values ^ (values >> np.uint64(33))
 
 
+# Origins up to this long are hashed one byte position at a time for all origins at once;
+# longer ones in one pass over all their bytes.
+_HASH_BY_POSITION_MAX_LENGTH = 256
+
+
 def origin_hashes(origins: pa.Array, key: np.ndarray) -> np.ndarray:
     """Keyed 64-bit hash of every origin string (uint64), vectorized over the string bytes.
 
@@ -434,27 +509,32 @@ def origin_hashes(origins: pa.Array, key: np.ndarray) -> np.ndarray:
     """
     if isinstance(origins, pa.ChunkedArray):
         origins = origins.combine_chunks()
-    if pa.types.is_string(origins.type) or pa.types.is_large_string(origins.type):
-        origins = origins.cast(pa.large_binary())
-    elif not pa.types.is_large_binary(origins.type):
-        origins = origins.cast(pa.large_binary())
     count = len(origins)
     if count == 0:
         return np.zeros(0, dtype=np.uint64)
-    buffers = origins.buffers()
-    offsets = np.frombuffer(buffers[1], dtype=np.int64)[origins.offset : origins.offset + count + 1]
-    data = (
-        np.frombuffer(buffers[2], dtype=np.uint8)
-        if buffers[2] is not None
-        else np.zeros(0, np.uint8)
-    )
-    begin, end = int(offsets[0]), int(offsets[-1])
+    offsets, data = _binary_buffers(origins)
     lengths = np.diff(offsets)
-    byte_values = data[begin:end].astype(np.uint64) + np.uint64(1)
-    position = np.arange(end - begin, dtype=np.int64) - np.repeat(offsets[:-1] - begin, lengths)
-    contributions = byte_values * key[position % ORIGIN_HASH_POSITIONS]
-    running = np.concatenate(([np.uint64(0)], np.cumsum(contributions, dtype=np.uint64)))
-    sums = running[offsets[1:] - begin] - running[offsets[:-1] - begin]
+    longest = int(lengths.max())
+    if longest <= _HASH_BY_POSITION_MAX_LENGTH:
+        # Longest first, so the origins still running at byte position j are a prefix.
+        order = np.argsort((longest - lengths).astype(np.uint16), kind="stable")
+        starts = offsets[:-1][order]
+        running = count - np.cumsum(np.bincount(lengths, minlength=longest + 1))
+        sums = np.zeros(count, dtype=np.uint64)
+        for position in range(longest):
+            active = int(running[position])
+            byte_values = data[starts[:active] + position].astype(np.uint64) + np.uint64(1)
+            sums[:active] += byte_values * key[position % ORIGIN_HASH_POSITIONS]
+        unsorted = np.empty(count, dtype=np.uint64)
+        unsorted[order] = sums
+        sums = unsorted
+    else:
+        begin, end = int(offsets[0]), int(offsets[-1])
+        byte_values = data[begin:end].astype(np.uint64) + np.uint64(1)
+        position = np.arange(end - begin, dtype=np.int64) - np.repeat(offsets[:-1] - begin, lengths)
+        contributions = byte_values * key[position % ORIGIN_HASH_POSITIONS]
+        running_sum = np.concatenate(([np.uint64(0)], np.cumsum(contributions, dtype=np.uint64)))
+        sums = running_sum[offsets[1:] - begin] - running_sum[offsets[:-1] - begin]
     sums = sums + lengths.astype(np.uint64) * key[ORIGIN_HASH_POSITIONS]
     return _fmix64(sums ^ key[ORIGIN_HASH_POSITIONS + 1])
 
@@ -483,10 +563,22 @@ def shard_row_range(sorted_hashes: np.ndarray, shard: int, bits: int) -> tuple[i
 
 def _codes(column: pa.Array) -> np.ndarray:
     """Integer codes of a column's values (nulls get -1) for sorting and grouping."""
-    if pa.types.is_integer(column.type):
-        return column.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-    encoded = pc.dictionary_encode(column)
-    return encoded.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    if not pa.types.is_integer(column.type):
+        column = pc.dictionary_encode(column).indices
+    if column.null_count:
+        column = column.fill_null(-1)
+    return column.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
+def _dense_ranks(codes: np.ndarray) -> tuple[np.ndarray, int]:
+    """Order-preserving ranks 0..k-1 of integer codes and k."""
+    low, high = (int(codes.min()), int(codes.max())) if codes.size else (0, 0)
+    if high - low < 1 << 20:
+        return codes - low, high - low + 1
+    values, ranks = np.unique(codes, return_inverse=True)
+    return ranks.reshape(-1), int(values.size)
 
 
 def group_rows(
@@ -495,20 +587,49 @@ def group_rows(
     """Sort rows by their key columns (then ``tiebreak``) and find the groups of equal keys.
 
     Returns ``(order, starts)``: rows ``order[starts[i]:starts[i+1]]`` share one key, with
-    ``starts`` ending in the row count. Vectorized: one lexsort, no per-row Python.
+    ``starts`` ending in the row count. Vectorized, no per-row Python: the key columns'
+    order-preserving ranks are combined into one integer key (mixed radix) where it fits in 62
+    bits, so the sort has one key (two with ``tiebreak``) whatever the number of columns.
     """
     codes = [_codes(column) for column in key_columns]
     rows = len(codes[0]) if codes else (0 if tiebreak is None else len(tiebreak))
+    if rows == 0:
+        return np.arange(0), np.zeros(1, dtype=np.int64)
+    combined = np.zeros(rows, dtype=np.int64)
+    radix = 1
+    for code in codes:
+        ranks, cardinality = _dense_ranks(code)
+        radix *= cardinality
+        if radix >= 1 << 62:
+            break
+        combined = combined * cardinality + ranks
+    else:
+        codes = [combined]
     sort_keys = ([tiebreak] if tiebreak is not None else []) + codes[::-1]
     order = np.lexsort(sort_keys) if sort_keys else np.arange(rows)
-    if rows == 0:
-        return order, np.zeros(1, dtype=np.int64)
     changed = np.zeros(rows, dtype=bool)
     changed[0] = True
     for code in codes:
         ordered = code[order]
         changed[1:] |= ordered[1:] != ordered[:-1]
     starts = np.append(np.flatnonzero(changed), rows).astype(np.int64)
+    return order, starts
+
+
+def group_rows_by_hash(
+    key_columns: Sequence[pa.Array], hashes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`group_rows` with ``tiebreak=hashes`` (same groups, rows sorted by hash within a
+    group), in two cheap sorts: all rows by hash, then a stable radix sort by dense group number
+    (16 bits while there are at most 65536 groups)."""
+    grouped, starts = group_rows(key_columns)
+    groups = starts.size - 1
+    if groups > 1 << 16:
+        return group_rows(key_columns, tiebreak=hashes)
+    group_of_row = np.empty(grouped.size, dtype=np.uint16)
+    group_of_row[grouped] = np.repeat(np.arange(groups, dtype=np.uint16), np.diff(starts))
+    by_hash = np.argsort(hashes)
+    order = by_hash[np.argsort(group_of_row[by_hash], kind="stable")]
     return order, starts
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import google_crc32c
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -117,6 +118,26 @@ def test_validation_gives_each_bad_record_its_reason() -> None:
     ]
 
 
+@pytest.mark.parametrize("arrow_type", [pa.binary(), pa.large_binary(), pa.string()])
+def test_crc32c_of_payloads_matches_the_native_crc(arrow_type: pa.DataType) -> None:
+    rng = np.random.default_rng(11)
+    lengths = rng.integers(0, 40, 500)
+    lengths[rng.integers(0, 500, 8)] = rng.integers(100, 5000, 8)  # a few long ones
+    payloads: list = [rng.bytes(int(n)) for n in lengths]
+    if arrow_type == pa.string():
+        payloads = [bytes(b % 128 for b in payload).decode() for payload in payloads]
+    payloads[3] = None
+    array = pa.array(payloads, type=arrow_type).slice(2, 450)  # offset into the buffers
+    expected = [
+        -1 if p is None else google_crc32c.value(p.encode() if isinstance(p, str) else p)
+        for p in payloads[2:452]
+    ]
+    assert core.crc32c_of_payloads(array).tolist() == expected
+    chunked = pa.chunked_array([array.slice(0, 100), array.slice(100)])
+    assert core.crc32c_of_payloads(chunked).tolist() == expected
+    assert core.crc32c_of_payloads(pa.array([], type=arrow_type)).size == 0
+
+
 def test_instance_range_is_per_recipe_and_run_instance_is_enforced() -> None:
     records = [
         rf.report("a", instance=1),  # test@1 has K = 2
@@ -220,6 +241,25 @@ def test_group_rows_groups_equal_keys() -> None:
     assert sorted(sorted(g) for g in groups) == [[0, 2], [1, 4], [3], [5]]
     for group in groups:
         assert tiebreak[group].tolist() == sorted(tiebreak[group].tolist())
+
+
+def test_group_rows_by_hash_matches_group_rows_with_a_tiebreak() -> None:
+    rng = np.random.default_rng(8)
+    rows = 5000
+    keys = [
+        pa.array(rng.choice([rf.T0, rf.T0 + rf.DAY_MS], rows)),
+        pa.array(rng.integers(0, 3, rows).astype(np.int32)),
+        pa.array(rng.choice(["a", "bb", "ccc"], rows)),
+        pa.array(rng.choice(["x", None], rows)),
+    ]
+    hashes = rng.integers(0, 2**63, rows).astype(np.uint64) << np.uint64(1)
+    hashes[:50] = hashes[50:100]  # equal hashes too
+    expected_order, expected_starts = core.group_rows(keys, tiebreak=hashes)
+    order, starts = core.group_rows_by_hash(keys, hashes)
+    assert starts.tolist() == expected_starts.tolist()
+    assert hashes[order].tolist() == hashes[expected_order].tolist()
+    for begin, end in itertools.pairwise(starts):
+        assert sorted(order[begin:end]) == sorted(expected_order[begin:end])
 
 
 def test_count_distinct() -> None:
