@@ -188,6 +188,14 @@ def run(
     with FileSystems.open(metrics_path) as handle:
         summary = json.loads(handle.read())
     summary["seconds"] = round(elapsed, 3)
+    # What a reader of this release needs to state its privacy (pipelines/analyze.py reads both):
+    # which instance made it, and the (eps_cr, delta_cr) of Algorithm 3 if it deleted.
+    summary["instance"] = shuffle_options.instance
+    summary["deletion"] = (
+        {"epsilon": config.deletion.epsilon, "delta": config.deletion.delta}
+        if config.deletion is not None
+        else None
+    )
     counters = _beam_counters(result)
     summary["beam_counters"] = counters
     if counters is not None:

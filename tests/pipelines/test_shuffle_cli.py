@@ -77,6 +77,8 @@ def test_deletion_flags(tmp_path: Path, inputs: tuple[str, str]) -> None:
     # Scale 1, offset ceil(log(2e6)) = 15: 15 - Z of the 30 respondents are deleted; no deletion
     # (Z = 15), an abort (Z > 15) or fewer than 5 left (Z < -10) each have probability < 1e-4.
     assert metrics["adds_up"] and metrics["deleted"] > 0 and metrics["released"] > 0
+    # The release states its deletion parameters, so a standalone analyzer can report them.
+    assert metrics["deletion"] == {"epsilon": 2.0, "delta": 1e-6}
 
 
 @pytest.mark.parametrize(
