@@ -20,7 +20,7 @@ re-issued for K instances as ``<name>-k<K>`` (uniform instance weights; everythi
 unchanged) in ``OUTPUT/recipe.json``, so its id still names every parameter; a zero-sum recipe,
 whose sums hide a respondent only inside one shuffler, is never re-issued. The defaults (the
 64x64 image-grid one-hot recipe, its four instances, 120,000 respondents: just above the recipe's
-minimum crowd of 100,000) take one to two minutes on two cores. ``make run`` calls
+minimum crowd of 100,000) take under a minute on two cores. ``make run`` calls
 ``esa run --output results``.
 """
 
