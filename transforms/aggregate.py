@@ -23,6 +23,7 @@ from apache_beam.metrics import Metrics
 from schemas.records import dead_letter
 from transforms import analyze_core as core
 from transforms import avro_io
+from transforms.combiners import SumCounts
 
 METRICS_NAMESPACE = "esa.analyze"
 STAGE_READ = "analyze.read"
@@ -134,27 +135,6 @@ class CombineCrowd(beam.CombineFn):
 
     def extract_output(self, accumulator: core.Accumulator | None) -> core.Accumulator | None:
         return accumulator
-
-
-class SumCounts(beam.CombineFn):
-    """Adds counter dicts (files, read, census, messages, rejected:<reason>)."""
-
-    def create_accumulator(self) -> dict[str, int]:
-        return {}
-
-    def add_input(self, accumulator: dict[str, int], counts: Mapping[str, int]) -> dict[str, int]:
-        for name, value in counts.items():
-            accumulator[name] = accumulator.get(name, 0) + int(value)
-        return accumulator
-
-    def merge_accumulators(self, accumulators: Iterable[dict[str, int]]) -> dict[str, int]:
-        total: dict[str, int] = {}
-        for accumulator in accumulators:
-            self.add_input(total, accumulator)
-        return total
-
-    def extract_output(self, accumulator: dict[str, int]) -> dict[str, int]:
-        return dict(sorted(accumulator.items()))
 
 
 class AggregateOutputs(NamedTuple):

@@ -54,6 +54,7 @@ from schemas import SCHEMA_VERSION, parsed_schema, schema_json
 from schemas.records import dead_letter
 from transforms import avro_io
 from transforms import shuffle_core as core
+from transforms.combiners import SumCounts
 
 METRICS_NAMESPACE = "esa.shuffle"
 STAGE_READ = "shuffle.read"
@@ -304,14 +305,6 @@ def _count(counts: dict[str, int], name: str, value: int) -> None:
     if value:
         counts[name] = counts.get(name, 0) + int(value)
         _counter(name).inc(int(value))
-
-
-def sum_counts(count_dicts: Iterable[Mapping[str, int]]) -> dict[str, int]:
-    total: dict[str, int] = {}
-    for counts in count_dicts:
-        for name, value in counts.items():
-            total[name] = total.get(name, 0) + int(value)
-    return total
 
 
 def metrics_summary(counts: Mapping[str, int]) -> dict[str, Any]:
@@ -1015,22 +1008,6 @@ def _sorted_manifests(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]
     return sorted(records, key=order)
 
 
-class _SumCounts(beam.CombineFn):
-    def create_accumulator(self) -> dict[str, int]:
-        return {}
-
-    def add_input(self, accumulator: dict[str, int], counts: Mapping[str, int]) -> dict[str, int]:
-        for name, value in counts.items():
-            accumulator[name] = accumulator.get(name, 0) + int(value)
-        return accumulator
-
-    def merge_accumulators(self, accumulators: Iterable[dict[str, int]]) -> dict[str, int]:
-        return sum_counts(accumulators)
-
-    def extract_output(self, accumulator: dict[str, int]) -> dict[str, int]:
-        return dict(accumulator)
-
-
 class WriteMetrics(beam.PTransform):
     """Count dicts -> DIR/metrics.json (:func:`metrics_summary`).
 
@@ -1058,7 +1035,7 @@ class WriteMetrics(beam.PTransform):
                 trigger=beam_trigger.Repeatedly(beam_trigger.AfterCount(1)),
                 accumulation_mode=beam_trigger.AccumulationMode.ACCUMULATING,
             )
-        combine = beam.CombineGlobally(_SumCounts())
+        combine = beam.CombineGlobally(SumCounts())
         if self._streaming:
             combine = combine.without_defaults()
         return counts | "SumCounts" >> combine | "WriteMetricsFile" >> beam.Map(write)
