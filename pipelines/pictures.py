@@ -70,6 +70,11 @@ def image_comparison(
     return _png(figure)
 
 
+def buckets_to_show(truth: np.ndarray, limit: int) -> np.ndarray:
+    """Indices of the ``limit`` buckets with the largest true counts, chosen by truth alone."""
+    return np.argsort(np.abs(truth), kind="stable")[::-1][:limit]
+
+
 def estimate_vs_truth(
     buckets: np.ndarray,
     estimate: np.ndarray,
@@ -81,7 +86,10 @@ def estimate_vs_truth(
     """Estimates with ±2 standard-error bars, against the truth when known.
 
     Small domains are drawn bucket by bucket; larger ones as estimate against truth (or, without
-    truth, the largest estimates by rank), limited to the most prominent buckets.
+    truth, the largest estimates by rank), limited to the buckets with the largest true counts.
+    Buckets are chosen by truth alone, never by their estimate: choosing by the estimate would
+    show only the buckets whose noise happened to be large and make an unbiased estimator look
+    biased.
     """
     buckets = np.asarray(buckets)
     estimate = np.asarray(estimate, dtype=np.float64)
@@ -108,8 +116,7 @@ def estimate_vs_truth(
         axis.set_xlabel("bucket")
         axis.set_ylabel(value_label)
     elif truth is not None:
-        prominence = np.maximum(np.abs(truth), np.abs(estimate))
-        shown = np.argsort(prominence, kind="stable")[::-1][:MAX_SCATTER_POINTS]
+        shown = buckets_to_show(truth, MAX_SCATTER_POINTS)
         axis.errorbar(
             truth[shown], estimate[shown], yerr=2 * stderr[shown], fmt=".", ms=3,
             elinewidth=0.4, alpha=0.5, label="bucket: estimate ± 2 s.e.",
@@ -119,7 +126,7 @@ def estimate_vs_truth(
         axis.set_xlabel(f"true {value_label}")
         axis.set_ylabel(f"estimated {value_label}")
         if shown.size < estimate.size:
-            title += f" ({shown.size} most prominent of {estimate.size} buckets)"
+            title += f" ({shown.size} of {estimate.size} buckets: largest true counts)"
     else:
         shown = np.argsort(estimate, kind="stable")[::-1][:MAX_BUCKETS_DRAWN]
         axis.errorbar(
