@@ -5,9 +5,10 @@ Full mode: about 10 million messages of the shipped 64 x 64 image-grid recipe (o
 message per respondent and instance. Report files are generated with the vectorized encoder (not
 timed), then each step runs in its own child process, so peak memory (``VmHWM``) is its own:
 
-* raw fastavro read of the report files (the shuffle's ceiling);
+* the fastest plain fastavro read of the report files, logical types left as ints (the shuffle's
+  ceiling; ``benchmarks/common.py`` says how);
 * ``esa shuffle --instance u`` for u = 0, 1 (FnApiRunner);
-* raw fastavro read of the released message files (the analyzer's ceiling);
+* the same read of the released message files (the analyzer's ceiling);
 * ``esa analyze`` over both releases (FnApiRunner, no pictures).
 
 Rows: analyze messages/s against its raw read (target ratio >= 0.5), shuffle + analyze end to end
@@ -17,10 +18,7 @@ shuffler: it writes ~100 k released messages directly and times the analyzer alo
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from benchmarks.common import RAW_READ_SCRIPT, raw_read_note, run_child
 from schemas import SCHEMA_VERSION, schema_json
 from schemas.payloads import crc32c_many, encode_census, encode_message_batch
 from schemas.recipes import load_recipe
@@ -39,39 +38,9 @@ T0 = 1_704_067_200_000
 INSTANCES = 2
 ROWS_PER_FILE = 1_000_000
 
-_PEAK_RSS = """
-import resource
-def peak_rss_mb():
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-"""
-
-_RAW_READ = (
-    _PEAK_RSS
-    + """
-import json, sys, time, fastavro
-paths = json.loads(sys.argv[1])
-start = time.perf_counter()
-count = 0
-for path in paths:
-    with open(path, "rb") as handle:
-        for _record in fastavro.reader(handle):
-            count += 1
-print(json.dumps({"seconds": time.perf_counter() - start, "records": count,
-                  "peak_rss_mb": peak_rss_mb()}))
-"""
-)
-
-_SHUFFLE = (
-    _PEAK_RSS
-    + """
+_SHUFFLE = """
 import json, sys
+from benchmarks.common import peak_rss_mb
 from apache_beam.options.pipeline_options import PipelineOptions
 from pipelines import shuffle
 a = json.loads(sys.argv[1])
@@ -82,12 +51,10 @@ print(json.dumps({"seconds": summary["seconds"], "records": summary["read"],
                   "released": summary["released"], "adds_up": summary["adds_up"],
                   "peak_rss_mb": peak_rss_mb()}))
 """
-)
 
-_ANALYZE = (
-    _PEAK_RSS
-    + """
+_ANALYZE = """
 import json, sys
+from benchmarks.common import peak_rss_mb
 from apache_beam.options.pipeline_options import PipelineOptions
 from pipelines import analyze
 a = json.loads(sys.argv[1])
@@ -98,7 +65,6 @@ summary = analyze.run(options)
 print(json.dumps({"seconds": summary["seconds"], "records": summary["metrics"]["read"],
                   "adds_up": summary["metrics"]["adds_up"], "peak_rss_mb": peak_rss_mb()}))
 """
-)
 
 
 def _recipe(directory: Path) -> tuple[str, object]:
@@ -170,20 +136,6 @@ def generate(directory: Path, respondents: int, released: bool, seed: int = 0) -
     return {"recipe": recipe_path, "paths": paths, "messages": total}
 
 
-def _child(script: str, argument: dict) -> dict:
-    """Run ``script`` in a fresh interpreter; its JSON result (with its own peak RSS in MB)."""
-    process = subprocess.run(
-        [sys.executable, "-c", script, json.dumps(argument)],
-        capture_output=True,
-        cwd=str(Path(__file__).resolve().parents[1]),
-        check=False,
-    )
-    if process.returncode != 0:
-        tail = process.stderr.decode(errors="replace").strip().splitlines()[-3:]
-        raise RuntimeError(f"benchmark child failed ({process.returncode}): {tail}")
-    return json.loads(process.stdout.decode().strip().splitlines()[-1])
-
-
 def _released_files(directory: Path) -> list[str]:
     return sorted(str(p) for p in directory.glob("instance=*/messages/*/*/*.avro"))
 
@@ -200,10 +152,10 @@ def run(quick: bool) -> list[dict]:
         shuffles = []
         if not quick:
             all_reports = [p for u in sorted(data["paths"]) for p in data["paths"][u]]
-            raw_reports = _child(_RAW_READ, all_reports)
+            raw_reports = run_child(RAW_READ_SCRIPT, all_reports)
             for u in range(INSTANCES):
                 shuffles.append(
-                    _child(
+                    run_child(
                         _SHUFFLE,
                         {
                             "input": str(work / "reports" / f"instance={u}" / "*.avro"),
@@ -213,8 +165,8 @@ def run(quick: bool) -> list[dict]:
                         },
                     )
                 )
-        raw_released = _child(_RAW_READ, _released_files(shuffled_dir))
-        analyzed = _child(
+        raw_released = run_child(RAW_READ_SCRIPT, _released_files(shuffled_dir))
+        analyzed = run_child(
             _ANALYZE,
             {
                 "input": str(shuffled_dir),
@@ -237,8 +189,7 @@ def run(quick: bool) -> list[dict]:
                 "value": analyze_rate,
                 "baseline": raw_rate,
                 "ratio": analyze_rate / raw_rate,
-                "note": "baseline: raw fastavro read of the same files; target ratio >= 0.5; "
-                + note,
+                "note": f"baseline: {raw_read_note(raw_released)}; target ratio >= 0.5; " + note,
             }
         )
         rows.append(
@@ -248,7 +199,7 @@ def run(quick: bool) -> list[dict]:
                 "value": analyzed["peak_rss_mb"],
                 "baseline": raw_released["peak_rss_mb"],
                 "ratio": analyzed["peak_rss_mb"] / raw_released["peak_rss_mb"],
-                "note": "baseline: peak RSS of the raw fastavro read (child processes)",
+                "note": "baseline: peak RSS of the raw fastavro reads (child processes)",
             }
         )
         if not quick:
@@ -265,7 +216,8 @@ def run(quick: bool) -> list[dict]:
                     "ratio": end_to_end / ceiling,
                     "note": f"{read:,} report messages through {INSTANCES} shufflers "
                     f"({shuffle_seconds:.0f} s) and the analyzer ({analyzed['seconds']:.0f} s); "
-                    "baseline: raw fastavro reads of the reports and the released files",
+                    "baseline: plain fastavro reads of the reports and the released files, "
+                    "logical types as ints",
                 }
             )
             rows.append(

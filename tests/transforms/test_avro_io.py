@@ -387,3 +387,44 @@ def test_nested_schemas_are_read_by_fastavro() -> None:
     fastavro.writer(buffer, fastavro.parse_schema(schema), records)
     (item,) = list(avro_io.read_avro_batches_from_bytes(buffer.getvalue()))
     assert item.columns.column("tags").to_pylist() == [r["tags"] for r in records]
+
+
+@pytest.mark.parametrize("codec", ["bzip2", "xz"])
+def test_other_standard_library_codecs_are_read(codec: str) -> None:
+    records = _records(300)
+    data = rf.report_bytes(records, codec=codec, sync_interval=2000)
+    assert len(_block_offsets(data)) > 1
+    batches, chunks = _split(list(avro_io.read_avro_batches_from_bytes(data, "z", 100)))
+    assert not chunks
+    assert [batch.first_record for batch in batches] == list(
+        np.cumsum([0] + [batch.rows for batch in batches[:-1]])
+    )
+    table = pa.Table.from_batches([batch.columns for batch in batches])
+    assert table.column("origin").to_pylist() == [r["origin"] for r in records]
+    assert table.column("event_time").to_pylist() == [r["event_time"] for r in records]
+
+
+def test_bad_sync_marker_reports_exactly_the_bytes_skipped() -> None:
+    records = _records(2000)
+    data = bytearray(rf.report_bytes(records, codec="null", sync_interval=4000))
+    blocks = list(fastavro.block_reader(io.BytesIO(bytes(data))))
+    offsets = _block_offsets(bytes(data))
+    data[offsets[2] - 1] ^= 0x01  # last byte of block 1's trailing sync marker
+    batches, chunks = _split(list(avro_io.read_avro_batches_from_bytes(bytes(data), "s")))
+    # Where block 1 ends is no longer certain: reading resumes after the next intact marker (the
+    # end of block 2), the chunk holds exactly the skipped bytes and its record count is unknown.
+    (chunk,) = chunks
+    assert chunk.offset == offsets[1] and chunk.length == offsets[3] - offsets[1]
+    assert chunk.raw == bytes(data[offsets[1] : offsets[3]]) and chunk.declared_records is None
+    lost = blocks[1].num_records + blocks[2].num_records
+    first = blocks[0].num_records
+    kept = records[:first] + records[first + lost :]
+    table = pa.Table.from_batches([b.columns for b in batches])
+    assert table.column("origin").to_pylist() == [r["origin"] for r in kept]
+
+
+def test_a_file_with_bad_magic_bytes_is_unreadable() -> None:
+    content = b"Obj\x02" + b"\x00" * 30
+    (item,) = list(avro_io.read_avro_batches_from_bytes(content, "m"))
+    assert isinstance(item, avro_io.UnreadableChunk)
+    assert item.reason == avro_io.UNREADABLE_FILE and item.offset == 0 and item.raw == content
