@@ -64,16 +64,7 @@ class DecodeReleaseFile(beam.DoFn):
             if isinstance(item, avro_io.UnreadableChunk):
                 _inc(counts, "read", 1)
                 _inc(counts, f"rejected:{item.reason}", 1)
-                records = (
-                    "" if item.declared_records is None else f", {item.declared_records} records"
-                )
-                letter = dead_letter(
-                    STAGE_READ,
-                    item.reason,
-                    f"{item.detail} ({item.length} bytes{records})",
-                    item.position,
-                    original_bytes=item.raw,
-                )
+                letter = item.dead_letter(STAGE_READ)
                 yield beam.pvalue.TaggedOutput(DEAD_LETTER_TAG, [letter])
                 continue
             result = core.aggregate_batch(

@@ -39,6 +39,8 @@ import pyarrow.compute as pc
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from schemas.records import dead_letter
+
 MAGIC = b"Obj\x01"
 SYNC_SIZE = 16
 DEFAULT_BATCH_RECORDS = 50_000
@@ -80,6 +82,17 @@ class UnreadableChunk:
     @property
     def position(self) -> str:
         return f"{self.source}@{self.offset}"
+
+    def dead_letter(self, stage: str) -> dict[str, Any]:
+        """The dead-letter record (schemas/dead_letter.avsc) for these bytes, rejected by stage."""
+        records = "" if self.declared_records is None else f", {self.declared_records} records"
+        return dead_letter(
+            stage,
+            self.reason,
+            f"{self.detail} ({self.length} bytes{records})",
+            self.position,
+            original_bytes=self.raw,
+        )
 
 
 class _Corrupt(Exception):

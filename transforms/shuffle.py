@@ -419,16 +419,7 @@ class ReadValidateSpill(beam.DoFn):
             if isinstance(item, avro_io.UnreadableChunk):
                 _count(counts, READ, 1)
                 _count(counts, REJECTED_PREFIX + item.reason, 1)
-                records = (
-                    "" if item.declared_records is None else f", {item.declared_records} records"
-                )
-                letter = dead_letter(
-                    STAGE_READ,
-                    item.reason,
-                    f"{item.detail} ({item.length} bytes{records})",
-                    item.position,
-                    original_bytes=item.raw,
-                )
+                letter = item.dead_letter(STAGE_READ)
                 yield beam.pvalue.TaggedOutput("dead_letter", [letter])
                 yield beam.pvalue.TaggedOutput("counts", counts)
                 continue
