@@ -47,11 +47,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines import pictures
 from pipelines.cli import UsageError
-from pipelines.options import AnalyzeOptions
+from pipelines.options import AnalyzeOptions, with_default_runner
 from schemas import SUPPORTED_SCHEMA_VERSIONS
 from schemas.recipes import load_recipe, shipped_recipes
 from transforms import analyze_core as core
@@ -70,7 +70,6 @@ from transforms.shuffle import WriteDeadLetters
 
 __all__ = ["Release", "discover_releases", "register", "run", "summary_table"]
 
-DEFAULT_BATCH_RUNNER = "FnApiRunner"
 PICTURES_DIR = "pictures"
 # At most this many crowds get pictures (a run over many windows would otherwise flood DIR).
 MAX_PICTURED_CROWDS = 24
@@ -325,9 +324,7 @@ def run(options: PipelineOptions) -> dict[str, Any]:
         "deletion": {str(u): list(d) for u, d in config.deletion.items()},
         "output": output,
     }
-    standard = options.view_as(StandardOptions)
-    if standard.runner is None:
-        standard.runner = DEFAULT_BATCH_RUNNER
+    with_default_runner(options)
     started = time.monotonic()
     pipeline = beam.Pipeline(options=options)
     aggregated = (

@@ -10,9 +10,28 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
-__all__ = ["ShuffleOptions", "add_stage_arguments", "stage_option_values"]
+__all__ = [
+    "DEFAULT_BATCH_RUNNER",
+    "ShuffleOptions",
+    "add_stage_arguments",
+    "stage_option_values",
+    "with_default_runner",
+]
+
+# Batch runs default to the in-process portable runner: Beam 2.77's plain DirectRunner first tries
+# to download Prism, which cannot work offline (DESIGN.md, Beam facts).
+DEFAULT_BATCH_RUNNER = "FnApiRunner"
+
+
+def with_default_runner(options: PipelineOptions) -> PipelineOptions:
+    """``options`` with a runner when none was given: FnApiRunner for batch, DirectRunner (the
+    one that runs TestStream and unbounded sources) for ``--streaming``."""
+    standard = options.view_as(StandardOptions)
+    if standard.runner is None:
+        standard.runner = "DirectRunner" if standard.streaming else DEFAULT_BATCH_RUNNER
+    return options
 
 
 class ShuffleOptions(PipelineOptions):

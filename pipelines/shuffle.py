@@ -41,12 +41,15 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from apache_beam.utils.timestamp import Timestamp
 
 from pipelines.cli import UsageError
-from pipelines.options import ShuffleOptions, add_stage_arguments, stage_option_values
+from pipelines.options import (
+    ShuffleOptions,
+    add_stage_arguments,
+    stage_option_values,
+    with_default_runner,
+)
 from schemas import SUPPORTED_SCHEMA_VERSIONS
 from transforms import shuffle as shuffle_transforms
 from transforms import shuffle_core as core
-
-DEFAULT_BATCH_RUNNER = "FnApiRunner"
 
 
 def register(subparsers: Any) -> None:
@@ -112,13 +115,6 @@ def shuffle_config(
     )
 
 
-def _with_default_runner(options: PipelineOptions) -> PipelineOptions:
-    standard = options.view_as(StandardOptions)
-    if standard.runner is None:
-        standard.runner = "DirectRunner" if standard.streaming else DEFAULT_BATCH_RUNNER
-    return options
-
-
 def _input_paths(pattern: str) -> list[str]:
     try:
         matches = FileSystems.match([pattern])[0].metadata_list
@@ -143,7 +139,7 @@ def run(
     shuffle_options = options.view_as(ShuffleOptions)
     if not shuffle_options.input or not shuffle_options.output:
         raise UsageError("--input and --output are required")
-    options = _with_default_runner(options)
+    options = with_default_runner(options)
     streaming = bool(options.view_as(StandardOptions).streaming)
     config = shuffle_config(shuffle_options, streaming, routes)
     output = shuffle_options.output

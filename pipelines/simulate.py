@@ -42,10 +42,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.cli import UsageError
-from pipelines.options import SimulateOptions
+from pipelines.options import SimulateOptions, with_default_runner
 from schemas import SCHEMA_VERSION
 from schemas.recipes import load_recipe, recipe_names, shipped_recipes
 from transforms.encode import (
@@ -59,7 +59,6 @@ from transforms.encode import (
 
 __all__ = ["register", "run", "plan_from_options"]
 
-DEFAULT_BATCH_RUNNER = "FnApiRunner"
 TRUTH_FILE = "truth.parquet"
 SUMMARY_FILE = "simulation.json"
 
@@ -239,9 +238,7 @@ def run(options: PipelineOptions) -> dict[str, Any]:
         )
         raise UsageError(f"every device refuses recipe {context.recipe.id}: {reasons}{hint}")
     shards = context.shards()
-    standard = options.view_as(StandardOptions)
-    if standard.runner is None:
-        standard.runner = DEFAULT_BATCH_RUNNER
+    with_default_runner(options)
     metadata = {
         "recipe_id": context.recipe.id,
         "channel": context.recipe.channel,
