@@ -28,9 +28,10 @@ import pyarrow as pa
 
 from benchmarks.common import RAW_READ_SCRIPT, raw_read_note, run_child
 from schemas import SCHEMA_VERSION, schema_json
-from schemas.payloads import crc32c_many, encode_census, encode_message_batch
+from schemas.avro.container import encode_container
+from schemas.avro.crc32c import crc32c_many
+from schemas.payloads import encode_census, encode_message_batch
 from schemas.recipes import load_recipe
-from transforms import avro_io
 from transforms.analyze_core import payloads_subset
 
 DAY_MS = 86_400_000
@@ -78,7 +79,7 @@ def _recipe(directory: Path) -> tuple[str, object]:
 
 def _write(path: Path, schema: str, columns: dict, rows: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(avro_io.encode_container(schema_json(schema), columns, rows, "deflate"))
+    path.write_bytes(encode_container(schema_json(schema), columns, rows, "deflate"))
 
 
 def generate(directory: Path, respondents: int, released: bool, seed: int = 0) -> dict:

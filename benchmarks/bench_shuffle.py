@@ -32,8 +32,8 @@ import pyarrow.compute as pc
 
 from benchmarks.common import RAW_READ_SCRIPT, raw_read_note, run_child
 from schemas import SCHEMA_VERSION, schema_json
-from transforms import avro_io
-from transforms.shuffle_core import crc32c_of_payloads
+from schemas.avro.container import encode_container
+from schemas.avro.crc32c import crc32c_many
 
 DAY_MS = 86_400_000
 T0 = 1_700_006_400_000
@@ -79,7 +79,7 @@ def generate(directory: Path, messages: int, files: int, seed: int = 0) -> list[
         payloads = pa.FixedSizeBinaryArray.from_buffers(
             pa.binary(16), rows.size, [None, pa.py_buffer(rng.bytes(16 * rows.size))]
         ).cast(pa.binary())
-        crcs = crc32c_of_payloads(payloads)
+        crcs = crc32c_many(payloads)
         origins = pc.binary_join_element_wise("device-", pa.array(who).cast(pa.string()), "")
         alt = is_alt[who]
         columns = {
@@ -95,9 +95,7 @@ def generate(directory: Path, messages: int, files: int, seed: int = 0) -> list[
             "payload_crc32c": crcs,
         }
         path = directory / f"reports-{index:03d}.avro"
-        content = avro_io.encode_container(
-            schema_json("report"), columns, rows.size, "deflate", 64_000
-        )
+        content = encode_container(schema_json("report"), columns, rows.size, "deflate", 64_000)
         path.write_bytes(content)
         paths.append(str(path))
     return paths

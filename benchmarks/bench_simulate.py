@@ -24,8 +24,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipelines import simulate
 from pipelines.options import SimulateOptions
 from schemas import REPORT, parsed_schema, schema_json
+from schemas.avro.container import ContainerWriter
 from transforms.encode import (
-    AvroContainerWriter,
     ShardContext,
     ShardSummary,
     encode_report_records,
@@ -109,7 +109,7 @@ def run(quick: bool) -> list[dict]:
     best = float("inf")
     for _ in range(repeats):
         started = time.perf_counter()
-        writer = AvroContainerWriter(io.BytesIO(), schema_json(REPORT), compression_level=LEVEL)
+        writer = ContainerWriter(io.BytesIO(), schema_json(REPORT), compression_level=LEVEL)
         for batch in batches:
             writer.write(encode_report_records(batch))
         best = min(best, time.perf_counter() - started)

@@ -14,8 +14,7 @@ Python. Decoding never raises on bad bytes: each payload gets a validity flag an
 bytes the encoder would write), so a payload's bytes are a function of its values and cannot carry
 a side channel in their encoding.
 
-:func:`crc32c_many` computes CRC32C (Castagnoli) of many payloads at once: a table-driven CRC run
-over all payloads in parallel, one byte position at a time.
+CRC32C of many payloads at once: :func:`schemas.avro.crc32c.crc32c_many`.
 """
 
 from __future__ import annotations
@@ -26,11 +25,11 @@ from types import MappingProxyType
 from typing import Any
 
 import fastavro
-import google_crc32c
 import numpy as np
 import pyarrow as pa
 
 from schemas import schema_json
+from schemas.avro.varint import varint_lengths, zigzag
 
 __all__ = [
     "PAYLOAD_SCHEMA",
@@ -48,7 +47,6 @@ __all__ = [
     "encode_census",
     "encode_message_batch",
     "decode_payloads",
-    "crc32c_many",
     "message_columns",
     "payload_limits",
     "encode_randomized",
@@ -275,19 +273,6 @@ class DecodedPayloads:
 # ---------------------------------------------------------------------------------------------
 
 
-def _zigzag(values: np.ndarray) -> np.ndarray:
-    values = values.astype(np.int64, copy=False)
-    return ((values << 1) ^ (values >> 63)).view(np.uint64)
-
-
-_VARINT_THRESHOLDS = np.array([1 << (7 * j) for j in range(1, 10)], dtype=np.uint64)
-
-
-def _varint_lengths(zigzagged: np.ndarray) -> np.ndarray:
-    """Bytes of each unsigned varint: 1 + number of 7-bit groups above the first."""
-    return 1 + np.searchsorted(_VARINT_THRESHOLDS, zigzagged, side="right").astype(np.int64)
-
-
 def _as_int64_column(values: Any, name: str, size: int | None) -> np.ndarray:
     array = np.asarray(values)
     if array.ndim != 1:
@@ -332,8 +317,8 @@ def encode_payloads(
         ):
             raise ValueError(f"field {name!r} is an Avro int: values must fit in 32 bits")
         columns.append(column)
-    zigzagged = [_zigzag(column) for column in columns]
-    lengths = [_varint_lengths(z) for z in zigzagged]
+    zigzagged = [zigzag(column) for column in columns]
+    lengths = [varint_lengths(z) for z in zigzagged]
     offsets = np.zeros(size + 1, dtype=np.int64)
     np.cumsum(np.sum(lengths, axis=0), out=offsets[1:])
     data = np.empty(int(offsets[-1]), dtype=np.uint8)
@@ -505,55 +490,6 @@ def decode_payloads(
     for column in columns.values():
         column[~valid] = 0
     return DecodedPayloads(kind, MappingProxyType(columns), valid, reason)
-
-
-# ---------------------------------------------------------------------------------------------
-# CRC32C
-# ---------------------------------------------------------------------------------------------
-
-
-def _crc32c_table() -> np.ndarray:
-    polynomial = 0x82F63B78  # Castagnoli, reflected
-    table = np.arange(256, dtype=np.uint32)
-    for _ in range(8):
-        table = np.where(table & 1, (table >> 1) ^ np.uint32(polynomial), table >> 1).astype(
-            np.uint32
-        )
-    return table
-
-
-_CRC32C_TABLE = _crc32c_table()
-# Beyond this length per-payload native CRC wins over one numpy pass per byte position.
-_VECTOR_CRC_MAX_LENGTH = 64
-
-
-def crc32c_many(payloads: EncodedPayloads | Sequence[bytes] | pa.Array) -> np.ndarray:
-    """CRC32C of every payload as a uint32 array (same values as ``schemas.crc32c``)."""
-    encoded = EncodedPayloads.coerce(payloads)
-    lengths = encoded.lengths
-    n = len(encoded)
-    if n == 0:
-        return np.zeros(0, dtype=np.uint32)
-    if lengths.max() > _VECTOR_CRC_MAX_LENGTH:
-        blob = encoded.data.tobytes()
-        bounds = encoded.offsets.tolist()
-        return np.fromiter(
-            (google_crc32c.value(blob[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True)),
-            dtype=np.uint32,
-            count=n,
-        )
-    crc = np.full(n, 0xFFFFFFFF, dtype=np.uint32)
-    order = np.argsort(-lengths, kind="stable")  # longest first: active payloads are a prefix
-    sorted_lengths = lengths[order]
-    sorted_starts = encoded.offsets[:-1][order]
-    for j in range(int(sorted_lengths[0])):
-        active = int(np.searchsorted(-sorted_lengths, -j, side="left"))
-        current = crc[:active]
-        byte = encoded.data[sorted_starts[:active] + j]
-        crc[:active] = _CRC32C_TABLE[(current ^ byte) & 0xFF] ^ (current >> 8)
-    result = np.empty(n, dtype=np.uint32)
-    result[order] = crc ^ np.uint32(0xFFFFFFFF)
-    return result
 
 
 def message_columns(

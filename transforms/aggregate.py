@@ -62,8 +62,10 @@ class DecodeReleaseFile(beam.DoFn):
         counts: dict[str, int] = {"files": 1}
         for item in avro_io.read_avro_batches(path, self._batch_records):
             if isinstance(item, avro_io.UnreadableChunk):
-                _inc(counts, "read", 1)
-                _inc(counts, f"rejected:{item.reason}", 1)
+                if item.records is None:  # nobody knows how many: the balance cannot hold
+                    _inc(counts, f"unknown_records:{item.reason}", 1)
+                _inc(counts, "read", item.records or 0)
+                _inc(counts, f"rejected:{item.reason}", item.records or 0)
                 letter = item.dead_letter(STAGE_READ)
                 yield beam.pvalue.TaggedOutput(DEAD_LETTER_TAG, [letter])
                 continue
@@ -164,6 +166,11 @@ def metrics_summary(counts: Mapping[str, int]) -> dict[str, Any]:
         for name, value in sorted(counts.items())
         if name.startswith("rejected:")
     }
+    unknown = {
+        name.split(":", 1)[1]: int(value)
+        for name, value in sorted(counts.items())
+        if name.startswith("unknown_records:")
+    }
     read = int(counts.get("read", 0))
     census = int(counts.get("census", 0))
     messages = int(counts.get("messages", 0))
@@ -175,5 +182,6 @@ def metrics_summary(counts: Mapping[str, int]) -> dict[str, Any]:
         "messages": messages,
         "rejected_by_reason": rejected,
         "dead_lettered": dead_lettered,
-        "adds_up": read == census + messages + dead_lettered,
+        "chunks_of_unknown_records": unknown,
+        "adds_up": read == census + messages + dead_lettered and not unknown,
     }

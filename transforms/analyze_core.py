@@ -50,11 +50,11 @@ from privacy.randomizers import (
     SymmetricOneHot,
     ZeroSumHistogram,
 )
+from schemas.avro.crc32c import crc32c_many
 from schemas.payloads import (
     CENSUS,
     DecodedPayloads,
     EncodedPayloads,
-    crc32c_many,
     decode_payloads,
     message_columns,
 )

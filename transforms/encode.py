@@ -18,21 +18,19 @@ shuffler instance (``schemas/report.avsc`` fields as columns). Only descriptors 
 
 Report records are Avro-encoded with numpy (:func:`encode_report_records`: the same bytes
 fastavro writes, checked by the tests with fastavro and the Apache reference library) and framed
-by :class:`AvroContainerWriter` (Avro 1.11 specification, "Object Container Files"), because
-building one Python dict per message would cost more than everything else together.
+by :class:`schemas.avro.container.ContainerWriter` (Avro 1.11 specification, "Object Container
+Files"), because building one Python dict per message would cost more than everything else
+together.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import struct
-import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, BinaryIO
+from typing import Any
 
 import apache_beam as beam
 import numpy as np
@@ -41,7 +39,10 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from schemas import REPORT, SCHEMA_VERSION, schema_json
-from schemas.payloads import EncodedPayloads, crc32c_many, encode_census, encode_message_batch
+from schemas.avro.container import ContainerWriter, check_codec
+from schemas.avro.crc32c import crc32c_many
+from schemas.avro.varint import encode_bytes, encode_long, varint_lengths, varint_matrix, zigzag
+from schemas.payloads import EncodedPayloads, encode_census, encode_message_batch
 from schemas.recipes import Recipe, recipe_from_dict
 from simulators.fleet import (
     DEFAULT_START_MS,
@@ -152,57 +153,16 @@ def _constant_strings(text: str, n: int) -> pa.Array:
     return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(data * n))
 
 
-def _zigzag(values: np.ndarray) -> np.ndarray:
-    values = np.asarray(values).astype(np.int64, copy=False)
-    return ((values << 1) ^ (values >> 63)).view(np.uint64)
-
-
-_VARINT_THRESHOLDS = np.array([1 << (7 * j) for j in range(1, 10)], dtype=np.uint64)
-
-
-def _varint_lengths(zigzagged: np.ndarray) -> np.ndarray:
-    return 1 + np.searchsorted(_VARINT_THRESHOLDS, zigzagged, side="right").astype(np.int64)
-
-
-def _varint_slot(zigzagged: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Unsigned varints as an ``(n, max length)`` byte matrix, padding after each varint."""
-    width = int(lengths.max(initial=1))
-    slot = np.zeros((zigzagged.size, width), dtype=np.uint8)
-    for j in range(width):
-        group = ((zigzagged >> np.uint64(7 * j)) & np.uint64(0x7F)).astype(np.uint8)
-        slot[:, j] = group | ((lengths > j + 1).astype(np.uint8) << 7)
-    return slot
-
-
-def avro_long(value: int) -> bytes:
-    """One Avro ``long``/``int`` (zigzag varint)."""
-    zigzagged = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while True:
-        byte = zigzagged & 0x7F
-        zigzagged >>= 7
-        if zigzagged:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def avro_string(text: str | bytes) -> bytes:
-    data = text.encode() if isinstance(text, str) else bytes(text)
-    return avro_long(len(data)) + data
-
-
 def report_prefix(batch: ReportBatch) -> bytes:
     """The bytes every record of ``batch`` starts with: the fields before ``origin``."""
-    crowd = b"\x00" if batch.crowd_id is None else b"\x02" + avro_string(batch.crowd_id)
+    crowd = b"\x00" if batch.crowd_id is None else b"\x02" + encode_bytes(batch.crowd_id)
     return (
-        avro_long(batch.schema_version)
-        + avro_long(batch.shuffler_instance)
-        + avro_string(batch.channel)
-        + avro_string(batch.recipe_id)
+        encode_long(batch.schema_version)
+        + encode_long(batch.shuffler_instance)
+        + encode_bytes(batch.channel)
+        + encode_bytes(batch.recipe_id)
         + crowd
-        + avro_long(batch.min_crowd_size)
+        + encode_long(batch.min_crowd_size)
     )
 
 
@@ -215,16 +175,16 @@ def encode_report_records(batch: ReportBatch) -> EncodedPayloads:
     """
     n = len(batch)
     origin_width = batch.origin.shape[1]
-    head = np.frombuffer(report_prefix(batch) + avro_long(origin_width), dtype=np.uint8)
+    head = np.frombuffer(report_prefix(batch) + encode_long(origin_width), dtype=np.uint8)
     payload_lengths = batch.payloads.lengths
     zigzagged = [
-        _zigzag(batch.event_time_ms),
-        _zigzag(payload_lengths),
-        _zigzag(batch.payload_crc32c.astype(np.int64)),
+        zigzag(batch.event_time_ms),
+        zigzag(payload_lengths),
+        zigzag(batch.payload_crc32c.astype(np.int64)),
     ]
-    lengths = [_varint_lengths(z) for z in zigzagged]
+    lengths = [varint_lengths(z) for z in zigzagged]
     event_slot, length_slot, crc_slot = (
-        _varint_slot(z, length) for z, length in zip(zigzagged, lengths, strict=True)
+        varint_matrix(z, length) for z, length in zip(zigzagged, lengths, strict=True)
     )
     payload_width = int(payload_lengths.max(initial=0))
     slots = [
@@ -252,99 +212,6 @@ def encode_report_records(batch: ReportBatch) -> EncodedPayloads:
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(used.sum(axis=1), out=offsets[1:])
     return EncodedPayloads(matrix[used], offsets)
-
-
-# ---------------------------------------------------------------------------------------------
-# Avro object container files from pre-encoded records
-# ---------------------------------------------------------------------------------------------
-
-AVRO_MAGIC = b"Obj\x01"
-WRITER_CODECS = ("null", "deflate", "snappy")
-DEFAULT_BLOCK_BYTES = 1 << 20
-
-
-def check_codec(codec: str) -> str:
-    """``codec`` if this writer can use it here; ``snappy`` needs the ``cramjam`` package."""
-    if codec not in WRITER_CODECS:
-        raise ValueError(f"unknown codec {codec!r}; use one of {', '.join(WRITER_CODECS)}")
-    if codec == "snappy":
-        try:
-            import cramjam  # noqa: F401 (optional: only snappy needs it)
-        except ImportError:
-            raise ValueError(
-                "codec 'snappy' needs the cramjam package, which is not installed; "
-                "use deflate or null"
-            ) from None
-    return codec
-
-
-def _compress(codec: str, data: bytes, level: int) -> bytes:
-    if codec == "deflate":  # raw RFC 1951 stream, no zlib header
-        compressor = zlib.compressobj(level, zlib.DEFLATED, -15)
-        return compressor.compress(data) + compressor.flush()
-    if codec == "snappy":  # Avro: raw snappy block + big-endian CRC32 of the uncompressed data
-        import cramjam
-
-        return bytes(cramjam.snappy.compress_raw(data)) + struct.pack(">I", zlib.crc32(data))
-    return data
-
-
-class AvroContainerWriter:
-    """Appends pre-encoded records to an Avro object container file (Avro 1.11 specification,
-    "Object Container Files"): header with schema, codec and sync marker, then blocks of
-    ``count, size, data, sync``. Codecs: ``null``, ``deflate`` and ``snappy`` (with cramjam).
-    The sync marker is an argument, so the same seed writes the same bytes.
-    """
-
-    def __init__(
-        self,
-        handle: BinaryIO,
-        schema: Mapping[str, Any],
-        codec: str = "deflate",
-        sync_marker: bytes | None = None,
-        compression_level: int = 6,
-        block_bytes: int = DEFAULT_BLOCK_BYTES,
-    ) -> None:
-        check_codec(codec)
-        if not -1 <= compression_level <= 9:
-            raise ValueError(f"compression_level must be in [-1, 9], got {compression_level}")
-        if block_bytes < 1:
-            raise ValueError(f"block_bytes must be >= 1, got {block_bytes}")
-        self._handle = handle
-        self._codec = codec
-        self._level = compression_level
-        self._block_bytes = block_bytes
-        self._sync = sync_marker if sync_marker is not None else os.urandom(16)
-        if len(self._sync) != 16:
-            raise ValueError("sync_marker must be 16 bytes")
-        self.records_written = 0
-        meta = {
-            "avro.schema": json.dumps(schema, separators=(",", ":")).encode(),
-            "avro.codec": codec.encode(),
-        }
-        header = bytearray(AVRO_MAGIC)
-        header += avro_long(len(meta))
-        for key, value in meta.items():
-            header += avro_string(key) + avro_string(value)
-        header += avro_long(0) + self._sync
-        handle.write(bytes(header))
-
-    def write(self, records: EncodedPayloads) -> None:
-        """Append records (each one Avro-binary datum of the file's schema) in blocks."""
-        offsets = records.offsets
-        n = len(records)
-        first = 0
-        while first < n:
-            # The largest block that starts at `first` and stays under block_bytes (>= 1 record).
-            limit = offsets[first] + self._block_bytes
-            last = max(first + 1, int(np.searchsorted(offsets, limit, side="right")) - 1)
-            last = min(last, n)
-            data = _compress(
-                self._codec, records.data[offsets[first] : offsets[last]].tobytes(), self._level
-            )
-            self._handle.write(avro_long(last - first) + avro_long(len(data)) + data + self._sync)
-            self.records_written += last - first
-            first = last
 
 
 # ---------------------------------------------------------------------------------------------
@@ -737,7 +604,7 @@ def write_shard(context: ShardContext, shard: ShardSpec, output_dir: str) -> Sha
             sink = FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED)
             sinks.append(sink)
             writers.append(
-                AvroContainerWriter(
+                ContainerWriter(
                     sink,
                     schema,
                     codec=context.plan.codec,

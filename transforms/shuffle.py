@@ -67,6 +67,8 @@ RELEASED = "released"
 DELETED = "deleted"
 WITHHELD = "withheld"
 REJECTED_PREFIX = "rejected:"
+# Unreadable chunks whose record count nobody knows, by reason: the balance cannot be checked.
+UNKNOWN_PREFIX = "unknown_records:"
 
 # Report columns kept in the first spill (the key columns travel in the pointer's key).
 _SPILL_COLUMNS = ("origin", "event_time", "min_crowd_size", "payload", "payload_crc32c")
@@ -315,6 +317,11 @@ def metrics_summary(counts: Mapping[str, int]) -> dict[str, Any]:
         for name, value in sorted(counts.items())
         if name.startswith(REJECTED_PREFIX)
     }
+    unknown = {
+        name[len(UNKNOWN_PREFIX) :]: value
+        for name, value in sorted(counts.items())
+        if name.startswith(UNKNOWN_PREFIX)
+    }
     read = int(counts.get(READ, 0))
     released = int(counts.get(RELEASED, 0))
     deleted = int(counts.get(DELETED, 0))
@@ -331,7 +338,8 @@ def metrics_summary(counts: Mapping[str, int]) -> dict[str, Any]:
         "crowds_released": int(counts.get("crowds_released", 0)),
         "crowds_withheld": int(counts.get("crowds_withheld", 0)),
         "accounted": accounted,
-        "adds_up": read == accounted,
+        "chunks_of_unknown_records": unknown,
+        "adds_up": read == accounted and not unknown,
     }
 
 
@@ -417,8 +425,10 @@ class ReadValidateSpill(beam.DoFn):
         for item in avro_io.read_avro_batches(path, self._config.batch_records):
             counts: dict[str, int] = {}
             if isinstance(item, avro_io.UnreadableChunk):
-                _count(counts, READ, 1)
-                _count(counts, REJECTED_PREFIX + item.reason, 1)
+                if item.records is None:
+                    _count(counts, UNKNOWN_PREFIX + item.reason, 1)
+                _count(counts, READ, item.records or 0)
+                _count(counts, REJECTED_PREFIX + item.reason, item.records or 0)
                 letter = item.dead_letter(STAGE_READ)
                 yield beam.pvalue.TaggedOutput("dead_letter", [letter])
                 yield beam.pvalue.TaggedOutput("counts", counts)

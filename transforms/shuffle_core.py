@@ -35,6 +35,8 @@ import pyarrow.compute as pc
 from privacy import noise
 from privacy.accounting.deletion import deletion_noise
 from privacy.noise import RandomSource
+from schemas.avro.columns import binary_buffers
+from schemas.avro.crc32c import crc32c_many
 
 # ---------------------------------------------------------------------------------------------
 # Rejection reasons
@@ -252,86 +254,6 @@ def schema_problem(schema: pa.Schema) -> str | None:
     return None
 
 
-def _crc32c_table() -> np.ndarray:
-    """Byte table of the reflected Castagnoli polynomial 0x82F63B78 (RFC 3720, B.4)."""
-    table = np.arange(256, dtype=np.uint32)
-    for _ in range(8):
-        table = np.where(table & 1, (table >> 1) ^ np.uint32(0x82F63B78), table >> 1)
-    return table.astype(np.uint32)
-
-
-_CRC32C_TABLE = _crc32c_table()
-# Byte positions are processed for all payloads at once while more than this many payloads are
-# that long; the rest of the (few) longer payloads goes to the native CRC.
-_CRC_VECTOR_MIN_ROWS = 32
-
-
-def _binary_buffers(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets as int64, data bytes) of a binary or string Arrow array (no copy of the data)."""
-    if pa.types.is_string(array.type):
-        array = array.cast(pa.binary())
-    elif pa.types.is_large_string(array.type):
-        array = array.cast(pa.large_binary())
-    offset_type = np.int64 if pa.types.is_large_binary(array.type) else np.int32
-    buffers = array.buffers()
-    offsets = np.frombuffer(buffers[1], dtype=offset_type)[
-        array.offset : array.offset + len(array) + 1
-    ]
-    data = (
-        np.frombuffer(buffers[2], dtype=np.uint8)
-        if buffers[2] is not None
-        else np.zeros(1, np.uint8)
-    )
-    return offsets.astype(np.int64), data
-
-
-def crc32c_of_payloads(payloads: pa.Array) -> np.ndarray:
-    """CRC32C (Castagnoli) of every payload as uint32 values in an int64 array (null -> -1).
-
-    The table-driven CRC runs over all payloads at once, one byte position per vectorized
-    step (payloads sorted longest first, so the ones still running are a prefix); the tail of
-    the few longest payloads is finished by ``google_crc32c.extend``.
-    """
-    if isinstance(payloads, pa.ChunkedArray):
-        payloads = payloads.combine_chunks()
-    count = len(payloads)
-    result = np.full(count, -1, dtype=np.int64)
-    if count == 0:
-        return result
-    offsets, data = _binary_buffers(payloads)
-    lengths = np.diff(offsets)
-    valid = (
-        np.ones(count, dtype=bool)
-        if payloads.null_count == 0
-        else payloads.is_valid().to_numpy(zero_copy_only=False)
-    )
-    lengths = np.where(valid, lengths, 0)
-    order = np.argsort(-lengths, kind="stable")
-    sorted_lengths = lengths[order]
-    starts = offsets[:-1][order]
-    # still_running[j]: payloads longer than j (a prefix of the sorted order).
-    histogram = np.bincount(sorted_lengths, minlength=int(sorted_lengths[0]) + 1)
-    still_running = count - np.cumsum(histogram)
-    vector_positions = int(np.count_nonzero(still_running > _CRC_VECTOR_MIN_ROWS))
-    register = np.full(count, 0xFFFFFFFF, dtype=np.uint32)
-    for position in range(vector_positions):
-        running = int(still_running[position])
-        current = register[:running]
-        byte = data[starts[:running] + position]
-        register[:running] = _CRC32C_TABLE[(current ^ byte) & 0xFF] ^ (current >> 8)
-    register ^= np.uint32(0xFFFFFFFF)
-    tail = int(still_running[vector_positions]) if vector_positions < still_running.size else 0
-    if tail:
-        blob = data
-        for row in range(tail):
-            begin = int(starts[row]) + vector_positions
-            end = int(starts[row]) + int(sorted_lengths[row])
-            register[row] = google_crc32c.extend(int(register[row]), blob[begin:end].tobytes())
-    result[order] = register
-    result[~valid] = -1
-    return result
-
-
 def _int_column(batch: pa.RecordBatch, name: str, fill: int) -> np.ndarray:
     column = batch.column(name)
     return column.fill_null(fill).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
@@ -407,7 +329,7 @@ def validate_reports(batch: pa.RecordBatch, rules: ValidationRules) -> np.ndarra
         payloads = batch.column("payload")
         if pending.size < rows:
             payloads = payloads.take(pa.array(pending))
-        computed = crc32c_of_payloads(payloads)
+        computed = crc32c_many(payloads)
         mismatch = np.zeros(rows, dtype=bool)
         mismatch[pending] = (declared[pending] != computed) | (declared[pending] > _UINT32_MAX)
         reject(mismatch, "crc_mismatch")
@@ -512,7 +434,7 @@ def origin_hashes(origins: pa.Array, key: np.ndarray) -> np.ndarray:
     count = len(origins)
     if count == 0:
         return np.zeros(0, dtype=np.uint64)
-    offsets, data = _binary_buffers(origins)
+    offsets, data = binary_buffers(origins)
     lengths = np.diff(offsets)
     longest = int(lengths.max())
     if longest <= _HASH_BY_POSITION_MAX_LENGTH:

@@ -16,7 +16,8 @@ from scipy import stats
 
 from pipelines.cli import main
 from schemas import crc32c
-from schemas.payloads import EncodedPayloads, crc32c_many, decode_payloads
+from schemas.avro.crc32c import crc32c_many
+from schemas.payloads import EncodedPayloads, decode_payloads
 from schemas.recipes import load_recipe, recipe_names
 
 FAST_RUNNER = "--runner=FnApiRunner"

@@ -97,6 +97,8 @@ def test_sum_counts_and_metrics_balance():
     assert summary["adds_up"] and summary["dead_lettered"] == 2
     assert summary["rejected_by_reason"] == {"crc_mismatch": 1, "empty": 1}
     assert not metrics_summary({"read": 3, "census": 1})["adds_up"]
+    unknown = metrics_summary({"read": 1, "census": 1, "unknown_records:unreadable_file": 1})
+    assert not unknown["adds_up"] and unknown["chunks_of_unknown_records"] == {"unreadable_file": 1}
 
 
 def _write_release_file(path, rows):
@@ -171,7 +173,8 @@ def test_aggregate_releases_adds_every_file_and_dead_letters_bad_records(release
             | beam.Map(metrics_summary)
             | beam.Map(lambda m: (m["files"], m["census"], m["dead_lettered"], m["adds_up"]))
         )
-        assert_that(balance, equal_to([(4, 800, 3, True)]), label="counts")
+        # The garbage file holds an unknown number of records: the balance cannot hold.
+        assert_that(balance, equal_to([(4, 800, 2, False)]), label="counts")
 
 
 def test_estimate_and_write_analysis(release_files, tmp_path):
@@ -211,7 +214,8 @@ def test_estimate_and_write_analysis(release_files, tmp_path):
     assert crowd["census_by_instance"] == {"0": 400, "1": 400}
     assert crowd["privacy"]["respondents"] == 400
     assert crowd["accuracy"]["truth_scale"] == 1.0
-    assert summary["metrics"]["adds_up"] and summary["metrics"]["dead_lettered"] == 3
+    assert not summary["metrics"]["adds_up"] and summary["metrics"]["dead_lettered"] == 2
+    assert summary["metrics"]["chunks_of_unknown_records"] == {"unreadable_file": 1}
     [withheld] = summary["withheld"]
     assert withheld["window_start"] == T0 + DAY and not withheld["estimated"]
     assert summary["inputs"] == {"test": True}

@@ -5,8 +5,6 @@ from __future__ import annotations
 import io
 
 import apache_beam as beam
-import avro.datafile
-import avro.io
 import fastavro
 import numpy as np
 import pytest
@@ -14,11 +12,11 @@ from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from schemas import REPORT, crc32c, parsed_schema, schema_json
-from schemas.payloads import crc32c_many, encode_payloads
+from schemas.avro.crc32c import crc32c_many
+from schemas.payloads import encode_payloads
 from schemas.recipes import load_recipe
 from simulators.fleet import format_origins, origin_ids
 from transforms.encode import (
-    AvroContainerWriter,
     CombineShardSummaries,
     EncodeReports,
     ReportBatch,
@@ -66,60 +64,13 @@ def test_report_encoding_is_byte_identical_to_fastavro(crowd_id):
 
 
 def test_report_batches_convert_to_arrow_columns_of_the_report_schema():
-    from transforms.avro_io import arrow_schema
+    from schemas.avro.columns import arrow_schema
 
     for crowd_id in (None, "de-CH"):
         batch = random_batch(200, seed=4, crowd_id=crowd_id)
         columns = batch.to_arrow()
         assert columns.schema.equals(arrow_schema(schema_json(REPORT)))
         assert columns.to_pylist() == batch.to_records()
-
-
-def read_with_apache_avro(data: bytes) -> list[dict]:
-    reader = avro.datafile.DataFileReader(io.BytesIO(data), avro.io.DatumReader())
-    try:
-        return [normalise(record) for record in reader]
-    finally:
-        reader.close()
-
-
-def normalise(record: dict) -> dict:
-    """Records as plain values (timestamps as int ms), whichever library read them."""
-    out = dict(record)
-    time = out["event_time"]
-    if not isinstance(time, int):
-        out["event_time"] = round(time.timestamp() * 1000)
-    return out
-
-
-@pytest.mark.parametrize("codec", ["deflate", "null"])
-def test_container_files_are_read_by_fastavro_and_the_apache_reference_library(codec):
-    batch = random_batch(3000, seed=2)
-    sink = io.BytesIO()
-    writer = AvroContainerWriter(
-        sink, schema_json(REPORT), codec=codec, sync_marker=b"s" * 16, block_bytes=20_000
-    )
-    writer.write(encode_report_records(batch))
-    writer.write(encode_report_records(random_batch(10, seed=3)))
-    assert writer.records_written == 3010
-    expected = batch.to_records() + random_batch(10, seed=3).to_records()
-    data = sink.getvalue()
-    fast = fastavro.reader(io.BytesIO(data))
-    assert fast.codec == codec
-    assert [normalise(r) for r in fast] == expected
-    apache = read_with_apache_avro(data)
-    assert apache == expected
-    assert all(crc32c(r["payload"]) == r["payload_crc32c"] for r in apache)
-
-
-def test_writer_rejects_unknown_or_unavailable_codecs():
-    with pytest.raises(ValueError, match="unknown codec"):
-        AvroContainerWriter(io.BytesIO(), schema_json(REPORT), codec="lzo")
-    try:
-        import cramjam  # noqa: F401
-    except ImportError:
-        with pytest.raises(ValueError, match="cramjam"):
-            AvroContainerWriter(io.BytesIO(), schema_json(REPORT), codec="snappy")
 
 
 def small_plan(**settings) -> SimulationPlan:

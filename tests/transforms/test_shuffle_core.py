@@ -5,15 +5,14 @@ from __future__ import annotations
 import itertools
 import math
 
-import google_crc32c
 import numpy as np
 import pyarrow as pa
 import pytest
 from scipy import stats
 
 from privacy.noise import seeded_random_source
+from schemas.avro.reader import read_container_bytes
 from tests.transforms import report_factory as rf
-from transforms import avro_io
 from transforms import shuffle_core as core
 
 # Chi-square and rank tests below reject at p < 1e-5: ~1e-5 false failures per check.
@@ -21,7 +20,7 @@ P_FAIL = 1e-5
 
 
 def _batch(records: list[dict]) -> pa.RecordBatch:
-    return next(avro_io.read_avro_batches_from_bytes(rf.report_bytes(records))).columns
+    return next(read_container_bytes(rf.report_bytes(records))).columns
 
 
 def _reasons(records: list[dict], instance: int | None = None) -> list[str]:
@@ -116,26 +115,6 @@ def test_validation_gives_each_bad_record_its_reason() -> None:
         "crc_mismatch",
         "valid",
     ]
-
-
-@pytest.mark.parametrize("arrow_type", [pa.binary(), pa.large_binary(), pa.string()])
-def test_crc32c_of_payloads_matches_the_native_crc(arrow_type: pa.DataType) -> None:
-    rng = np.random.default_rng(11)
-    lengths = rng.integers(0, 40, 500)
-    lengths[rng.integers(0, 500, 8)] = rng.integers(100, 5000, 8)  # a few long ones
-    payloads: list = [rng.bytes(int(n)) for n in lengths]
-    if arrow_type == pa.string():
-        payloads = [bytes(b % 128 for b in payload).decode() for payload in payloads]
-    payloads[3] = None
-    array = pa.array(payloads, type=arrow_type).slice(2, 450)  # offset into the buffers
-    expected = [
-        -1 if p is None else google_crc32c.value(p.encode() if isinstance(p, str) else p)
-        for p in payloads[2:452]
-    ]
-    assert core.crc32c_of_payloads(array).tolist() == expected
-    chunked = pa.chunked_array([array.slice(0, 100), array.slice(100)])
-    assert core.crc32c_of_payloads(chunked).tolist() == expected
-    assert core.crc32c_of_payloads(pa.array([], type=arrow_type)).size == 0
 
 
 def test_instance_range_is_per_recipe_and_run_instance_is_enforced() -> None:

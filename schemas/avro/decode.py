@@ -1,0 +1,368 @@
+"""Avro binary of flat records -> Arrow columns, all records of many blocks at once.
+
+A flat record schema has only fields of type int, long, float, double, string, bytes, enum or a
+``[null, T]`` union of one of them (all of the project's message schemas; logical types already
+stripped). A block holds its records back to back, each field encoded as in the Avro 1.11
+specification, "Binary Encoding", so where a record starts depends on every byte before it.
+Record starts are found in three vectorized steps:
+
+1. a short walk from every block start (one record per step for all blocks at once) samples
+   the first bytes records begin with;
+2. every position whose first bytes match a sampled beginning is a candidate; the position
+   after one record is computed for all candidates at once;
+3. from each block start the chain "next record" is followed through the candidates by
+   pointer doubling (log2 of the block's record count vectorized steps).
+
+Then every field is decoded for all records at once and the result is checked exactly: each
+record must end where the next one starts and each block where its last record ends (so a block
+whose header understates or overstates its record count fails), every varint must fit in 10
+bytes, every length and union branch must be valid, strings valid UTF-8. A group of blocks that
+fails any check (or a candidate chain that breaks) gives None: the caller decodes it another way,
+so the output never depends on a guess.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from schemas.avro.columns import arrow_type
+from schemas.avro.varint import read_varints as _varints
+from schemas.avro.varint import unzigzag as _signed
+from schemas.avro.varint import varint_ends as _varint_ends
+
+__all__ = ["FlatField", "flat_layout", "decode_flat_blocks"]
+
+_FLAT_KINDS = ("int", "long", "float", "double", "string", "bytes")
+_VARINT_KINDS = ("int", "long", "enum")
+_FIXED_SIZES = {"float": 4, "double": 8}
+_INT32_RANGE = (-(2**31), 2**31 - 1)
+# Zero bytes after the data, so that short reads past its end need no bounds checks.
+_PADDING = 16
+# Largest group of blocks (decompressed bytes) decoded with numpy; larger ones go to fastavro.
+_MAX_FAST_BYTES = 1 << 30
+# Records sampled from the starts of the blocks (the first ones of every block, at most 16 per
+# block), most distinct record beginnings used, and the most candidates per record before the
+# sampled beginnings are judged too unselective.
+_SAMPLED_RECORDS = 64
+_SAMPLED_PER_BLOCK = 16
+_MAX_BEGINNINGS = 16
+_MAX_BEGINNING_BYTES = 4
+_CANDIDATES_PER_RECORD = 1.25
+
+
+@dataclass(frozen=True)
+class FlatField:
+    """One field of a flat record schema: its value kind (int, long, float, double, string,
+    bytes, enum), its ``[null, T]`` union branches (-1 when not a union) and its Arrow type."""
+
+    name: str
+    kind: str
+    value_branch: int
+    null_branch: int
+    symbols: tuple[str, ...]
+    arrow_type: pa.DataType
+
+
+def _flat_kind(avro_type: Any) -> tuple[str, tuple[str, ...]] | None:
+    if isinstance(avro_type, str):
+        return (avro_type, ()) if avro_type in _FLAT_KINDS else None
+    if isinstance(avro_type, dict):
+        kind = avro_type.get("type")
+        if kind in _FLAT_KINDS:
+            return kind, ()
+        symbols = avro_type.get("symbols")
+        if (
+            kind == "enum"
+            and isinstance(symbols, list)
+            and all(isinstance(s, str) for s in symbols)
+        ):
+            return "enum", tuple(symbols)
+    return None
+
+
+def flat_layout(schema: Any) -> tuple[FlatField, ...] | None:
+    """The fields of a record schema (logical types already stripped) whose fields are all
+    int, long, float, double, string, bytes, enum or a ``[null, T]`` union of one of them;
+    None for any other schema (those are read with fastavro)."""
+    if not (isinstance(schema, dict) and schema.get("type") == "record"):
+        return None
+    fields = []
+    for avro_field in schema.get("fields", []):
+        avro_type = avro_field["type"]
+        value_branch = null_branch = -1
+        if isinstance(avro_type, list):
+            if len(avro_type) != 2 or avro_type.count("null") != 1:
+                return None
+            null_branch = avro_type.index("null")
+            value_branch = 1 - null_branch
+            avro_type = avro_type[value_branch]
+        found = _flat_kind(avro_type)
+        found_type = arrow_type(avro_field["type"])
+        if found is None or found_type is None:
+            return None
+        kind, symbols = found
+        fields.append(
+            FlatField(avro_field["name"], kind, value_branch, null_branch, symbols, found_type)
+        )
+    return tuple(fields) or None
+
+
+def _skip_value(kind: str, buf: np.ndarray, q: np.ndarray, limit: int) -> np.ndarray:
+    """Position after a value of ``kind`` starting at ``q`` (garbage in, bounded garbage out)."""
+    if kind in _VARINT_KINDS:
+        return _varint_ends(buf, q)
+    if kind in ("string", "bytes"):
+        first = buf.take(q, mode="clip")
+        zigzag = first.astype(np.int64)
+        end = q + 1
+        long_prefix = np.flatnonzero(first >= 0x80)
+        if long_prefix.size:
+            values, ends, _ = _varints(buf, q[long_prefix])
+            zigzag[long_prefix] = np.minimum(values, np.uint64(2 * limit)).astype(np.int64)
+            end[long_prefix] = ends
+        # A negative length (odd zig-zag) cannot be a real record: send it past the data.
+        return np.where(zigzag & 1, limit + 1, end + (zigzag >> 1))
+    return q + _FIXED_SIZES[kind]
+
+
+def _skip_record(fields: tuple[FlatField, ...], buf: np.ndarray, q: np.ndarray, limit: int):
+    """Position after one record for records starting at ``q`` (int64, at most ``limit + 1``)."""
+    q = q.astype(np.int64)
+    for field in fields:
+        if field.value_branch >= 0:
+            branch = buf.take(q, mode="clip")
+            after_branch = q + 1
+            value_end = _skip_value(field.kind, buf, after_branch, limit)
+            q = np.where(branch == 2 * field.value_branch, value_end, after_branch)
+        else:
+            q = _skip_value(field.kind, buf, q, limit)
+        np.minimum(q, limit + 1, out=q)
+    return q
+
+
+def _sample_beginnings(
+    fields: tuple[FlatField, ...], buf: np.ndarray, size: int, block_starts: np.ndarray, counts
+) -> np.ndarray:
+    """Starts of the first records of every block (a walk; unchecked, used only as guesses)."""
+    q = block_starts.astype(np.int64)
+    per_block = min(_SAMPLED_PER_BLOCK, -(-_SAMPLED_RECORDS // q.size))
+    remaining = np.minimum(counts, per_block)
+    found = []
+    while q.size:
+        keep = remaining > 0
+        q, remaining = q[keep], remaining[keep]
+        found.append(q)
+        q = _skip_record(fields, buf, q, size)
+        remaining = remaining - 1
+    sample = np.concatenate(found)
+    return sample[sample < size]
+
+
+def _candidates(buf: np.ndarray, size: int, sample: np.ndarray, records: int) -> np.ndarray:
+    """Positions whose first bytes equal the first bytes of some sampled record: the shortest
+    beginning (1 to 4 bytes) that leaves few candidates per record, or the most selective."""
+    firsts = np.unique(buf[sample])
+    if firsts.size > _MAX_BEGINNINGS:
+        return sample
+    data = buf[:size]
+    mask = data == firsts[0]
+    for value in firsts[1:]:
+        mask |= data == value
+    candidates = np.flatnonzero(mask)
+    if candidates.size <= _CANDIDATES_PER_RECORD * records:
+        return candidates
+
+    def beginnings(positions: np.ndarray) -> np.ndarray:
+        code = buf.take(positions).astype(np.uint32)
+        for offset in range(1, _MAX_BEGINNING_BYTES):
+            code |= buf.take(positions + offset).astype(np.uint32) << np.uint32(8 * offset)
+        return code
+
+    candidate_codes = beginnings(candidates)
+    sample_codes = beginnings(sample)
+    for length in range(2, _MAX_BEGINNING_BYTES + 1):
+        keep_bytes = np.uint32((1 << (8 * length)) - 1)
+        known = np.unique(sample_codes & keep_bytes)
+        if known.size > _MAX_BEGINNINGS:
+            break
+        masked = candidate_codes & keep_bytes
+        keep = known[np.minimum(known.searchsorted(masked), known.size - 1)] == masked
+        candidates, candidate_codes = candidates[keep], candidate_codes[keep]
+        if candidates.size <= _CANDIDATES_PER_RECORD * records:
+            break
+    return candidates
+
+
+def _record_starts(
+    fields: tuple[FlatField, ...],
+    buf: np.ndarray,
+    size: int,
+    block_starts: np.ndarray,
+    counts: np.ndarray,
+) -> np.ndarray | None:
+    """Start of every record (blocks with records only), or None where the candidates do not
+    hold a chain of ``count`` records from some block's start."""
+    records = int(counts.sum())
+    sample = np.unique(_sample_beginnings(fields, buf, size, block_starts, counts))
+    candidates = _candidates(buf, size, sample, records)
+    found = np.minimum(candidates.searchsorted(sample), candidates.size - 1)
+    missing = sample[candidates[found] != sample] if candidates.size else sample
+    if missing.size:
+        candidates = np.sort(np.concatenate((candidates, missing)))
+    following = _skip_record(fields, buf, candidates, size)
+    index = np.minimum(candidates.searchsorted(following), candidates.size - 1)
+    missing = candidates.size  # the chain leaves the candidates: a node that maps to itself
+    jump = np.append(np.where(candidates[index] == following, index, missing), missing)
+    node = np.repeat(candidates.searchsorted(block_starts), counts)
+    rank = np.arange(records) - np.repeat(np.cumsum(counts) - counts, counts)
+    step = 1
+    longest = int(counts.max())
+    while step < longest:
+        move = np.flatnonzero(rank & step)
+        node[move] = jump[node[move]]
+        step <<= 1
+        if step < longest:
+            jump = jump[jump]
+    if np.any(node == missing):
+        return None
+    return candidates[node]
+
+
+def _gather(buf: np.ndarray, begin: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, Any]:
+    """Arrow offsets (int32) and the concatenated bytes ``buf[begin[i]:begin[i]+lengths[i]]``."""
+    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    total = int(offsets[-1])
+    if total == 0:
+        return offsets.astype(np.int32), pa.py_buffer(b"")
+    index = np.repeat(begin - offsets[:-1], lengths)
+    index += np.arange(total, dtype=np.int64)
+    return offsets.astype(np.int32), pa.py_buffer(buf.take(index))
+
+
+def _fill(values: np.ndarray, present: np.ndarray | None) -> np.ndarray:
+    if present is None:
+        return values
+    full = np.zeros(present.size, dtype=values.dtype)
+    full[present] = values
+    return full
+
+
+def _decode_column(
+    field: FlatField, buf: np.ndarray, q: np.ndarray, limit: np.ndarray
+) -> tuple[pa.Array, np.ndarray] | None:
+    """(Arrow array, end positions) of ``field`` for records where it starts at ``q``; None if
+    some value is not valid Avro, passes ``limit`` (its block's end) or does not fit the
+    Arrow type the fastavro path would give."""
+    rows = q.size
+    present = None
+    if field.value_branch >= 0:
+        zigzag, q, complete = _varints(buf, q)
+        branch = _signed(zigzag)
+        present = branch == field.value_branch
+        if not complete or not np.all(present | (branch == field.null_branch)):
+            return None
+        if present.all():
+            present = None
+    sub_q = q if present is None else q[present]
+    sub_limit = limit if present is None else limit[present]
+    validity = None if present is None else pa.py_buffer(np.packbits(present, bitorder="little"))
+    nulls = 0 if present is None else rows - int(np.count_nonzero(present))
+    if field.kind in ("string", "bytes"):
+        zigzag, begin, complete = _varints(buf, sub_q)
+        lengths = _signed(zigzag)
+        sub_end = begin + lengths
+        if not complete or (lengths.size and (lengths.min() < 0 or np.any(sub_end > sub_limit))):
+            return None
+        if int(lengths.sum()) >= 2**31:  # Arrow string/binary offsets are int32
+            return None
+        offsets, data = _gather(buf, _fill(begin, present), _fill(lengths, present))
+        array = pa.Array.from_buffers(
+            field.arrow_type, rows, [validity, pa.py_buffer(offsets), data], null_count=nulls
+        )
+        if field.kind == "string":
+            try:
+                array.validate(full=True)  # UTF-8, as fastavro checks it
+            except pa.ArrowInvalid:
+                return None
+    elif field.kind in _VARINT_KINDS:
+        zigzag, sub_end, complete = _varints(buf, sub_q)
+        values = _signed(zigzag)
+        if not complete:
+            return None
+        if values.size:
+            low, high = int(values.min()), int(values.max())
+            if field.kind == "int" and (low < _INT32_RANGE[0] or high > _INT32_RANGE[1]):
+                return None
+            if field.kind == "enum" and (low < 0 or high >= len(field.symbols)):
+                return None
+        if field.kind == "enum":
+            indices = pa.array(_fill(values, present), mask=_mask(present), type=pa.int64())
+            array = pa.array(field.symbols, type=pa.string()).take(indices)
+        else:
+            array = pa.array(_fill(values, present), type=field.arrow_type, mask=_mask(present))
+    else:
+        width = _FIXED_SIZES[field.kind]
+        sub_end = sub_q + width
+        if np.any(sub_end > sub_limit):
+            return None
+        raw = buf.take(sub_q[:, None] + np.arange(width))
+        values = raw.view("<f4" if field.kind == "float" else "<f8").reshape(-1)
+        array = pa.array(_fill(values, present), type=field.arrow_type, mask=_mask(present))
+    if present is None:
+        return array, sub_end
+    end = q.copy()
+    end[present] = sub_end
+    return array, end
+
+
+def _mask(present: np.ndarray | None) -> np.ndarray | None:
+    return None if present is None else ~present
+
+
+def decode_flat_blocks(
+    fields: tuple[FlatField, ...], contents: list[bytes], counts: list[int]
+) -> pa.RecordBatch | None:
+    """Decoded Avro blocks (``contents[i]`` holds ``counts[i]`` records of a flat record
+    schema, see :func:`flat_layout`) as one Arrow RecordBatch, the same as fastavro's records
+    through :func:`records_to_batch`; None when the bytes are not exactly that many valid
+    records (the caller then decodes with fastavro, which finds the bad block)."""
+    sizes = np.array([len(content) for content in contents], dtype=np.int64)
+    count_array = np.asarray(counts, dtype=np.int64)
+    records = int(count_array.sum())
+    size = int(sizes.sum())
+    if records == 0 or size + _PADDING >= _MAX_FAST_BYTES or np.any(count_array < 0):
+        return None
+    # Every record takes at least one byte per field: a count beyond that is not real (and
+    # must not size any array).
+    if np.any((count_array == 0) != (sizes == 0)) or np.any(count_array * len(fields) > sizes):
+        return None
+    buf = np.frombuffer(b"".join(contents) + bytes(_PADDING), dtype=np.uint8)
+    block_ends = np.cumsum(sizes)
+    nonempty = count_array > 0
+    block_starts = (block_ends - sizes)[nonempty]
+    block_ends = block_ends[nonempty]
+    count_array = count_array[nonempty]
+    starts = _record_starts(fields, buf, size, block_starts, count_array)
+    if starts is None:
+        return None
+    limit = np.repeat(block_ends, count_array)
+    q = starts
+    columns = []
+    for field in fields:
+        decoded = _decode_column(field, buf, q, limit)
+        if decoded is None:
+            return None
+        column, q = decoded
+        columns.append(column)
+    # Each record ends where the next one starts, the last one of each block at the block's end.
+    following = np.empty(records, dtype=np.int64)
+    following[:-1] = starts[1:]
+    following[np.cumsum(count_array) - 1] = block_ends
+    if not np.array_equal(q, following):
+        return None
+    return pa.RecordBatch.from_arrays(columns, names=[field.name for field in fields])

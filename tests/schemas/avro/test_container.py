@@ -1,0 +1,150 @@
+"""Avro binary encoding and container files (schemas/avro/varint.py, encode.py, container.py),
+checked byte for byte against fastavro and read back by fastavro and the Apache reference
+library."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import avro.datafile
+import avro.io
+import fastavro
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from schemas import crc32c, parsed_schema, schema_json
+from schemas.avro import varint
+from schemas.avro.container import ContainerWriter, encode_container, header_bytes
+from schemas.avro.encode import encode_rows
+from schemas.records import dead_letter
+from tests.schemas.avro.hostile import corpus
+from transforms import avro_io
+
+REPORT = schema_json("report")
+EDGES = [0, 1, -1, 63, 64, -64, -65, 2**31 - 1, -(2**31), 2**62, -(2**63), 2**63 - 1]
+
+
+def test_varints_match_fastavro_for_every_length() -> None:
+    values = np.array(EDGES + [1 << k for k in range(63)], dtype=np.int64)
+    lengths, data = varint.varint_segments(values)
+    offsets = np.concatenate(([0], np.cumsum(lengths)))
+    for index, value in enumerate(values.tolist()):
+        expected = io.BytesIO()
+        fastavro.schemaless_writer(expected, "long", value)
+        assert varint.encode_long(value) == expected.getvalue()
+        assert data[offsets[index] : offsets[index + 1]].tobytes() == expected.getvalue()
+    zigzag, ends, complete = varint.read_varints(
+        np.append(data, np.zeros(10, np.uint8)), offsets[:-1]
+    )
+    assert complete and np.array_equal(ends, offsets[1:])
+    assert np.array_equal(varint.unzigzag(zigzag), values)
+    assert np.array_equal(varint.varint_ends(data, offsets[:-1]), offsets[1:])
+    assert varint.encode_bytes("é") == b"\x04" + "é".encode()
+
+
+def _columns(records: list[dict]) -> dict[str, pa.Array]:
+    return {name: pa.array([r[name] for r in records]) for name in records[0]}
+
+
+def test_rows_are_byte_identical_to_fastavro() -> None:
+    records = corpus.reports(300)
+    records[5]["payload"] = b"\x00" * 20000  # a length whose varint takes three bytes
+    records[6]["event_time"] = 2**62
+    data, offsets = encode_rows(REPORT, _columns(records), len(records))
+    schema = parsed_schema("report")
+    for index, record in enumerate(records):
+        expected = io.BytesIO()
+        fastavro.schemaless_writer(expected, schema, record)
+        assert data[offsets[index] : offsets[index + 1]].tobytes() == expected.getvalue()
+
+
+def read_with_apache_avro(data: bytes) -> list[dict]:
+    reader = avro.datafile.DataFileReader(io.BytesIO(data), avro.io.DatumReader())
+    try:
+        return [normalise(record) for record in reader]
+    finally:
+        reader.close()
+
+
+def normalise(record: dict) -> dict:
+    """Records as plain values (timestamps as int ms), whichever library read them."""
+    out = dict(record)
+    time = out["event_time"]
+    if not isinstance(time, int):
+        out["event_time"] = round(time.timestamp() * 1000)
+    return out
+
+
+@pytest.mark.parametrize("codec", ["deflate", "null"])
+def test_streamed_files_are_read_by_fastavro_and_the_apache_reference_library(codec: str) -> None:
+    first, second = corpus.reports(3000, seed=2), corpus.reports(10, seed=3)
+    sink = io.BytesIO()
+    writer = ContainerWriter(sink, REPORT, codec=codec, sync_marker=b"s" * 16, block_bytes=20_000)
+    for records in (first, second):
+        writer.write_encoded(*encode_rows(REPORT, _columns(records), len(records)))
+    assert writer.records_written == 3010
+    data = sink.getvalue()
+    assert data.startswith(header_bytes(REPORT, codec, b"s" * 16))
+    fast = fastavro.reader(io.BytesIO(data))
+    assert fast.codec == codec
+    assert [normalise(r) for r in fast] == first + second
+    apache = read_with_apache_avro(data)
+    assert apache == first + second
+    assert all(crc32c(r["payload"]) == r["payload_crc32c"] for r in apache)
+    # Blocks stay under block_bytes (one record at least), and the same sync writes the same bytes.
+    found = corpus.blocks(data)
+    assert len(found) > 2 and all(block.size <= 20_000 for block in found if codec == "null")
+    again = encode_container(REPORT, _columns(first), len(first), codec, 20_000, b"s" * 16)
+    assert again == data[: len(again)]
+
+
+def test_writer_rejects_unknown_or_unavailable_codecs() -> None:
+    with pytest.raises(ValueError, match="unknown codec"):
+        ContainerWriter(io.BytesIO(), REPORT, codec="lzo")
+    with pytest.raises(ValueError, match="16 bytes"):
+        ContainerWriter(io.BytesIO(), REPORT, sync_marker=b"short")
+    try:
+        import cramjam  # noqa: F401
+    except ImportError:
+        with pytest.raises(ValueError, match="cramjam"):
+            ContainerWriter(io.BytesIO(), REPORT, codec="snappy")
+
+
+def test_columns_broadcast_constants_and_large_values() -> None:
+    payloads = pa.array([b"", b"x" * 300, b"\x00" * 20000])
+    columns = {
+        "schema_version": 1,
+        "window_start": 2**40,
+        "window_end": 2**40 + 1,
+        "channel": "é-channel",
+        "recipe_id": "r@1",
+        "crowd_id": pa.array([None, "c", None]),
+        "payload": payloads,
+        "payload_crc32c": np.array([0, 2**32 - 1, 12345]),
+    }
+    content = encode_container(schema_json("shuffled_message"), columns, 3)
+    back = list(fastavro.reader(io.BytesIO(content)))
+    assert [r["payload"] for r in back] == payloads.to_pylist()
+    assert [r["crowd_id"] for r in back] == [None, "c", None]
+    assert [r["payload_crc32c"] for r in back] == [0, 2**32 - 1, 12345]
+    assert {r["channel"] for r in back} == {"é-channel"}
+
+
+def test_write_avro_files_on_beam_filesystems(tmp_path: Path) -> None:
+    path = str(tmp_path / "sub" / "m.avro")
+    columns = {"payload": pa.array([b"a", b"b"]), "payload_crc32c": np.array([1, 2])}
+    columns |= {
+        "schema_version": 1,
+        "window_start": 0,
+        "window_end": 1,
+        "channel": "c",
+        "recipe_id": "r",
+    }
+    avro_io.write_avro_columns(path, schema_json("shuffled_message"), columns, 2)
+    assert [r["payload"] for r in fastavro.reader(open(path, "rb"))] == [b"a", b"b"]
+    letters = [dead_letter("s", "r", "d", "x")]
+    other = str(tmp_path / "d.avro")
+    assert avro_io.write_avro(other, parsed_schema("dead_letter"), letters) == 1
+    assert list(fastavro.reader(open(other, "rb"))) == letters

@@ -1,0 +1,194 @@
+"""Avro binary of flat records -> Arrow columns, checked against fastavro (schemas/avro/decode.py)."""
+
+from __future__ import annotations
+
+import io
+
+import fastavro
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from schemas import schema_json
+from schemas.avro.columns import records_to_batch
+from schemas.avro.decode import decode_flat_blocks, flat_layout
+from schemas.avro.reader import read_container_bytes
+from schemas.avro.schema import strip_logical_types
+from tests.schemas.avro.test_reader import _split
+
+FLAT_SCHEMA = {
+    "type": "record",
+    "name": "Flat",
+    "namespace": "test",
+    "fields": [
+        {"name": "tag", "type": "int"},
+        {"name": "small", "type": "int"},
+        {"name": "big", "type": "long"},
+        {"name": "when", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "text", "type": "string"},
+        {"name": "blob", "type": "bytes"},
+        {"name": "maybe_text", "type": ["null", "string"]},
+        {"name": "maybe_long", "type": ["long", "null"]},
+        {"name": "ratio", "type": "float"},
+        {"name": "precise", "type": "double"},
+        {"name": "colour", "type": {"type": "enum", "name": "Colour", "symbols": ["R", "G", "B"]}},
+        {
+            "name": "maybe_colour",
+            "type": ["null", {"type": "enum", "name": "Shade", "symbols": ["LIGHT", "DARK"]}],
+        },
+    ],
+}
+_EDGE_INTS = [0, 1, -1, 63, 64, -64, -65, 2**31 - 1, -(2**31)]
+_EDGE_LONGS = [0, -1, 2**62, -(2**63), 2**63 - 1, 1_700_006_400_000]
+_TEXT_LENGTHS = [0, 1, 63, 64, 200, 8191, 8192, 20_000]
+
+
+def _flat_records(count: int, seed: int) -> list[dict]:
+    """Records with every edge the encoding has: multi-byte and negative varints, lengths whose
+    varint takes 1, 2 and 3 bytes, non-ASCII text, nulls in both union orders."""
+    rng = np.random.default_rng(seed)
+    records = []
+    for index in range(count):
+        text_length = int(rng.choice(_TEXT_LENGTHS, p=[0.2, 0.3, 0.2, 0.1, 0.1, 0.04, 0.03, 0.03]))
+        records.append(
+            {
+                "tag": 1,
+                "small": _EDGE_INTS[index % len(_EDGE_INTS)],
+                "big": _EDGE_LONGS[index % len(_EDGE_LONGS)],
+                "when": 1_700_006_400_000 + int(rng.integers(0, 86_400_000)),
+                "text": ("é€x" * text_length)[:text_length],
+                "blob": rng.bytes(int(rng.integers(0, 100))),
+                "maybe_text": None if index % 3 == 0 else f"crowd-{index % 7}",
+                "maybe_long": None if index % 4 == 1 else int(rng.integers(-(2**40), 2**40)),
+                "ratio": float(np.float32(rng.normal())),
+                "precise": float(rng.normal()),
+                "colour": "RGB"[index % 3],
+                "maybe_colour": None if index % 5 == 0 else ("LIGHT", "DARK")[index % 2],
+            }
+        )
+    return records
+
+
+def _container(records: list[dict], codec: str, sync_interval: int) -> bytes:
+    buffer = io.BytesIO()
+    schema = fastavro.parse_schema(FLAT_SCHEMA)
+    fastavro.writer(buffer, schema, records, codec=codec, sync_interval=sync_interval)
+    return buffer.getvalue()
+
+
+def _blocks(data: bytes) -> list[tuple[bytes, int]]:
+    """Decompressed contents and record counts of every block of a container file."""
+    return [
+        (block.bytes_.getvalue(), block.num_records)
+        for block in fastavro.block_reader(io.BytesIO(data))
+    ]
+
+
+def _fastavro_batch(contents: list[bytes]) -> pa.RecordBatch:
+    """The reference: fastavro's records of the blocks (logical types stripped) as a batch."""
+    stripped = strip_logical_types(FLAT_SCHEMA)
+    parsed = fastavro.parse_schema(stripped)
+    stream = io.BytesIO(b"".join(contents))
+    records = []
+    while stream.tell() < len(stream.getbuffer()):
+        records.append(fastavro.schemaless_reader(stream, parsed, None))
+    return records_to_batch(records, stripped)
+
+
+def _fast_batch(contents: list[bytes], counts: list[int]) -> pa.RecordBatch | None:
+    layout = flat_layout(strip_logical_types(FLAT_SCHEMA))
+    return decode_flat_blocks(layout, contents, counts)
+
+
+def test_flat_layout_covers_flat_schemas_only() -> None:
+    layout = flat_layout(strip_logical_types(FLAT_SCHEMA))
+    assert [field.kind for field in layout] == [
+        "int", "int", "long", "long", "string", "bytes", "string", "long", "float", "double",
+        "enum", "enum",
+    ]  # fmt: skip
+    assert flat_layout(schema_json("report")) is not None
+    nested = {"type": "record", "name": "N", "fields": [{"name": "a", "type": {"type": "array", "items": "int"}}]}  # fmt: skip
+    assert flat_layout(nested) is None
+    three_way = {"type": "record", "name": "U", "fields": [{"name": "u", "type": ["null", "int", "string"]}]}  # fmt: skip
+    assert flat_layout(three_way) is None
+
+
+@pytest.mark.parametrize(("codec", "sync_interval"), [("null", 2000), ("deflate", 400_000)])
+def test_vectorized_decoding_equals_fastavro(codec: str, sync_interval: int) -> None:
+    # Small blocks (many per group) and a few large ones (long chains through one block).
+    records = _flat_records(3000, seed=1)
+    data = _container(records, codec, sync_interval)
+    blocks = _blocks(data)
+    contents, counts = [c for c, _ in blocks], [n for _, n in blocks]
+    fast = _fast_batch(contents, counts)
+    assert fast is not None  # the vectorized path decoded it (no fallback)
+    expected = _fastavro_batch(contents)
+    assert fast.schema == expected.schema
+    assert fast.equals(expected)
+    assert fast.column("text").to_pylist() == [r["text"] for r in records]
+    assert fast.column("when").to_pylist() == [r["when"] for r in records]
+    # The file reader gives the same rows in batches.
+    batches, chunks = _split(list(read_container_bytes(data, "f", 1000)))
+    assert not chunks
+    assert pa.Table.from_batches([b.columns for b in batches]).equals(
+        pa.Table.from_batches([expected])
+    )
+
+
+def test_vectorized_decoding_rejects_what_it_cannot_vouch_for() -> None:
+    records = _flat_records(600, seed=2)
+    blocks = _blocks(_container(records, "null", 4000))
+    contents, counts = [c for c, _ in blocks], [n for _, n in blocks]
+    assert _fast_batch(contents, counts) is not None
+    # A count that does not match the records in the block.
+    assert _fast_batch(contents, [counts[0] + 1, *counts[1:]]) is None
+    assert _fast_batch(contents, [counts[0] - 1, *counts[1:]]) is None
+    assert _fast_batch(contents, [10**12, *counts[1:]]) is None  # no array of that size
+    # Trailing bytes after the last record of a block.
+    assert _fast_batch([contents[0] + b"\x00", *contents[1:]], counts) is None
+    # Invalid UTF-8 in a string (fastavro rejects it too).
+    text_record = [r for r in records if r["text"]][0]
+    broken = _container([dict(text_record, text="x" * 10)], "null", 4000)
+    ((content, count),) = _blocks(broken)
+    position = content.index(b"x" * 10)
+    assert _fast_batch([content[:position] + b"\xff" + content[position + 1 :]], [count]) is None
+
+
+def test_vectorized_decoding_never_disagrees_with_fastavro_on_damaged_bytes() -> None:
+    records = _flat_records(200, seed=3)
+    blocks = _blocks(_container(records, "null", 3000))
+    contents, counts = [c for c, _ in blocks], [n for _, n in blocks]
+    rng = np.random.default_rng(4)
+    decoded = rejected = 0
+    for _ in range(100):
+        block = int(rng.integers(len(contents)))
+        damaged = bytearray(contents[block])
+        damaged[int(rng.integers(len(damaged)))] = int(rng.integers(256))
+        trial = [*contents[:block], bytes(damaged), *contents[block + 1 :]]
+        fast = _fast_batch(trial, counts)
+        if fast is None:
+            rejected += 1
+            continue
+        # Whatever it accepts, fastavro reads the same way, record for record.
+        decoded += 1
+        assert fast.equals(_fastavro_batch(trial))
+    assert decoded > 0 and rejected > 0
+
+
+def test_unselective_record_beginnings_still_decode_correctly() -> None:
+    # The first field takes many values, so record beginnings do not single out records; the
+    # reader still returns fastavro's rows (vectorized or not).
+    records = _flat_records(2000, seed=5)
+    for index, record in enumerate(records):
+        record["tag"] = (index * 7919) % 5000 - 2500
+    data = _container(records, "deflate", 50_000)
+    blocks = _blocks(data)
+    contents = [c for c, _ in blocks]
+    expected = _fastavro_batch(contents)
+    fast = _fast_batch(contents, [n for _, n in blocks])
+    assert fast is None or fast.equals(expected)
+    batches, chunks = _split(list(read_container_bytes(data)))
+    assert not chunks
+    assert pa.Table.from_batches([b.columns for b in batches]).equals(
+        pa.Table.from_batches([expected])
+    )
