@@ -25,7 +25,8 @@ setup(
     ],
     extras_require={
         "images": ["scikit-image"],
-        "test": ["pytest", "pytest-xdist", "avro", "mpmath", "ruff"],
+        # polars: only the baseline our Avro reader is measured against in `make bench`.
+        "test": ["pytest", "pytest-xdist", "avro", "mpmath", "ruff", "polars"],
     },
     entry_points={"console_scripts": ["esa=pipelines.cli:main"]},
 )

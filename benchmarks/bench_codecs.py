@@ -1,20 +1,32 @@
-"""Payload codec throughput: the vectorized codec of ``schemas.payloads`` against fastavro's
-per-record ``schemaless_writer``/``schemaless_reader``, and ``crc32c_many`` against one
-``google_crc32c.value`` call per payload, all measured in the same run on the same messages."""
+"""Codec throughput, each against a baseline measured in the same run on the same data.
+
+- Payloads: the vectorized codec of ``schemas.payloads`` against fastavro's per-record
+  ``schemaless_writer``/``schemaless_reader``; ``crc32c_many`` against one
+  ``google_crc32c.value`` call per payload.
+- Container files: our reader (``schemas.avro.reader``) against polars' ``read_avro`` on the
+  same Report and ShuffledMessage files. polars is adopted only if it is faster and keeps every
+  guarantee of ours; the note of each row says what polars does with a corrupt block, a
+  truncated file and a block whose header understates its record count (checked in the run).
+"""
 
 from __future__ import annotations
 
 import io
 import time
 from collections.abc import Callable
+from typing import Any
 
 import fastavro
 import google_crc32c
 import numpy as np
+import pyarrow as pa
 
 from privacy.rng import seeded_generator
-from schemas import payloads
+from schemas import SCHEMA_VERSION, payloads, schema_json
+from schemas.avro import varint
+from schemas.avro.container import encode_container
 from schemas.avro.crc32c import crc32c_many
+from schemas.avro.reader import ColumnBatch, read_container_bytes
 
 
 def _best_rate(function: Callable[[], object], items: int, repeats: int) -> float:
@@ -134,11 +146,112 @@ def _rows_for(kind: str, n: int, n_baseline: int, repeats: int) -> list[dict]:
     ]
 
 
+def _container_columns(schema: str, n: int) -> dict[str, object]:
+    """Columns of ``n`` realistic records of a message schema (24-byte payloads)."""
+    rng = seeded_generator(7)
+    payloads_array = pa.FixedSizeBinaryArray.from_buffers(
+        pa.binary(24), n, [None, pa.py_buffer(rng.bytes(24 * n))]
+    ).cast(pa.binary())
+    columns: dict[str, object] = {
+        "schema_version": SCHEMA_VERSION,
+        "channel": "location_heatmap",
+        "recipe_id": "image_grid_onehot@1",
+        "crowd_id": pa.array(np.where(rng.random(n) < 0.5, "de-CH", None), type=pa.string()),
+        "payload": payloads_array,
+        "payload_crc32c": crc32c_many(payloads_array),
+    }
+    if schema == "report":
+        origins = pa.array(np.char.add("device-", rng.integers(0, 10**9, n).astype(str)))
+        columns |= {
+            "shuffler_instance": 0,
+            "min_crowd_size": 100,
+            "origin": origins,
+            "event_time": 1_700_006_400_000 + rng.integers(0, 86_400_000, n),
+        }
+    else:
+        columns |= {"window_start": 1_700_006_400_000, "window_end": 1_700_092_800_000}
+    return columns
+
+
+def _polars_outcomes(polars: Any, data: bytes) -> str:
+    """What polars does with a corrupt block, a truncated file and an understated count."""
+    sync = fastavro.reader(io.BytesIO(data))._header["sync"]
+    start = data.index(sync) + 16  # the first block; the third one starts after two more syncs
+    for _ in range(2):
+        start = data.index(sync, start) + 16
+    total = sum(block.num_records for block in fastavro.block_reader(io.BytesIO(data)))
+    count, after_count = _read_long(data, start)
+    size, data_start = _read_long(data, after_count)
+    corrupt = bytearray(data)
+    corrupt[data_start + size // 2 : data_start + size // 2 + 40] = b"\xff" * 40
+    understated = data[:start] + varint.encode_long(count - 1) + data[after_count:]
+    outcomes = []
+    for name, content, records in (
+        ("corrupt block", bytes(corrupt), None),
+        ("truncated file", data[: len(data) // 2], None),
+        ("understated count", understated, total),
+    ):
+        try:
+            height = polars.read_avro(io.BytesIO(content)).height
+        except Exception as error:  # noqa: BLE001 - the outcome is what we measure
+            outcomes.append(f"{name}: raises {type(error).__name__} (whole file lost)")
+            continue
+        lost = "" if records is None else f", {records - height} record(s) lost silently"
+        outcomes.append(f"{name}: reads {height} records{lost}")
+    return "; ".join(outcomes)
+
+
+def _read_long(data: bytes, position: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return (value >> 1) ^ -(value & 1), position
+
+
+def _reader_rows(n: int, repeats: int) -> list[dict]:
+    try:
+        import polars
+    except ImportError:
+        return [{"benchmark": "avro_read", "metric": "skipped", "note": "polars not installed"}]
+    rows = []
+    for schema in ("report", "shuffled_message"):
+        columns = _container_columns(schema, n)
+        for codec in ("null", "deflate"):
+            data = encode_container(schema_json(schema), columns, n, codec, 64_000)
+
+            def ours(data: bytes = data) -> int:
+                items = read_container_bytes(data)
+                return sum(item.rows for item in items if isinstance(item, ColumnBatch))
+
+            def theirs(data: bytes = data) -> int:
+                return polars.read_avro(io.BytesIO(data)).height
+
+            assert ours() == theirs() == n
+            value, baseline = _best_rate(ours, n, repeats), _best_rate(theirs, n, repeats)
+            rows.append(
+                {
+                    "benchmark": f"avro_read_{schema}_{codec}",
+                    "metric": "records_per_s",
+                    "value": value,
+                    "baseline": baseline,
+                    "ratio": value / baseline,
+                    "note": f"schemas.avro.reader vs polars {polars.__version__} read_avro, "
+                    f"n={n}; polars on damage: {_polars_outcomes(polars, data)}",
+                }
+            )
+    return rows
+
+
 def run(quick: bool) -> list[dict]:
     n, n_baseline, repeats = (20_000, 5_000, 1) if quick else (1_000_000, 100_000, 3)
     rows = []
     for kind in ("bucket", "tree_node"):
         rows.extend(_rows_for(kind, n, n_baseline, repeats))
+    rows.extend(_reader_rows(50_000 if quick else 2_000_000, 2 if quick else 3))
     return rows
 
 

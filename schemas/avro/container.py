@@ -119,6 +119,12 @@ class ByteStream:
         self._index += count
         return chunk
 
+    def skip(self, count: int) -> None:
+        """Move ``count`` bytes forward (they stay buffered for a rewind)."""
+        if not self._fill(count):
+            raise Truncated(f"file ends {count - (len(self._buffer) - self._index)} bytes short")
+        self._index += count
+
     def read_up_to(self, count: int) -> bytes:
         self._fill(count)
         chunk = bytes(self._buffer[self._index : self._index + count])

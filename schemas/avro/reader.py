@@ -127,7 +127,7 @@ class _Bad:
 class _Block:
     offset: int
     count: int
-    data: bytes  # as stored (compressed)
+    data: memoryview  # as stored (compressed): a view into ``framed``
     framed: bytes  # count, size, data, sync: the block's bytes in the file
 
 
@@ -162,8 +162,10 @@ def read_container(
     reason, detail, schema = _file_problem(header, expect)
     decoder = None if reason else _BlockDecoder(source, schema, header.codec, expect)
     pending: list[_Block] = []
-    pending_records = 0
+    pending_records = pending_bytes = 0
     next_record = 0
+    # Most bytes gathered before decoding: dead files keep their chunks small.
+    most_bytes = MAX_RAW_BYTES if decoder is None else container.MAX_DECOMPRESSED_BYTES
     # A file whose blocks cannot be decoded: its header goes with its first chunk.
     stream.rewind(0)
     head = b"" if decoder is not None else stream.read_exact(header.end)
@@ -184,15 +186,14 @@ def read_container(
         if isinstance(event, _Block):
             pending.append(event)
             pending_records += event.count
-            if pending_records >= batch_records or sum(len(b.framed) for b in pending) > (
-                MAX_RAW_BYTES if decoder is None else container.MAX_DECOMPRESSED_BYTES
-            ):
+            pending_bytes += len(event.framed)
+            if pending_records >= batch_records or pending_bytes > most_bytes:
                 yield from flush()
-                pending, pending_records = [], 0
+                pending, pending_records, pending_bytes = [], 0, 0
             continue
         if pending or head:
             yield from flush()
-            pending, pending_records = [], 0
+            pending, pending_records, pending_bytes = [], 0, 0
         yield event
     if pending or head:
         yield from flush()
@@ -259,7 +260,7 @@ def _frames(source: str, stream: ByteStream, header: Header) -> Iterator[_Block 
             continue
         data_start = stream.position
         try:
-            stream.read_exact(size)
+            stream.skip(size)
             marker = stream.read_exact(container.SYNC_SIZE)
         except Truncated:
             detail = f"file ends inside a block of {count} records (truncated)"
@@ -269,7 +270,7 @@ def _frames(source: str, stream: ByteStream, header: Header) -> Iterator[_Block 
         stream.rewind(start)
         framed = stream.read_exact(end - start)
         if marker == sync:
-            data = framed[data_start - start : data_start - start + size]
+            data = memoryview(framed)[data_start - start : data_start - start + size]
             yield _Block(start, count, data, framed)
             continue
         if sum(a != b for a, b in zip(marker, sync, strict=True)) > _DAMAGED_SYNC_BYTES:
