@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
+from schemas import schema_json
 from schemas.records import dead_letter
 from transforms import analyze_core as core
 from transforms import avro_io
@@ -60,7 +61,8 @@ class DecodeReleaseFile(beam.DoFn):
     def process(self, element: tuple[int, str]) -> Iterator[Any]:
         instance, path = element
         counts: dict[str, int] = {"files": 1}
-        for item in avro_io.read_avro_batches(path, self._batch_records):
+        expect = schema_json("shuffled_message")  # else the whole file is schema_mismatch
+        for item in avro_io.read_avro_batches(path, self._batch_records, expect):
             if isinstance(item, avro_io.UnreadableChunk):
                 if item.records is None:  # nobody knows how many: the balance cannot hold
                     _inc(counts, f"unknown_records:{item.reason}", 1)

@@ -422,7 +422,8 @@ class ReadValidateSpill(beam.DoFn):
         self._spill_dir = spill_dir
 
     def process(self, path: str) -> Iterator[Any]:
-        for item in avro_io.read_avro_batches(path, self._config.batch_records):
+        expect = schema_json("report")  # a file that does not resolve to it: schema_mismatch
+        for item in avro_io.read_avro_batches(path, self._config.batch_records, expect):
             counts: dict[str, int] = {}
             if isinstance(item, avro_io.UnreadableChunk):
                 if item.records is None:

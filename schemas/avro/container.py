@@ -270,7 +270,7 @@ def compress(codec: str, data: bytes, level: int = -1) -> bytes:
     return data
 
 
-def decompress(codec: str, data: bytes) -> bytes:
+def decompress(codec: str, data: bytes | memoryview) -> bytes | memoryview:
     """The records of a block; raises :class:`Corrupt` for bad data or an unknown codec."""
     try:
         if codec == "null":

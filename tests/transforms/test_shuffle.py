@@ -24,6 +24,8 @@ from transforms import shuffle as sh
 from transforms import shuffle_core as core
 
 SHUFFLED_FIELDS = {field["name"] for field in schema_json("shuffled_message")["fields"]}
+# Reasons of the read stage: one dead letter holds all records of a chunk.
+READ_REASONS = ("corrupt_block", "schema_mismatch")
 
 
 @dataclasses.dataclass
@@ -130,11 +132,21 @@ def test_bad_input_is_dead_lettered_and_every_record_is_accounted(tmp_path: Path
     np.random.default_rng(0).shuffle(mixed)
     paths = [rf.write_reports(tmp_path / "reports.avro", mixed)]
 
-    # A file of another schema: every record is wrong_schema.
+    # A file of another schema: dead-lettered whole as schema_mismatch, every record counted.
     with open(tmp_path / "other.avro", "wb") as handle:
         letter = {"stage": "s", "reason": "r", "detail": "", "source": ""}
         fastavro.writer(handle, parsed_schema("dead_letter"), [letter] * 3)
     paths.append(str(tmp_path / "other.avro"))
+    # A writer schema whose channel is a union of string and long: dead-lettered whole too.
+    union = dict(schema_json("report"))
+    union["fields"] = [
+        {**field, "type": ["string", "long"]} if field["name"] == "channel" else field
+        for field in union["fields"]
+    ]
+    with open(tmp_path / "union.avro", "wb") as handle:
+        mixed = [rf.report("u1"), {**rf.report("u2"), "channel": 7}]
+        fastavro.writer(handle, fastavro.parse_schema(union), mixed)
+    paths.append(str(tmp_path / "union.avro"))
     # A truncated file, a file with a corrupt block, and bytes that are no Avro at all.
     truncated_records = rf.crowd(400, 1, prefix="trunc", crowd_id="trunc")
     whole = rf.report_bytes(truncated_records, sync_interval=2000)
@@ -159,7 +171,7 @@ def test_bad_input_is_dead_lettered_and_every_record_is_accounted(tmp_path: Path
     rejected = metrics["rejected_by_reason"]
     for reason, records in bad.items():
         assert rejected[reason] == len(records), reason
-    assert rejected["wrong_schema"] == 3
+    assert rejected["schema_mismatch"] == 3 + 2
     assert rejected["corrupt_block"] >= 2  # records of the truncated tail and the corrupt block
     counters = release.counters
     assert counters["read"] == metrics["read"] and counters["released"] == metrics["released"]
@@ -171,10 +183,10 @@ def test_bad_input_is_dead_lettered_and_every_record_is_accounted(tmp_path: Path
     letters = release.dead_letters
     per_record = [letter for letter in letters if letter["stage"] != sh.STAGE_READ]
     assert Counter(letter["reason"] for letter in per_record) == Counter(
-        {reason: n for reason, n in rejected.items() if reason != "corrupt_block"}
+        {reason: n for reason, n in rejected.items() if reason not in READ_REASONS}
     )
     read_letters = {letter["reason"] for letter in letters if letter["stage"] == sh.STAGE_READ}
-    assert read_letters == {"corrupt_block", "unreadable_file"}
+    assert read_letters == {*READ_REASONS, "unreadable_file"}
     by_origin = {
         json.loads(letter["original_record"])["origin"]: letter["reason"]
         for letter in letters
