@@ -24,7 +24,7 @@ import pyarrow as pa
 from privacy.rng import seeded_generator
 from schemas import SCHEMA_VERSION, payloads, schema_json
 from schemas.avro import varint
-from schemas.avro.container import encode_container
+from schemas.avro.container import ByteStream, encode_container
 from schemas.avro.crc32c import crc32c_many
 from schemas.avro.reader import ColumnBatch, read_container_bytes
 
@@ -180,8 +180,12 @@ def _polars_outcomes(polars: Any, data: bytes) -> str:
     for _ in range(2):
         start = data.index(sync, start) + 16
     total = sum(block.num_records for block in fastavro.block_reader(io.BytesIO(data)))
-    count, after_count = _read_long(data, start)
-    size, data_start = _read_long(data, after_count)
+    stream = ByteStream(io.BytesIO(data))
+    stream.skip(start)
+    count = stream.read_long()
+    after_count = stream.position
+    size = stream.read_long()
+    data_start = stream.position
     corrupt = bytearray(data)
     corrupt[data_start + size // 2 : data_start + size // 2 + 40] = b"\xff" * 40
     understated = data[:start] + varint.encode_long(count - 1) + data[after_count:]
@@ -199,17 +203,6 @@ def _polars_outcomes(polars: Any, data: bytes) -> str:
         lost = "" if records is None else f", {records - height} record(s) lost silently"
         outcomes.append(f"{name}: reads {height} records{lost}")
     return "; ".join(outcomes)
-
-
-def _read_long(data: bytes, position: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[position]
-        position += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return (value >> 1) ^ -(value & 1), position
 
 
 def _reader_rows(n: int, repeats: int) -> list[dict]:

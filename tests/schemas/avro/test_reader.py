@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from schemas import parsed_schema, schema_json
-from schemas.avro import reader
+from schemas.avro import container, reader
 from schemas.avro.reader import ColumnBatch, UnreadableChunk, read_container_bytes
 from schemas.records import dead_letter
 from tests.schemas.avro.hostile import corpus
@@ -193,3 +193,12 @@ def test_a_file_whose_schema_does_not_resolve_is_dead_lettered_whole() -> None:
     assert chunk.reason == reader.SCHEMA_MISMATCH and chunk.records == 120
     assert chunk.raw == data and chunk.offset == 0
     assert chunk.detail == "not readable as Report: field 'origin' is missing"
+
+
+def test_a_block_that_inflates_too_far_is_corrupt(monkeypatch: pytest.MonkeyPatch) -> None:
+    records = _records(500)
+    data = _file(records, "deflate")
+    monkeypatch.setattr(container, "MAX_DECOMPRESSED_BYTES", 1000)  # every block inflates more
+    batches, chunks = _split(list(read_container_bytes(data, "b")))
+    assert not batches and all("inflates to more than 1000" in chunk.detail for chunk in chunks)
+    assert sum(chunk.records for chunk in chunks) == len(records)

@@ -327,6 +327,9 @@ def block_cases(seed: int) -> Iterator[Case]:
         ("parquet-like", b"PAR1" + rng.bytes(300) + b"PAR1"),
         ("random", rng.bytes(5000)),
         ("avro-json", json.dumps(records[:3], default=str).encode()),
+        ("metadata-huge-length", b"Obj\x01" + encode_long(1) + encode_long(2**29) + b"k" * 100),
+        ("metadata-absurd-length", b"Obj\x01" + encode_long(1) + encode_long(2**62) + b"k"),
+        ("metadata-huge-count", b"Obj\x01" + encode_long(2**60) + b"\x02k\x02v" * 50),
     ):
         yield Case(f"not-avro/{name}", data, 0, exact=False)
 
