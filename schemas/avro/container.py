@@ -152,6 +152,12 @@ class ByteStream:
             raise Corrupt(f"invalid length {length}")
         return self.read_exact(length)
 
+    def find_buffered(self, marker: bytes, start: int) -> int:
+        """Position of the first ``marker`` at or after ``start`` among the buffered bytes (all
+        the rest of the file once a read came up short), or -1."""
+        found = self._buffer.find(marker, max(start - self._buffer_start, 0))
+        return -1 if found < 0 else self._buffer_start + found
+
     def pieces(self, begin: int, end: int, size: int) -> Iterator[tuple[int, bytes]]:
         """Buffered bytes [begin, end) in pieces of at most ``size`` bytes."""
         for offset in range(begin, end, size):

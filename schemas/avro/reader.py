@@ -16,7 +16,9 @@ states how many records it held (``records``), or None when nobody can know.
 - a block that does not decode, or declares more or fewer records than it holds:
   ``corrupt_block`` with its declared count;
 - a file cut inside a block: the complete blocks are read, the cut block is ``corrupt_block``
-  with its declared count (unknown if the cut is inside its header);
+  with its declared count (unknown if the cut is inside its header); a block whose size runs
+  past the next sync marker is not a cut: the bytes up to that marker are ``corrupt_block`` with
+  records unknown and reading resumes after it;
 - a damaged sync marker: the block before it is ``corrupt_block`` (declared count) when the
   marker is recognizably the file's (a few bytes changed); otherwise the bytes up to the next
   sync marker are ``corrupt_block`` with records unknown, and reading resumes after it.
@@ -262,7 +264,11 @@ def _frames(source: str, stream: ByteStream, header: Header) -> Iterator[_Block 
         try:
             stream.skip(size)
             marker = stream.read_exact(container.SYNC_SIZE)
-        except Truncated:
+        except Truncated:  # everything up to the end is buffered now
+            if stream.find_buffered(sync, data_start) >= 0:  # not short: the size is wrong
+                detail = f"block size {size} runs past the next sync marker"
+                yield from _resync(source, stream, sync, start, detail)
+                continue
             detail = f"file ends inside a block of {count} records (truncated)"
             yield from _rest_of_file(source, stream, start, detail, count)
             return
