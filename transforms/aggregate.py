@@ -161,8 +161,9 @@ class AggregateReleases(beam.PTransform):
 
 
 def metrics_summary(counts: Mapping[str, int]) -> dict[str, Any]:
-    """The analyzer's counters with the balance check read = census + messages + rejected
-    (DESIGN.md invariant 5)."""
+    """The analyzer's counters with the balance check read = census + messages + rejected, in
+    records (DESIGN.md invariant 5); it fails when some unreadable chunk held an unknown number
+    of records."""
     rejected = {
         name.split(":", 1)[1]: int(value)
         for name, value in sorted(counts.items())

@@ -311,7 +311,8 @@ def _count(counts: dict[str, int], name: str, value: int) -> None:
 
 def metrics_summary(counts: Mapping[str, int]) -> dict[str, Any]:
     """metrics.json: read, rejected by reason, released, deleted, withheld, and the balance check
-    read = released + deleted + withheld + dead-lettered (DESIGN.md invariant 5)."""
+    read = released + deleted + withheld + dead-lettered, in records (DESIGN.md invariant 5); it
+    fails when some unreadable chunk held an unknown number of records."""
     rejected = {
         name[len(REJECTED_PREFIX) :]: value
         for name, value in sorted(counts.items())
