@@ -9,7 +9,8 @@ STAMP := $(VENV)/.installed
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,images]'
+	# setuptools warns that an editable install is editable (UserWarning): nothing to act on.
+	PYTHONWARNINGS=ignore::UserWarning $(PY) -m pip install --quiet -e '.[test,images]'
 	touch $(STAMP)
 
 venv: $(STAMP)

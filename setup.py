@@ -1,23 +1,27 @@
 """Installs the ESA telemetry pipeline; also Beam's ``--setup_file`` for remote workers."""
 
-from setuptools import find_packages, setup
+from setuptools import find_namespace_packages, setup
+
+# The layers (DESIGN.md), bottom up; tests/test_layers.py checks their imports point down.
+LAYERS = ("privacy", "schemas", "simulators", "transforms", "pipelines", "experiments")
 
 setup(
     name="esa-telemetry",
     version="0.1.0",
     description="Encode-Shuffle-Analyze telemetry with local and shuffled differential privacy on Apache Beam",
     python_requires=">=3.11",
-    packages=find_packages(
-        include=["privacy*", "schemas*", "simulators*", "transforms*", "pipelines*"]
-    ),
-    package_data={"schemas": ["*.avsc", "recipes/*.json", "*.json"]},
-    include_package_data=True,
+    # Namespace discovery also lists data-only directories (schemas/recipes) as packages, so
+    # their files are declared package data and setuptools has nothing to warn about.
+    packages=find_namespace_packages(include=[f"{layer}*" for layer in LAYERS]),
+    package_data={"schemas": ["*.avsc", "*.json"], "schemas.recipes": ["*.json"]},
     install_requires=[
         "apache-beam>=2.60",
         "numpy",
         "fastavro",
         "pyarrow",
         "google-crc32c",
+        # Snappy blocks of Avro containers (--codec snappy; fastavro reads them with it too).
+        "cramjam",
         # Root-finding, binomial tails and statistical tests: reimplementing these would be worse.
         "scipy",
         # PNG pictures of histograms and reconstructed images.

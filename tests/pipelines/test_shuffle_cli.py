@@ -86,7 +86,7 @@ def test_deletion_flags(tmp_path: Path, inputs: tuple[str, str]) -> None:
     [
         (("--deletion-epsilon", "1"), "go together"),
         (("--window", "1 week"), "duration"),
-        (("--crowd-threshold", "0"), "crowd_threshold"),
+        (("--crowd-threshold", "0"), "--crowd-threshold"),
     ],
 )
 def test_usage_errors_exit_2(

@@ -169,7 +169,7 @@ def test_longitudinal_and_image_populations(tmp_path):
         (["--query-class-fields", "app_category"], "field_not_in_query_class"),
         (["--instance-weights", "1,1"], "instance weights"),
         (["--start", "yesterday"], "ISO 8601"),
-        (["--compression-level", "12"], "compression_level"),
+        (["--compression-level", "12"], "--compression-level"),
     ],
 )
 def test_bad_input_is_one_line_a_nonzero_exit_and_no_output(tmp_path, capsys, flags, words):

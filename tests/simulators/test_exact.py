@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 from scipy import stats
@@ -69,15 +67,13 @@ def test_paper_datasets_have_table_ii_sizes():
         paper_counts("zebra")
 
 
-def test_paper_scale_map_setting_runs_in_seconds():
+def test_paper_scale_map_setting():
     # The largest setting of esa-privacy-revisited Table II: 236,559,063 respondents, 2,795,520
     # buckets. Message-level simulation would make ~10^9-10^11 messages; the exact draw none.
-    started = time.perf_counter()
+    # (Its speed: benchmarks/bench_simulators.py.)
     counts = paper_counts("map")
     randomizer = build_randomizer("one_hot_rappor", {"domain_size": counts.size, "epsilon": 8.0})
     result = simulate_exact(randomizer, counts, seeded_generator(3))
-    elapsed = time.perf_counter() - started
-    assert elapsed < 60
     assert result.respondents == 236_559_063 and result.bucket_sums.size == 2_795_520
     p1, p0 = randomizer.p_one, randomizer.p_zero
     n = result.respondents

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 from scipy import stats
@@ -82,11 +80,10 @@ def test_apportion_sums_exactly_and_stays_within_one_of_proportional():
         apportion(np.zeros(3), 5)
 
 
-def test_heavy_hitter_shape_at_paper_scale_in_seconds():
+def test_heavy_hitter_shape_at_paper_scale():
     # esa-privacy-revisited VII-A / Table II: 203,950,512 respondents over 1,778,120 values.
-    started = time.perf_counter()
+    # (Its speed: benchmarks/bench_simulators.py.)
     counts = heavy_hitter_counts(1_778_120, 203_950_512, seed=1)
-    assert time.perf_counter() - started < 5
     assert counts.size == 1_778_120 and counts.sum() == 203_950_512
     ranked = np.sort(counts)[::-1].astype(np.float64)
     # Beyond the 100 heavy hitters the tail follows p(x) ∝ x^-1.35 (log-log slope).
