@@ -30,6 +30,7 @@ import argparse
 import concurrent.futures
 import importlib.util
 import json
+import math
 import multiprocessing
 import os
 import shutil
@@ -69,9 +70,28 @@ def _handle(args: argparse.Namespace, pipeline_args: list[str]) -> int:
     return 0 if result["adds_up"] else 1
 
 
-def default_population() -> str:
+def default_image() -> str:
     """image:horse when scikit-image is installed (``pip install .[images]``), else image:disc."""
     return "image:horse" if importlib.util.find_spec("skimage") is not None else "image:disc"
+
+
+# Randomizers whose shipped recipes count cells of a picture (Section VII-B's image experiments).
+IMAGE_RANDOMIZERS = frozenset({"one_hot_rappor", "report_fragmented"})
+
+
+def default_population(recipe: Recipe) -> str:
+    """A population that fits ``recipe`` (esa-privacy-revisited, Section VII): the longitudinal
+    population for longitudinal recipes, the heavy-hitter population (VII-A) for sketches, an
+    image (VII-B) for one-hot recipes over a square grid, and a Zipf population otherwise."""
+    randomizer = recipe.build_randomizer()
+    if getattr(randomizer, "payload_kind", None) == "tree_node":
+        return "longitudinal"
+    if recipe.randomizer == "count_mean_sketch":
+        return "heavy-hitters"
+    domain = int(randomizer.domain_size)
+    if recipe.randomizer in IMAGE_RANDOMIZERS and math.isqrt(domain) ** 2 == domain:
+        return default_image()
+    return "zipf"
 
 
 def recipe_for_instances(recipe: Recipe, instances: int | None) -> Recipe:
@@ -153,7 +173,7 @@ def run(
     _prepare(output, values.run_overwrite)
     recipe_path = output / "recipe.json"
     recipe_path.write_text(recipe.to_json())
-    population = values.run_population or default_population()
+    population = values.run_population or default_population(recipe)
     seconds: dict[str, float] = {}
 
     def say(text: str) -> None:
@@ -174,6 +194,8 @@ def run(
             simulate_respondents=values.run_respondents,
             simulate_output=str(simulation_dir),
             simulate_seed=values.run_seed,
+            # A recipe without local privacy (zero-sum) cannot pass an on-device accountant.
+            simulate_no_device_budget=not math.isfinite(recipe.epsilon_local),
         )
     )
     seconds["simulate"] = round(time.monotonic() - started, 2)
