@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 from typing import NoReturn
 
@@ -53,20 +52,6 @@ class EsaArgumentParser(argparse.ArgumentParser):
         self.exit(USAGE_ERROR_STATUS, f"{self.prog}: error: {message.splitlines()[0]}\n")
 
 
-class _QuietBeamImport(logging.Filter):
-    """Drops the warning Beam's GCP I/O logs on import when the optional Google client
-    libraries are absent ("apitools not found"): nothing here uses them."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "apitools not found" not in str(record.msg)
-
-
-def quiet_beam_import() -> None:
-    root = logging.getLogger()
-    if not any(isinstance(existing, _QuietBeamImport) for existing in root.filters):
-        root.addFilter(_QuietBeamImport())
-
-
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The parser for ``command`` alone, or for every command when it is unknown or None."""
     parser = EsaArgumentParser(
@@ -105,7 +90,6 @@ def _check_stage_flags(command: str, args: argparse.Namespace, extra: list[str])
 
 
 def main(argv: list[str] | None = None) -> int:
-    quiet_beam_import()
     argv = sys.argv[1:] if argv is None else list(argv)
     command = next((arg for arg in argv if not arg.startswith("-")), None)
     parser = build_parser(command)

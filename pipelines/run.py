@@ -162,10 +162,9 @@ def run(
     values = options.view_as(RunOptions)
     flags = list(pipeline_args or [])
     output = Path(values.run_output)
-    if values.run_respondents is not None and values.run_respondents < 1:
-        raise UsageError(f"--respondents must be >= 1, got {values.run_respondents}")
-    if (values.run_deletion_epsilon is None) != (values.run_deletion_delta is None):
-        raise UsageError("--deletion-epsilon and --deletion-delta go together")
+    errors = values.validate()
+    if errors:
+        raise UsageError(errors[0])
     try:
         recipe = recipe_for_instances(load_recipe(values.run_recipe), values.run_instances)
     except ValueError as error:

@@ -12,7 +12,7 @@ datasets at their full size (Table II), so the largest setting — 236,559,063 r
 paper's images and browser data are not public, so each dataset keeps its exact grid and
 respondent total and takes its shape from a stand-in (scikit-image's moon, horse and camera for
 Map, Horse and Child, the ``images`` extra; the Section VII-A shape for the heavy hitters).
-``simulators.experiments`` regenerates Section VII's tables on these datasets.
+``experiments`` (the package) regenerates Section VII's tables on these datasets.
 """
 
 from __future__ import annotations

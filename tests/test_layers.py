@@ -1,5 +1,9 @@
 """Arrows point down (DESIGN.md, Layers): pipelines -> transforms -> (simulators, schemas) -> privacy.
 
+``experiments`` (Section VII of the paper, regenerated) sits beside ``pipelines``: it uses every
+layer below and the pipelines themselves (its message-level check runs ``esa run``), and of
+``pipelines`` only the ``esa experiment`` command line imports it.
+
 Checked statically from each module's import statements, so a violation fails even if the import
 would happen only on a rarely used path.
 """
@@ -19,8 +23,11 @@ ALLOWED = {
     "schemas": {"schemas", "privacy"},
     "simulators": {"simulators", "schemas", "privacy"},
     "transforms": {"transforms", "simulators", "schemas", "privacy"},
-    "pipelines": {"pipelines", "transforms", "simulators", "schemas", "privacy"},
+    "pipelines": {"pipelines", "experiments", "transforms", "simulators", "schemas", "privacy"},
+    "experiments": {"experiments", "pipelines", "transforms", "simulators", "schemas", "privacy"},
 }
+# The one module of pipelines/ that may import experiments/.
+EXPERIMENT_CLI = "pipelines/experiment.py"
 PROJECT = set(ALLOWED)
 # privacy/ is pure math: no Beam, no Avro, no file system.
 FORBIDDEN_IN_PRIVACY = {
@@ -58,6 +65,16 @@ def test_imports_point_down(layer):
         if bad:
             offenders[str(path.relative_to(ROOT))] = sorted(bad)
     assert not offenders, f"{layer}/ imports layers above it: {offenders}"
+
+
+def test_only_the_experiment_command_imports_experiments():
+    offenders = [
+        str(path.relative_to(ROOT))
+        for path in modules("pipelines")
+        if "experiments" in imported_top_level(path)
+        and str(path.relative_to(ROOT)) != EXPERIMENT_CLI
+    ]
+    assert not offenders, f"only {EXPERIMENT_CLI} may import experiments/: {offenders}"
 
 
 def test_privacy_is_pure_math():

@@ -8,8 +8,11 @@ import re
 import pytest
 from PIL import Image
 
+from experiments import check
+from experiments.lab import ExperimentLab
+from experiments.scenarios import ExperimentConfig
+from experiments.tables import EXPERIMENT_TABLES
 from pipelines import cli
-from simulators import experiments as ex
 
 EXPECTED_TABLES = {
     "heavy-hitters": ["table_01_heavy_hitters"],
@@ -61,11 +64,11 @@ def test_quick_all_writes_every_table_figure_and_the_report(tmp_path, capsys):
     report = (tmp_path / "report.md").read_text()
     linked = set(re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report))
     assert linked == {p.name for p in pictures}
-    for key in ex.EXPERIMENT_TABLES["all"]:
+    for key in EXPERIMENT_TABLES["all"]:
         assert f"## Table {key}:" in report
     with open(tmp_path / "timing.csv", newline="") as handle:
         timing = list(csv.DictReader(handle))
-    assert [row["step"] for row in timing] == [f"Table {k}" for k in ex.EXPERIMENT_TABLES["all"]]
+    assert [row["step"] for row in timing] == [f"Table {k}" for k in EXPERIMENT_TABLES["all"]]
     assert all(float(row["seconds"]) >= 0 for row in timing)
 
 
@@ -105,19 +108,16 @@ def test_message_level_check_agrees_with_the_exact_simulator(tmp_path):
 
 @pytest.mark.parametrize("quick", [True, False])
 def test_check_recipes_are_valid_recipes_for_every_case(quick):
-    from pipelines import experiment
     from schemas.recipes import recipe_from_dict
 
-    config = ex.ExperimentConfig.quick_config() if quick else ex.ExperimentConfig()
-    lab = ex.ExperimentLab(config)
-    cases = experiment.check_cases(config)
+    config = ExperimentConfig.quick_config() if quick else ExperimentConfig()
+    lab = ExperimentLab(config)
+    cases = check.check_cases(config)
     assert set(cases) == {"I", "III", "IV", "V", "VI", "VII", "VIII", "IX"}
     for key, (scenario, shape) in cases.items():
         privacy = lab.privacy(scenario)
-        small = experiment._reduced_dataset(lab.dataset(scenario.dataset), shape, 5000)
-        data = experiment.check_recipe(
-            f"check-{key.lower()}", scenario, privacy, small, config, 5000
-        )
+        small = check.reduced_dataset(lab.dataset(scenario.dataset), shape, 5000)
+        data = check.check_recipe(f"check-{key.lower()}", scenario, privacy, small, config, 5000)
         recipe = recipe_from_dict(data)  # validates parameters and the stated epsilon_local
         randomizer = recipe.build_randomizer()
         assert randomizer.epsilon_local == pytest.approx(

@@ -12,83 +12,43 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from experiments import sketch as sketch_module
+from experiments.budgets import scenario_privacy
+from experiments.lab import ExperimentLab, root_mean_square, top_recovered
+from experiments.paper import paper_messages
+from experiments.privacy_tables import build_table_x
+from experiments.scenarios import (
+    GAUSSIAN,
+    ONE_HOT,
+    SKETCH,
+    ExperimentConfig,
+    Scenario,
+    quick_datasets,
+    scenario_grid,
+    sketch_table_scenarios,
+)
+from experiments.sketch import (
+    SketchChannel,
+    channel_row_sums,
+    iid_binomial,
+    simulate_sketch,
+    sketch_truth,
+    sketch_variance,
+)
+from experiments.tables import build_tables
 from privacy.randomizers import CountMeanSketch, OneHotRappor, SketchHashes
 from privacy.rng import seeded_generator
-from simulators import experiments as ex
-
-# --------------------------------------------------------------------------------------------
-# The paper's published numbers, copied from the tables of esa-privacy-revisited.
-# eps_c -> {tau: (eps_l_inf, eps_l1)}; tau = 1 is the attribute-fragmented report.
-# --------------------------------------------------------------------------------------------
-
-PAPER_TABLE_I_EPSILONS = {
-    0.0025: {1: (1.78, 1.78), 4: (1.45, 0.47), 16: (1.50, 0.13), 256: (1.52, 0.01)},
-    0.01: {1: (4.07, 4.07), 4: (4.07, 2.47), 16: (4.07, 1.30), 256: (4.07, 0.11)},
-    0.05: {1: (7.235, 7.235), 4: (7.235, 5.63), 16: (7.235, 4.40), 256: (7.235, 1.72)},
-    0.25: {1: (10.40, 10.40), 4: (10.40, 8.79), 16: (10.40, 7.56), 256: (10.40, 4.85)},
-    1.0: {1: (12.99, 12.99), 4: (12.99, 11.38), 16: (12.99, 10.15), 256: (12.99, 7.44)},
-}
-PAPER_TABLE_IV_EPSILONS = {  # Horse
-    0.05: {1: (2.94, 2.94), 4: (2.91, 1.37), 16: (2.94, 0.50), 256: (2.94, 0.03)},
-    0.25: {1: (5.96, 5.96), 4: (5.96, 4.35), 16: (5.96, 3.13), 256: (5.96, 0.70)},
-    0.5: {1: (7.28, 7.28), 4: (7.28, 5.67), 16: (7.28, 4.45), 256: (7.28, 1.76)},
-    0.75: {1: (8.03, 8.03), 4: (8.03, 6.42), 16: (8.03, 5.19), 256: (8.03, 2.49)},
-    1.0: {1: (8.55, 8.55), 4: (8.55, 6.94), 16: (8.55, 5.71), 256: (8.55, 3.00)},
-}
-PAPER_TABLE_VIII_EPSILONS = {  # Map
-    0.05: {1: (7.39, 7.39), 4: (7.39, 5.78), 16: (7.39, 4.55), 256: (7.39, 1.86)},
-    0.25: {1: (10.56, 10.56), 4: (10.56, 8.95), 16: (10.56, 7.72), 256: (10.56, 5.01)},
-    0.5: {1: (11.88, 11.88), 4: (11.88, 10.27), 16: (11.88, 9.04), 256: (11.88, 6.33)},
-    0.75: {1: (12.63, 12.63), 4: (12.63, 11.02), 16: (12.63, 9.79), 256: (12.63, 7.08)},
-    1.0: {1: (13.14, 13.14), 4: (13.14, 11.53), 16: (13.14, 10.30), 256: (13.14, 7.59)},
-}
-PAPER_TABLE_IX_EPSILONS = {  # Child
-    0.05: {1: (5.95, 5.95), 4: (5.95, 4.34), 16: (5.95, 3.12), 256: (5.95, 0.69)},
-    0.25: {1: (9.11, 9.11), 4: (9.11, 7.50), 16: (9.11, 6.27), 256: (9.11, 3.56)},
-    0.5: {1: (10.435, 10.435), 4: (10.435, 8.83), 16: (10.435, 7.60), 256: (10.435, 4.89)},
-    0.75: {1: (11.18, 11.18), 4: (11.18, 9.57), 16: (11.18, 8.34), 256: (11.18, 5.63)},
-    1.0: {1: (11.7, 11.7), 4: (11.7, 10.09), 16: (11.7, 8.86), 256: (11.7, 6.15)},
-}
-PAPER_EPSILON_TABLES = {
-    "heavy-hitters": PAPER_TABLE_I_EPSILONS,
-    "horse": PAPER_TABLE_IV_EPSILONS,
-    "map": PAPER_TABLE_VIII_EPSILONS,
-    "child": PAPER_TABLE_IX_EPSILONS,
-}
-# The paper prints two decimals; the solver and the sinh rule reproduce them up to one unit in
-# the last place (its Map column sits about 0.008 above ours, as if its n were slightly larger).
-EPSILON_TOLERANCE = 0.0125
-# One printed cell is further off: Table I, eps_c = 0.0025, tau = 256, eps_l_inf = 1.52, where
-# Theorem IV.1 with sinh(eps_f) = sinh(eps_b)/tau gives 1.497 (tau = 4 and 16 agree).
-KNOWN_DEVIATIONS = {("heavy-hitters", 0.0025, 256, "all"): 0.025}
-
-# Gaussian sigma columns (Tables I, IV, VIII, IX).
-PAPER_SIGMAS = {
-    "heavy-hitters": {0.0025: 1821.02, 0.01: 455.34, 0.05: 91.16, 0.25: 18.32, 1.0: 4.66},
-    "horse": {0.05: 80.42, 0.25: 16.18, 0.5: 8.15, 0.75: 5.47, 1.0: 4.14},
-    "map": {0.05: 91.16, 0.25: 18.32, 0.5: 9.21, 0.75: 6.18, 1.0: 4.66},
-    "child": {0.05: 85.95, 0.25: 17.28, 0.5: 8.70, 0.75: 5.84, 1.0: 4.41},
-}
+from simulators.exact import PAPER_DATASETS, Dataset
 
 # Messages (#bits) per respondent, Tables I and III: the printed eps_l_inf and the printed #bits
-# of one-hot (domain d) and of the sketch (width 65,536).
-PAPER_MESSAGES = {
-    "map": [(13.14, 6.49, 1.13), (7.385, 1734.52, None), (2.0, 333234.91, None)],
-    "horse": [(8.55, 17.97, 13.68), (2.94, 4403.42, None), (2.0, 10452.47, None)],
-    "child": [(11.7, 3.97, 1.54), (5.95, 932.34, None), (2.0, 42715.58, None)],
-    "heavy-hitters": [
-        (12.99, 5.06, 1.15),
-        (10.40, 55.11, 2.99),
-        (7.235, 1281.93, 48.21),
-        (2.0, 211957.86, None),
-    ],
-}
+# of one-hot (domain d) and of the sketch (width 65,536), from experiments.paper.
+PAPER_MESSAGES = {key: paper_messages(key) for key in ("map", "horse", "child", "heavy-hitters")}
 
 
 def test_messages_per_respondent_match_the_paper_at_its_parameters():
-    width = ex.ExperimentConfig().sketch_width
+    width = ExperimentConfig().sketch_width
     for key, rows in PAPER_MESSAGES.items():
-        d = ex.PAPER_DATASETS[key].domain_size
+        d = PAPER_DATASETS[key].domain_size
         for eps_l, one_hot, sketch in rows:
             randomizer = OneHotRappor(d, eps_l)
             p = randomizer.p_zero
@@ -110,8 +70,8 @@ def test_messages_per_respondent_match_the_paper_at_its_parameters():
 
 def test_our_messages_follow_our_solved_epsilon():
     # At the stated n our Map eps_l is 13.137 (paper 13.14), so our column reads 6.51, not 6.49.
-    dataset = ex.PAPER_DATASETS["map"]
-    privacy = ex.scenario_privacy(ex.Scenario("map", ex.ONE_HOT, central_epsilon=1.0), dataset)
+    dataset = PAPER_DATASETS["map"]
+    privacy = scenario_privacy(Scenario("map", ONE_HOT, central_epsilon=1.0), dataset)
     bits = OneHotRappor(dataset.domain_size, privacy.epsilon_local)
     assert bits.expected_messages_per_respondent() == pytest.approx(6.49, rel=0.005)
 
@@ -121,30 +81,30 @@ def test_our_messages_follow_our_solved_epsilon():
 # --------------------------------------------------------------------------------------------
 
 
-def _test_config(**changes) -> ex.ExperimentConfig:
-    config = ex.ExperimentConfig.quick_config(seed=7, workers=1)
+def _test_config(**changes) -> ExperimentConfig:
+    config = ExperimentConfig.quick_config(seed=7, workers=1)
     return replace(config, sketch_hashes=64, sketch_width=4096, **changes)
 
 
-def _test_datasets() -> dict[str, ex.Dataset]:
+def _test_datasets() -> dict[str, Dataset]:
     # Horse on a 128 x 160 grid (d = 20,480): the RMSE of one run has a relative standard
     # deviation of about sqrt((2 + kurtosis) / 4d) <= 1.5 %, so 5 % is more than 3.3 sigma.
     horse = replace(
-        ex.PAPER_DATASETS["horse"], respondents=1_000_000, domain_size=128 * 160, grid=(128, 160)
+        PAPER_DATASETS["horse"], respondents=1_000_000, domain_size=128 * 160, grid=(128, 160)
     )
     return {"horse": horse}
 
 
 def test_rmse_within_five_percent_of_theory_on_a_reduced_run():
     config = _test_config(central_epsilons=(0.5, 1.0))
-    lab = ex.ExperimentLab(config, _test_datasets())
+    lab = ExperimentLab(config, _test_datasets())
     scenarios = [
-        ex.Scenario("horse", ex.GAUSSIAN, central_epsilon=1.0),
-        ex.Scenario("horse", ex.ONE_HOT, central_epsilon=1.0),
-        ex.Scenario("horse", ex.ONE_HOT, central_epsilon=0.5, fragments=16),
-        ex.Scenario("horse", ex.ONE_HOT, central_epsilon=1.0, splits=2),
-        ex.Scenario("horse", ex.SKETCH, central_epsilon=1.0),
-        ex.Scenario("horse", ex.SKETCH, central_epsilon=0.5, fragments=4),
+        Scenario("horse", GAUSSIAN, central_epsilon=1.0),
+        Scenario("horse", ONE_HOT, central_epsilon=1.0),
+        Scenario("horse", ONE_HOT, central_epsilon=0.5, fragments=16),
+        Scenario("horse", ONE_HOT, central_epsilon=1.0, splits=2),
+        Scenario("horse", SKETCH, central_epsilon=1.0),
+        Scenario("horse", SKETCH, central_epsilon=0.5, fragments=4),
     ]
     # Per check the RMSE's relative spread is <= 1.5 % (Poisson-like noise at n p ~ 1 has excess
     # kurtosis ~1; the sketch adds the spread of one hash draw, ~1 % at k = 64): 5 % is > 3.3
@@ -159,7 +119,7 @@ def test_rmse_within_five_percent_of_theory_on_a_reduced_run():
 def test_iid_binomial_has_the_binomial_distribution():
     rng = seeded_generator(11)
     for trials, p in ((1870, 0.05), (7480, 7.7e-4), (200_000, 2e-6)):
-        draws = ex.iid_binomial(trials, p, 50_000, rng)
+        draws = iid_binomial(trials, p, 50_000, rng)
         support, observed = np.unique(draws, return_counts=True)
         expected = stats.binom.pmf(support, trials, p) * draws.size
         keep = expected >= 20  # chi-square cells with enough mass; the rest pooled
@@ -175,8 +135,8 @@ def test_row_sums_have_the_exact_mean_and_variance():
     truth = np.array([0, 0, 5, 40, 0, 300] * 2000)
     total = 2000
     repeats = 60
-    for channel in (ex.SketchChannel(0.9), ex.SketchChannel(0.95, 0.8, 4)):
-        draws = np.stack([ex.channel_row_sums(truth, total, channel, rng) for _ in range(repeats)])
+    for channel in (SketchChannel(0.9), SketchChannel(0.95, 0.8, 4)):
+        draws = np.stack([channel_row_sums(truth, total, channel, rng) for _ in range(repeats)])
         tau = channel.fragments
         mean = tau * (truth * channel.p_one + (total - truth) * channel.p_zero)
         variance = tau**2 * total * channel.unit_variance
@@ -194,7 +154,7 @@ def test_sketch_truth_places_every_report_in_its_own_cell():
     counts = np.array([0, 1, 3, 2000, 50, 7, 0, 1500], dtype=np.int64)
     sketch = CountMeanSketch(16, 64, epsilon=1.0, hash_seed=5, domain_size=counts.size)
     for reports in (1, 2):
-        truth = ex.sketch_truth(counts, SketchHashes(16, 64, hash_seed=5), reports, rng)
+        truth = sketch_truth(counts, SketchHashes(16, 64, hash_seed=5), reports, rng)
         assert truth.shape == (16, 64)
         assert truth.sum() == reports * counts.sum()
         keys = np.arange(counts.size)
@@ -216,36 +176,34 @@ def test_sketch_estimate_agrees_with_count_mean_sketch_messages():
     messages = sketch.randomize(values, rng)
     sums = np.bincount(messages.bucket, minlength=sketch.message_domain_size)
     message_level = sketch.estimate(sums, n).estimate
-    channel = ex.SketchChannel(sketch.p_one)
-    hashed = ex.simulate_sketch(counts, sketch.hashes, [channel], [4], 1, rng)[0]
+    channel = SketchChannel(sketch.p_one)
+    hashed = simulate_sketch(counts, sketch.hashes, [channel], [4], 1, rng)[0]
     from privacy.estimators import count_mean_sketch_estimate
 
     exact = count_mean_sketch_estimate(hashed, n, 16, 64, sketch.p_one, sketch.p_zero, 0.0)
-    theory = math.sqrt(np.mean(ex.sketch_variance(counts, 16, 64, channel)))
+    theory = math.sqrt(np.mean(sketch_variance(counts, 16, 64, channel)))
     for estimate in (message_level, exact.estimate):
-        rmse = ex.root_mean_square(estimate - counts)
+        rmse = root_mean_square(estimate - counts)
         # 40 values: the RMSE's relative spread is ~15 % (plus the hash draw); 2x is far out.
         assert 0.5 * theory < rmse < 2 * theory
 
 
 def test_simulation_is_reproducible_and_independent_of_batching_and_threads():
     config = _test_config()
-    datasets = {"horse": ex.quick_datasets()["horse"]}
-    alone = ex.ExperimentLab(config, datasets).outcome(
-        ex.Scenario("horse", ex.SKETCH, central_epsilon=1.0)
-    )
-    batch_lab = ex.ExperimentLab(replace(config, workers=2), datasets)
-    batch = batch_lab.run(ex.sketch_table_scenarios(config))
-    together = batch[ex.Scenario("horse", ex.SKETCH, central_epsilon=1.0)]
+    datasets = {"horse": quick_datasets()["horse"]}
+    alone = ExperimentLab(config, datasets).outcome(Scenario("horse", SKETCH, central_epsilon=1.0))
+    batch_lab = ExperimentLab(replace(config, workers=2), datasets)
+    batch = batch_lab.run(sketch_table_scenarios(config))
+    together = batch[Scenario("horse", SKETCH, central_epsilon=1.0)]
     assert together.rmse == alone.rmse
     np.testing.assert_array_equal(together.estimate, alone.estimate)
 
 
 def test_top_recovered_counts_the_overlap():
     truth = np.array([100, 90, 80, 5, 4, 3])
-    assert ex.top_recovered(truth, truth.astype(float), 3) == 3
-    assert ex.top_recovered(truth, np.array([0, 90, 80, 95, 4, 3.0]), 3) == 2
-    assert ex.top_recovered(truth, -truth.astype(float), 3) == 0
+    assert top_recovered(truth, truth.astype(float), 3) == 3
+    assert top_recovered(truth, np.array([0, 90, 80, 95, 4, 3.0]), 3) == 2
+    assert top_recovered(truth, -truth.astype(float), 3) == 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -254,7 +212,7 @@ def test_top_recovered_counts_the_overlap():
 
 
 def test_scenario_grid_names_are_unique_and_describe_the_scenario():
-    grid = ex.scenario_grid(ex.ExperimentConfig())
+    grid = scenario_grid(ExperimentConfig())
     assert len(grid) == len(set(grid))
     assert "horse/one-hot,tau=16/eps_c=0.5" in grid
     assert "heavy-hitters/sketch/eps_c=0.0025" in grid
@@ -269,39 +227,39 @@ def test_scenario_grid_names_are_unique_and_describe_the_scenario():
     "kwargs, field",
     [
         (dict(mechanism="laplace", central_epsilon=1.0), "mechanism"),
-        (dict(mechanism=ex.ONE_HOT), "central_epsilon"),
-        (dict(mechanism=ex.ONE_HOT, central_epsilon=-1.0), "central_epsilon"),
-        (dict(mechanism=ex.GAUSSIAN, local_epsilon=1.0), "central_epsilon"),
-        (dict(mechanism=ex.ONE_HOT, central_epsilon=1.0, fragments=0), "fragments"),
-        (dict(mechanism=ex.ONE_HOT, central_epsilon=1.0, fragments=4, splits=2), "splits"),
+        (dict(mechanism=ONE_HOT), "central_epsilon"),
+        (dict(mechanism=ONE_HOT, central_epsilon=-1.0), "central_epsilon"),
+        (dict(mechanism=GAUSSIAN, local_epsilon=1.0), "central_epsilon"),
+        (dict(mechanism=ONE_HOT, central_epsilon=1.0, fragments=0), "fragments"),
+        (dict(mechanism=ONE_HOT, central_epsilon=1.0, fragments=4, splits=2), "splits"),
     ],
 )
 def test_bad_scenarios_are_refused(kwargs, field):
     with pytest.raises(ValueError, match=field):
-        ex.Scenario("horse", **kwargs)
+        Scenario("horse", **kwargs)
 
 
 def test_bad_configurations_are_refused():
     with pytest.raises(ValueError, match="sketch_width"):
-        ex.ExperimentConfig(sketch_width=1000)
+        ExperimentConfig(sketch_width=1000)
     with pytest.raises(ValueError, match="budget_splits"):
-        ex.ExperimentConfig(budget_splits=(2, 5))
+        ExperimentConfig(budget_splits=(2, 5))
     with pytest.raises(ValueError, match="grid"):
-        ex.Dataset("x", "X", 10, 12, 1e-6, grid=(3, 3), image="disc")
+        Dataset("x", "X", 10, 12, 1e-6, grid=(3, 3), image="disc")
 
 
 def test_unreachable_target_is_reported_not_run():
-    tiny = {"horse": replace(ex.quick_datasets()["horse"], respondents=2_000)}
-    lab = ex.ExperimentLab(_test_config(), tiny)
-    outcome = lab.outcome(ex.Scenario("horse", ex.ONE_HOT, central_epsilon=0.05))
+    tiny = {"horse": replace(quick_datasets()["horse"], respondents=2_000)}
+    lab = ExperimentLab(_test_config(), tiny)
+    outcome = lab.outcome(Scenario("horse", ONE_HOT, central_epsilon=0.05))
     assert not outcome.privacy.applicable
     assert "respondents" in outcome.privacy.reason
     assert math.isnan(outcome.rmse)
 
 
 def test_fragment_and_table_x_tables_render():
-    lab = ex.ExperimentLab(ex.ExperimentConfig())
-    for table in ex.build_tables(lab, "fragments"):
+    lab = ExperimentLab(ExperimentConfig())
+    for table in build_tables(lab, "fragments"):
         rows = list(csv.DictReader(io.StringIO(table.to_csv())))
         assert len(rows) == len(table.records) > 0
         assert set(rows[0]) == set(table.columns)
@@ -310,7 +268,7 @@ def test_fragment_and_table_x_tables_render():
         body = [line for line in markdown.splitlines() if line.startswith("|")]
         assert len(body) == 2 + len(table.layout)
         assert all(line.count(" | ") == len(table.header) - 1 for line in body[2:])
-    x_rows = {(r["dataset"], r["row"]): r for r in ex.build_table_x(lab).records}
+    x_rows = {(r["dataset"], r["row"]): r for r in build_table_x(lab).records}
     # Attribute fragmentation is what makes rows 2 and 3 strong: without it eps_c is larger
     # (2.4x for Horse at eps_c = 0.05 under the numerical shuffle bound, far more elsewhere).
     for key in ("map", "horse", "child", "heavy-hitters"):
@@ -328,15 +286,15 @@ def test_private_cells_summed_per_value_have_the_same_law(monkeypatch):
     # Cells read by a single value are drawn as one sum per value; compare with drawing every
     # cell, over repeated passes with the same truth (same hashes and row draws).
     counts = np.bincount(np.arange(48) % 40, minlength=48) * 25
-    channel = ex.SketchChannel(0.9, 0.8, 4)
+    channel = SketchChannel(0.9, 0.8, 4)
     hashes = SketchHashes(8, 64, hash_seed=1)
     passes = 1200
     results = {}
     for label, worth in (("private", 0.0), ("per cell", 2.0)):
-        monkeypatch.setattr(ex, "_PRIVATE_CELLS_WORTH", worth)
+        monkeypatch.setattr(sketch_module, "_PRIVATE_CELLS_WORTH", worth)
         results[label] = np.stack(
             [
-                ex.simulate_sketch(counts, hashes, [channel], [seed], 1, seeded_generator(2))[0]
+                simulate_sketch(counts, hashes, [channel], [seed], 1, seeded_generator(2))[0]
                 for seed in range(passes)
             ]
         )

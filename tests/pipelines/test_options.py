@@ -1,0 +1,80 @@
+"""pipelines/options.py: one Flag table per stage, defaults from the config dataclasses, Beam's own
+flags told apart from everything else, validate() in Beam's convention."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from pipelines.options import (
+    AnalyzeOptions,
+    RunOptions,
+    ShuffleOptions,
+    SimulateOptions,
+    format_duration_ms,
+    unknown_beam_flags,
+)
+from transforms.analyze import AnalysisConfig
+from transforms.encode import SimulationPlan
+from transforms.shuffle import ShuffleConfig
+from transforms.shuffle_core import WindowSpec, parse_duration_ms
+
+STAGES = (ShuffleOptions, SimulateOptions, AnalyzeOptions, RunOptions)
+
+
+def _parsed(options_class, argv: list[str]) -> PipelineOptions:
+    parser = argparse.ArgumentParser()
+    options_class.add_cli_arguments(parser)
+    return PipelineOptions([], **options_class.cli_values(parser.parse_args(argv)))
+
+
+def test_defaults_are_the_config_dataclasses_defaults():
+    shuffle = _parsed(ShuffleOptions, []).view_as(ShuffleOptions)
+    assert shuffle.crowd_threshold == ShuffleConfig.crowd_threshold
+    assert shuffle.batch_records == ShuffleConfig.batch_records
+    assert shuffle.messages_per_shard == ShuffleConfig.messages_per_shard
+    assert shuffle.messages_per_file == ShuffleConfig.messages_per_file
+    assert parse_duration_ms(shuffle.window) == WindowSpec.period_ms
+    simulate = _parsed(SimulateOptions, []).view_as(SimulateOptions)
+    assert simulate.value("codec") == SimulationPlan.codec
+    assert simulate.value("messages_per_shard") == SimulationPlan.messages_per_shard
+    assert simulate.value("rounds") == SimulationPlan.rounds
+    analyze = _parsed(AnalyzeOptions, []).view_as(AnalyzeOptions)
+    assert analyze.value("failure_probability") == AnalysisConfig.failure_probability
+    assert analyze.value("postprocessing") == AnalysisConfig.postprocessing
+    run = _parsed(RunOptions, []).view_as(RunOptions)
+    assert run.value("crowd_threshold") == ShuffleConfig.crowd_threshold
+
+
+@pytest.mark.parametrize("options_class", STAGES)
+def test_beam_and_esa_spellings_reach_the_same_option(options_class):
+    # The Beam-side spelling (--run_seed, --crowd-threshold) and the esa one (--seed) agree.
+    flag = next(f for f in options_class.FLAGS if f.type is int)
+    beam = PipelineOptions([options_class.beam_flag(flag), "7"]).view_as(options_class)
+    esa = _parsed(options_class, [options_class.cli_flag(flag), "7"]).view_as(options_class)
+    assert beam.value(flag.name) == esa.value(flag.name) == 7
+
+
+@pytest.mark.parametrize("ms", [1, 999, 1000, 90_000, 3_600_000, 86_400_000, 3 * 86_400_000])
+def test_durations_print_in_the_one_grammar(ms):
+    assert parse_duration_ms(format_duration_ms(ms)) == ms
+
+
+def test_only_beams_own_flags_are_known():
+    known = ["--runner=FnApiRunner", "--streaming", "--direct_num_workers", "2"]
+    assert unknown_beam_flags(known + ["--direct_running_mode=multi_processing"]) == []
+    assert unknown_beam_flags(["--crowd-treshold", "5"]) == ["--crowd-treshold", "5"]
+    # The stages' own Beam-side flags are not Beam's: on an esa command line they are errors.
+    assert unknown_beam_flags(["--run_seed=3"]) == ["--run_seed=3"]
+    # No abbreviations: --run is not --runner.
+    assert unknown_beam_flags(["--run=FnApiRunner"]) == ["--run=FnApiRunner"]
+
+
+def test_validate_follows_beams_convention():
+    options = PipelineOptions(["--crowd-threshold", str(2**63), "--window", "0s"])
+    errors = options.view_as(ShuffleOptions).validate()
+    assert any(e.startswith("--crowd-threshold") for e in errors)
+    assert any(e.startswith("--window") for e in errors)
+    assert all("\n" not in error for error in errors)
