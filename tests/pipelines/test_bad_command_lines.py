@@ -44,6 +44,7 @@ CASES = [
     (SHUFFLE + ["--watch-interval", "0"], "--watch-interval"),
     (RUN + ["--crowd-threshold", TOO_BIG], "--crowd-threshold"),
     (RUN + ["--respondents", "0"], "--respondents"),
+    (RUN + ["--respondents", str(2**32)], "--respondents"),
     (RUN + ["--instances", "0"], "--instances"),
     (RUN + ["--parallel-shuffles", "0"], "--parallel-shuffles"),
     (SIMULATE[:3] + ["--respondents", TOO_BIG], "--respondents"),
