@@ -6,10 +6,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test test-fast lint format bench experiment clean venv
 
+# PYTHONWARNINGS: setuptools warns (a UserWarning) that an editable install is editable.
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	# setuptools warns that an editable install is editable (UserWarning): nothing to act on.
 	PYTHONWARNINGS=ignore::UserWarning $(PY) -m pip install --quiet -e '.[test,images]'
 	touch $(STAMP)
 
