@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import multiprocessing
 import time
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
@@ -13,7 +12,7 @@ import numpy as np
 
 from experiments.budgets import ScenarioPrivacy, one_hot_randomizer, scenario_privacy
 from experiments.scenarios import GAUSSIAN, SKETCH, ExperimentConfig, Scenario, scenario_generator
-from experiments.sketch import simulate_sketch, sketch_channel, sketch_variance
+from experiments.sketch import pool_context, simulate_sketch, sketch_channel, sketch_variance
 from privacy.estimators import (
     HistogramEstimate,
     count_mean_sketch_estimate,
@@ -172,7 +171,7 @@ class ExperimentLab:
         if workers <= 1:
             outcomes = [simulate_histogram(job) for job in jobs]
         else:
-            with ProcessPoolExecutor(max_workers=workers, mp_context=_pool_context()) as pool:
+            with ProcessPoolExecutor(max_workers=workers, mp_context=pool_context()) as pool:
                 outcomes = list(pool.map(simulate_histogram, jobs))
         return dict(zip(scenarios, outcomes, strict=True))
 
@@ -283,11 +282,3 @@ def simulate_histogram(job: HistogramJob) -> Outcome:
     messages = splits * randomizer.expected_messages_per_respondent()
     variance = float(np.mean(np.square(estimate.stderr)))
     return finish_outcome(job, estimate, variance, messages, time.perf_counter() - started)
-
-
-def _pool_context() -> multiprocessing.context.BaseContext:
-    """Fork where there is one (workers start at once; every argument is still passed
-    explicitly), else the platform's default."""
-    if "fork" in multiprocessing.get_all_start_methods():
-        return multiprocessing.get_context("fork")
-    return multiprocessing.get_context()

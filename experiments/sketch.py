@@ -232,7 +232,7 @@ def simulate_sketch(
         )
     if len(shares) > 1:
         # Each process gets its own rows and nothing else (explicit arguments, no shared state).
-        with ProcessPoolExecutor(max_workers=len(shares), mp_context=_pool_context()) as pool:
+        with ProcessPoolExecutor(max_workers=len(shares), mp_context=pool_context()) as pool:
             partials = list(pool.map(sketch_rows, shares))
     else:
         partials = [sketch_rows(share) for share in shares]
@@ -249,8 +249,9 @@ def simulate_sketch(
     return hashed
 
 
-def _pool_context() -> multiprocessing.context.BaseContext:
-    """Fork where there is one (workers start at once), else the platform's default."""
+def pool_context() -> multiprocessing.context.BaseContext:
+    """The start method of the experiments' worker processes: fork where there is one (workers
+    start at once; every argument is still passed explicitly), else the platform's default."""
     if "fork" in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("fork")
     return multiprocessing.get_context()

@@ -305,3 +305,20 @@ def test_private_cells_summed_per_value_have_the_same_law(monkeypatch):
     spread = np.sqrt((a.var(axis=0) + b.var(axis=0)) / passes)
     assert np.all(np.abs(a.mean(axis=0) - b.mean(axis=0)) < 4.5 * spread)
     np.testing.assert_allclose(a.var(axis=0), b.var(axis=0), rtol=0.3)
+
+
+def test_histogram_scenarios_do_not_depend_on_the_worker_processes():
+    # Each scenario is passed to its worker with everything it needs; its generator is keyed by
+    # its name, so one process or two give the same numbers.
+    config = _test_config()
+    datasets = {"horse": quick_datasets()["horse"]}
+    wanted = [
+        Scenario("horse", GAUSSIAN, central_epsilon=1.0),
+        Scenario("horse", ONE_HOT, central_epsilon=1.0),
+        Scenario("horse", ONE_HOT, central_epsilon=1.0, fragments=4),
+    ]
+    one = ExperimentLab(config, datasets).run(wanted)
+    two = ExperimentLab(replace(config, workers=2), datasets).run(wanted)
+    for scenario in wanted:
+        assert two[scenario].rmse == one[scenario].rmse
+        np.testing.assert_array_equal(two[scenario].estimate, one[scenario].estimate)
