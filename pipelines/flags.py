@@ -19,7 +19,7 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NoReturn
 
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
@@ -277,6 +277,10 @@ class _BeamFlagsParser(argparse.ArgumentParser):
     def add_value_provider_argument(self, *args: Any, **kwargs: Any) -> Any:
         return self.add_argument(*args, **kwargs)
 
+    def error(self, message: str) -> NoReturn:
+        # A Beam flag with a bad value (e.g. --flink_version 1.18): one line, not Beam's usage.
+        raise ValueError(message.splitlines()[0])
+
 
 def _beam_option_classes() -> list[type[PipelineOptions]]:
     found: dict[str, type[PipelineOptions]] = {}
@@ -291,7 +295,8 @@ def _beam_option_classes() -> list[type[PipelineOptions]]:
 
 def unknown_beam_flags(arguments: Sequence[str]) -> list[str]:
     """The arguments among ``arguments`` that no Beam options class registers (positional
-    leftovers included); ``--runner=X``, ``--streaming``, ... are known."""
+    leftovers included); ``--runner=X``, ``--streaming``, ... are known. ValueError (one line)
+    when a Beam flag has a value Beam refuses."""
     parser = _BeamFlagsParser(add_help=False, allow_abbrev=False)
     for cls in _beam_option_classes():
         cls._add_argparse_args(parser)  # noqa: SLF001 - Beam's extension point

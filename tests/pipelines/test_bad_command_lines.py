@@ -27,6 +27,8 @@ CASES = [
     (SHUFFLE + ["--analyze_input", "x"], "unrecognized arguments: --analyze_input"),
     (SHUFFLE + ["stray"], "unrecognized arguments: stray"),
     (SHUFFLE + ["--runner=FnApiRunner", "--no-such-beam-flag"], "--no-such-beam-flag"),
+    (RUN + ["--direct_running_mode=everywhere"], "invalid choice"),
+    (RUN + ["--direct_num_workers", "two"], "invalid int value"),
     (SIMULATE + ["--respondent", "5"], "unrecognized arguments"),
     (ANALYZE + ["--deletion-eps", "1"], "unrecognized arguments"),
     (RUN + ["--recipes", "x"], "unrecognized arguments: --recipes"),
