@@ -120,7 +120,8 @@ class StageFlags:
                     klass.beam_flag(flag), dest=klass.dest(flag), **flag.argparse_keywords()
                 )
 
-        cls._add_argparse_args = classmethod(add_argparse_args)
+        if "_add_argparse_args" not in cls.__dict__:  # a class may still write its own
+            cls._add_argparse_args = classmethod(add_argparse_args)
 
     @classmethod
     def dest(cls, flag: Flag) -> str:
