@@ -40,6 +40,7 @@ fi
 # --- Flink job server ----------------------------------------------------------------------
 existing=$(ls "$DIR/flink/"beam-runners-flink-*-job-server-"$BEAM".jar 2>/dev/null | tail -1 || true)
 unavailable="$DIR/flink/unavailable-$BEAM.txt"  # Maven's earlier answer; delete it to ask again
+find "$DIR/flink" -name 'unavailable-*.txt' -mtime +6 -delete  # ask again after a week
 if [[ -n "$existing" ]]; then
     say "flink job server already installed ($existing)"
 elif [[ -f "$unavailable" ]]; then
