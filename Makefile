@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast lint format bench experiment clean venv
+.PHONY: run test test-fast lint format bench experiment clean venv engines
 
 # PYTHONWARNINGS: setuptools warns (a UserWarning) that an editable install is editable.
 $(STAMP): setup.py
@@ -18,7 +18,12 @@ venv: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/esa run --output results
 
-test: $(STAMP)
+# Prism (and Beam's Flink job server when Maven serves it) for the engine tests; CI installs them
+# before its tests, elsewhere the engine tests skip until `make engines` has run.
+engines: $(STAMP)
+	PY=$(PY) bash scripts/engines.sh
+
+test: $(STAMP) $(if $(CI),engines)
 	$(PY) -m pytest -n 2 tests
 
 test-fast: $(STAMP)

@@ -1,0 +1,88 @@
+"""Where ``make engines`` (scripts/engines.sh) puts the real engines, and the Beam flags that run a
+pipeline on each.
+
+Engines, each matched to the installed Beam Python SDK (the portable job API must agree):
+
+- ``prism``: Beam's portable runner written in Go, built by ``go install`` at the SDK's own release
+  tag into ``ENGINES/bin/prism-v<beam>``; run through Beam's ``PrismRunner``, which starts it as a
+  subprocess job server (``--prism_location``). ``prism_server`` runs the same binary as a
+  standing job server that ``PortableRunner`` submits to.
+- ``flink``: Apache Flink through Beam's ``FlinkRunner``, given the Flink job server jar
+  ``ENGINES/flink/beam-runners-flink-<flink>-job-server-<beam>.jar`` that Maven fetched;
+  ``--flink_master=[local]`` runs the job server's embedded Flink cluster in its JVM.
+
+``ENGINES`` is ``$ESA_ENGINES_DIR``, else ``.engines/`` in the repository (ignored by git). The
+workers run in the submitting process (``LOOPBACK``), so local paths work on every engine.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from apache_beam.version import __version__ as BEAM_VERSION
+
+__all__ = ["BEAM_VERSION", "ENGINES", "engines_dir", "flink_job_server_jar", "prism_binary",
+           "runner_flags"]  # fmt: skip
+
+ENGINES = ("fnapi", "prism", "flink")
+
+
+def engines_dir() -> Path:
+    """``$ESA_ENGINES_DIR`` or the repository's ``.engines/``."""
+    configured = os.environ.get("ESA_ENGINES_DIR")
+    return Path(configured) if configured else Path(__file__).resolve().parents[1] / ".engines"
+
+
+def prism_binary() -> Path | None:
+    """The Prism binary built for the installed Beam release, or None when not installed."""
+    path = engines_dir() / "bin" / f"prism-v{BEAM_VERSION}"
+    return path if path.is_file() and os.access(path, os.X_OK) else None
+
+
+def flink_job_server_jar() -> Path | None:
+    """Beam's Flink job server jar for the installed Beam release (newest Flink first), or None."""
+    jars = sorted(
+        (engines_dir() / "flink").glob(f"beam-runners-flink-*-job-server-{BEAM_VERSION}.jar")
+    )
+    return jars[-1] if jars else None
+
+
+def runner_flags(engine: str, parallelism: int | None = None) -> list[str]:
+    """Beam flags that run a pipeline on ``engine`` (one of :data:`ENGINES`).
+
+    Raises FileNotFoundError naming what is missing when the engine is not installed.
+    """
+    if engine == "fnapi":
+        return ["--runner=FnApiRunner"]
+    if engine == "prism":
+        binary = prism_binary()
+        if binary is None:
+            raise FileNotFoundError(
+                f"no Prism binary for Beam {BEAM_VERSION} in {engines_dir() / 'bin'}: "
+                "run `make engines`"
+            )
+        return ["--runner=PrismRunner", f"--prism_location={binary}", "--environment_type=LOOPBACK"]
+    if engine == "flink":
+        jar = flink_job_server_jar()
+        if jar is None:
+            unavailable = engines_dir() / "flink" / f"unavailable-{BEAM_VERSION}.txt"
+            if unavailable.is_file():
+                raise FileNotFoundError(
+                    f"Maven served no Beam {BEAM_VERSION} Flink job server jar to `make engines` "
+                    f"(its answers: {unavailable})"
+                )
+            raise FileNotFoundError(
+                f"no Beam {BEAM_VERSION} Flink job server jar in {engines_dir() / 'flink'}: "
+                "run `make engines`"
+            )
+        flags = [
+            "--runner=FlinkRunner",
+            "--flink_master=[local]",
+            f"--flink_job_server_jar={jar}",
+            "--environment_type=LOOPBACK",
+        ]
+        if parallelism is not None:
+            flags.append(f"--parallelism={parallelism}")
+        return flags
+    raise ValueError(f"unknown engine {engine!r}; have {', '.join(ENGINES)}")

@@ -1,0 +1,157 @@
+"""simulate -> shuffle -> analyze on real engines gives what FnApiRunner gives for the same seed.
+
+Engines come from ``make engines`` (scripts/engines.sh; pipelines/engines.py): Prism, Beam's Go
+portable runner, and Flink through Beam's FlinkRunner when Maven serves Beam's Flink job server.
+An engine that is not installed skips with the reason.
+
+What is compared, and why it can be compared exactly: the simulation is a function of its seed, so
+its reports must be identical record for record. The shuffler's randomness (origin-hash secret,
+release order) comes from the OS CSPRNG and has no seed flag, so the release is compared as a
+multiset of messages (without randomized deletion, which of the crowd's messages are released
+does not depend on randomness: all of them or none). The analyzer's output is a function of that
+multiset, so histograms.parquet and summary.json must be identical (paths aside). The standing
+job server test runs the analyzer alone over the reference's own release.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+import subprocess
+import time
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import fastavro
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines import cli, engines
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+
+RESPONDENTS = 3_000
+SEED = 7
+RECIPE = {
+    "name": "engine_grid",
+    "version": 1,
+    "channel": "engine_grid",
+    "randomizer": "one_hot_rappor",
+    "randomizer_params": {"domain_size": 256, "epsilon": 4.0},
+    "fragmentation": "attribute",
+    "epsilon_local": 4.0,
+    "epsilon_central_target": 4.0,
+    "delta": 1e-6,
+    "min_crowd_size": 500,
+    "query_class": "test",
+    "data_fields": ["value"],
+    "shuffler_instances": 2,
+    "window": "1d",
+}
+HISTOGRAM_KEY = ["channel", "recipe_id", "crowd", "window_start", "bucket"]
+
+
+def _cli(argv: list[str]) -> None:
+    with redirect_stdout(io.StringIO()):
+        assert cli.main(argv) == 0, argv
+
+
+def _esa_run(root: Path, name: str, flags: list[str]) -> Path:
+    recipe = root / "recipe-engine_grid.json"
+    if not recipe.exists():
+        recipe.write_text(json.dumps(RECIPE))
+    output = root / name
+    _cli(["run", "--output", str(output), "--recipe", str(recipe), "--population", "uniform",
+          "--respondents", str(RESPONDENTS), "--seed", str(SEED), "--parallel-shuffles", "1",
+          *flags])  # fmt: skip
+    return output
+
+
+def _flags(engine: str) -> list[str]:
+    try:
+        return engines.runner_flags(engine)
+    except FileNotFoundError as missing:
+        pytest.skip(str(missing))
+
+
+def _records(root: Path, pattern: str) -> list[tuple]:
+    """Every Avro record under ``root`` matching ``pattern``, as sorted tuples (a multiset)."""
+    records = []
+    for path in sorted(root.glob(pattern)):
+        with path.open("rb") as file:
+            records.extend(tuple(record.items()) for record in fastavro.reader(file))
+    assert records, f"no records in {root}/{pattern}"
+    return sorted(records, key=repr)
+
+
+def _histograms(analysis: Path):
+    return pq.read_table(analysis / "histograms.parquet").sort_by(
+        [(column, "ascending") for column in HISTOGRAM_KEY]
+    )
+
+
+def _summary(output: Path) -> dict:
+    text = (output / "analysis" / "summary.json").read_text()
+    return json.loads(text.replace(str(output), "<OUTPUT>"))
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    return _esa_run(tmp_path_factory.mktemp("engines"), "fnapi", engines.runner_flags("fnapi"))
+
+
+@pytest.mark.parametrize("engine", ["prism", "flink"])
+def test_pipeline_on_engine_matches_fnapi(engine, request):
+    flags = _flags(engine)  # skips before the reference run when the engine is missing
+    reference = request.getfixturevalue("reference")
+    output = _esa_run(reference.parent, engine, flags)
+
+    simulated = "simulation/instance=*/*.avro"
+    assert _records(output, simulated) == _records(reference, simulated)
+    released = "shuffled/instance=*/messages/**/*.avro"
+    assert _records(output, released) == _records(reference, released)
+    expected = _histograms(reference / "analysis")
+    assert expected.num_rows == RECIPE["randomizer_params"]["domain_size"]
+    assert _histograms(output / "analysis").equals(expected)
+    assert _summary(output) == _summary(reference)
+    run = json.loads((output / "run.json").read_text())
+    assert run["adds_up"] and run["respondents"] == RESPONDENTS
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_analyze_on_a_standing_prism_job_server_matches_fnapi(request, tmp_path):
+    """``prism`` started on its own (as on a server), jobs submitted with PortableRunner."""
+    binary = engines.prism_binary()
+    if binary is None:
+        pytest.skip(f"no Prism binary for Beam {engines.BEAM_VERSION}: run `make engines`")
+    reference = request.getfixturevalue("reference")
+    port = _free_port()
+    server = subprocess.Popen(
+        [str(binary), "--job_port", str(port), "--serve_http=false", "--log_level", "warn"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # wait until the job service listens
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert server.poll() is None and time.monotonic() < deadline, "prism did not start"
+                time.sleep(0.1)
+        output = tmp_path / "analysis"
+        _cli(["analyze", "--input", str(reference / "shuffled"), "--output", str(output),
+              "--recipe", str(reference / "recipe.json"), "--truth", str(reference / "simulation"),
+              "--postprocessing", "norm_sub", "--runner=PortableRunner",
+              f"--job_endpoint=localhost:{port}", "--environment_type=LOOPBACK"])  # fmt: skip
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert _histograms(output).equals(_histograms(reference / "analysis"))
