@@ -29,8 +29,12 @@ setup(
     ],
     extras_require={
         "images": ["scikit-image"],
+        # esa train: the digits dataset ships inside scikit-learn's wheel (no download), and its
+        # LogisticRegression is the non-private optimum we compare LDP-SGD with.
+        "train": ["scikit-learn"],
         # polars: only the baseline our Avro reader is measured against in `make bench`.
-        "test": ["pytest", "pytest-xdist", "avro", "mpmath", "ruff", "polars"],
+        # scikit-learn: the esa train tests read its bundled digits.
+        "test": ["pytest", "pytest-xdist", "avro", "mpmath", "ruff", "polars", "scikit-learn"],
     },
     entry_points={"console_scripts": ["esa=pipelines.cli:main"]},
 )
