@@ -25,6 +25,7 @@ COMMANDS = {
     "analyze": "pipelines.analyze",
     "run": "pipelines.run",
     "experiment": "pipelines.experiment",
+    "train": "pipelines.train",
 }
 COMMAND_MODULES = list(dict.fromkeys(COMMANDS.values()))
 # command -> its options class in pipelines/options.py (validated before the handler runs).
