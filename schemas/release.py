@@ -1,0 +1,315 @@
+"""Committed outputs: the commit record ``_COMMIT.json`` that makes a directory a release.
+
+A directory of output files is complete only when its commit record is there (Hadoop and Spark
+mark success with a file written last; Beam's file sinks finalize temporary files in one step). The
+record lists every file with its size, record count and SHA-256, plus whatever the reader needs to
+interpret the files. It is written last and atomically (temporary file, then ``os.replace``), so a
+killed writer leaves either no commit or the previous one, never half of one.
+
+Two formats share this module:
+
+* ``esa-release/1``: a shuffler release (``esa shuffle --output DIR``): ``messages/*.avro`` files
+  and, per crowd, its status and the number of distinct respondents released
+  (``respondents_released``: what the analyzer's n comes from, never counted from messages);
+* ``esa-reports/1``: the report files of ``esa simulate``.
+
+:func:`verify_release` is what a reader calls before it trusts a directory: it refuses (raises
+:class:`ReleaseError` with a one-line message naming the file) an uncommitted directory, a file
+listed but missing, a file present but not listed (a copy counted twice), a file whose size,
+SHA-256 or record count differs from the record (truncated or altered), and any shuffler-private
+file (dead letters with origins, manifests with exact counts, metrics, spill data) inside it.
+
+Pure: the local file system and the standard library only (plus fastavro to count Avro records).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import fastavro
+
+__all__ = [
+    "COMMIT_FILE",
+    "RELEASE_FORMAT",
+    "REPORTS_FORMAT",
+    "PRIVATE_NAMES",
+    "ReleaseError",
+    "FileEntry",
+    "VerifiedRelease",
+    "file_entry",
+    "count_avro_records",
+    "write_commit",
+    "read_commit",
+    "verify_release",
+    "is_private_path",
+]
+
+COMMIT_FILE = "_COMMIT.json"
+RELEASE_FORMAT = "esa-release/1"
+REPORTS_FORMAT = "esa-reports/1"
+# Top-level names that are shuffler-private: never inside a release (SPEC: release layout).
+PRIVATE_NAMES = frozenset({"dead_letter", "manifest.avro", "manifest", "metrics.json", "spill"})
+_PRIVATE_PREFIXES = ("_spill",)
+_CHUNK = 1 << 20
+_STATUSES = ("released", "withheld")
+
+
+class ReleaseError(ValueError):
+    """A directory that is not a complete, unaltered release; the message names the file."""
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """One committed file: ``path`` relative to the directory, with '/' separators."""
+
+    path: str
+    bytes: int
+    records: int
+    sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "bytes": self.bytes,
+            "records": self.records,
+            "sha256": self.sha256,
+        }
+
+
+@dataclass(frozen=True)
+class VerifiedRelease:
+    """A directory whose files all match its commit record."""
+
+    directory: str
+    commit: Mapping[str, Any]
+    files: tuple[FileEntry, ...]
+
+    @property
+    def format(self) -> str:
+        return str(self.commit["format"])
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """Absolute paths of the committed files, in commit order."""
+        return tuple(os.path.join(self.directory, *entry.path.split("/")) for entry in self.files)
+
+    @property
+    def records(self) -> int:
+        return sum(entry.records for entry in self.files)
+
+
+def is_private_path(relative: str) -> bool:
+    """Whether a path relative to a release directory names shuffler-private data."""
+    first = relative.replace(os.sep, "/").split("/", 1)[0]
+    return first in PRIVATE_NAMES or first.startswith(_PRIVATE_PREFIXES)
+
+
+def _sha256_and_size(path: str) -> tuple[str, int]:
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
+
+
+def count_avro_records(path: str) -> int:
+    """Records in an Avro container file, summed from its block headers (ValueError if damaged)."""
+    try:
+        with open(path, "rb") as handle:
+            return sum(block.num_records for block in fastavro.block_reader(handle))
+    except (OSError, EOFError, ValueError, TypeError, KeyError, AssertionError) as error:
+        raise ValueError(f"{path} is not a readable Avro file: {error}") from error
+
+
+def file_entry(directory: str, relative: str, records: int | None = None) -> FileEntry:
+    """The commit entry of ``directory/relative`` (records counted from Avro blocks if None)."""
+    path = os.path.join(directory, *relative.split("/"))
+    digest, size = _sha256_and_size(path)
+    if records is None:
+        records = count_avro_records(path)
+    return FileEntry(relative.replace(os.sep, "/"), size, int(records), digest)
+
+
+def _check_entry(raw: Any, index: int) -> FileEntry:
+    if not isinstance(raw, Mapping):
+        raise ReleaseError(f"{COMMIT_FILE}: files[{index}] is not an object")
+    path, size, records, digest = (raw.get(k) for k in ("path", "bytes", "records", "sha256"))
+    if (
+        not isinstance(path, str)
+        or not path
+        or path.startswith("/")
+        or ".." in path.split("/")
+        or "\\" in path
+    ):
+        raise ReleaseError(f"{COMMIT_FILE}: files[{index}].path {path!r} is not a relative path")
+    for name, value in (("bytes", size), ("records", records)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ReleaseError(f"{COMMIT_FILE}: files[{index}].{name} {value!r} is not an int >= 0")
+    if (
+        not isinstance(digest, str)
+        or len(digest) != 64
+        or not all(c in "0123456789abcdef" for c in digest)
+    ):
+        raise ReleaseError(f"{COMMIT_FILE}: files[{index}].sha256 is not a hex SHA-256")
+    return FileEntry(path, size, records, digest)
+
+
+def _check_release_fields(commit: Mapping[str, Any], files: Sequence[FileEntry]) -> None:
+    """The fields of an ``esa-release/1`` record (SPEC: release layout)."""
+    for name, kind in (
+        ("instance", (int, type(None))),
+        ("recipes", list),
+        ("parameters", dict),
+        ("crowds", list),
+    ):
+        if name not in commit or not isinstance(commit[name], kind):
+            raise ReleaseError(f"{COMMIT_FILE}: field {name!r} is missing or has the wrong type")
+    released = commit.get("records_released")
+    if not isinstance(released, int) or released != sum(entry.records for entry in files):
+        raise ReleaseError(
+            f"{COMMIT_FILE}: records_released {released!r} is not the sum of the files' records"
+        )
+    messages = 0
+    for index, crowd in enumerate(commit["crowds"]):
+        if not isinstance(crowd, Mapping) or crowd.get("status") not in _STATUSES:
+            raise ReleaseError(f"{COMMIT_FILE}: crowds[{index}] has no valid status")
+        count = crowd.get("messages_released")
+        respondents = crowd.get("respondents_released")
+        if not isinstance(count, int) or count < 0:
+            raise ReleaseError(f"{COMMIT_FILE}: crowds[{index}].messages_released is invalid")
+        if crowd["status"] == "released":
+            if not isinstance(respondents, int) or isinstance(respondents, bool) or respondents < 0:
+                raise ReleaseError(
+                    f"{COMMIT_FILE}: crowds[{index}].respondents_released is not an int >= 0"
+                )
+        elif respondents is not None or count:
+            raise ReleaseError(f"{COMMIT_FILE}: withheld crowds[{index}] states counts")
+        messages += count
+    if messages != released:
+        raise ReleaseError(
+            f"{COMMIT_FILE}: crowds release {messages} messages, files hold {released} records"
+        )
+
+
+def write_commit(directory: str, record: Mapping[str, Any]) -> str:
+    """Write ``record`` as ``directory/_COMMIT.json`` atomically; returns its path.
+
+    ``record`` must have ``format`` and ``files`` (FileEntry objects or their JSON form); an
+    ``esa-release/1`` record is checked field by field before anything is written.
+    """
+    body = dict(record)
+    if not isinstance(body.get("format"), str) or not body["format"]:
+        raise ValueError("commit record needs a non-empty 'format'")
+    entries = [
+        entry if isinstance(entry, FileEntry) else _check_entry(entry, index)
+        for index, entry in enumerate(body.get("files") or [])
+    ]
+    body["files"] = [entry.to_json() for entry in sorted(entries, key=lambda e: e.path)]
+    if len({entry.path for entry in entries}) != len(entries):
+        raise ValueError("commit record lists a file twice")
+    if body["format"] == RELEASE_FORMAT:
+        try:
+            _check_release_fields(body, entries)
+        except ReleaseError as error:
+            raise ValueError(str(error)) from error
+    target = os.path.join(directory, COMMIT_FILE)
+    temporary = os.path.join(directory, f".{COMMIT_FILE}.{secrets.token_hex(8)}.tmp")
+    with open(temporary, "w", encoding="utf-8") as handle:
+        json.dump(body, handle, indent=1, sort_keys=True)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, target)
+    return target
+
+
+def read_commit(directory: str) -> dict[str, Any]:
+    """The commit record of ``directory`` (ReleaseError if absent or not a valid record)."""
+    if not os.path.isdir(directory):
+        raise ReleaseError(f"{directory}: not a directory")
+    path = os.path.join(directory, COMMIT_FILE)
+    if not os.path.isfile(path):
+        raise ReleaseError(
+            f"{directory}: no {COMMIT_FILE}: the output is uncommitted (a partial or killed run)"
+        )
+    try:
+        with open(path, encoding="utf-8") as handle:
+            record = json.load(handle)
+    except (OSError, ValueError) as error:
+        raise ReleaseError(f"{path}: unreadable commit record: {error}") from error
+    if not isinstance(record, dict) or not isinstance(record.get("format"), str):
+        raise ReleaseError(f"{path}: not a commit record (an object with 'format')")
+    if not isinstance(record.get("files"), list):
+        raise ReleaseError(f"{path}: 'files' is not a list")
+    return record
+
+
+def _present_files(directory: str) -> Iterable[str]:
+    for root, dirs, names in os.walk(directory):
+        dirs.sort()
+        for name in sorted(names):
+            relative = os.path.relpath(os.path.join(root, name), directory)
+            yield relative.replace(os.sep, "/")
+        for name in dirs:
+            relative = os.path.relpath(os.path.join(root, name), directory).replace(os.sep, "/")
+            if is_private_path(relative):
+                raise ReleaseError(
+                    f"{os.path.join(directory, relative)}: shuffler-private data inside a release"
+                )
+
+
+def verify_release(
+    directory: str, formats: Sequence[str] = (RELEASE_FORMAT,), count_records: bool = True
+) -> VerifiedRelease:
+    """Check every file of ``directory`` against its commit record (see the module docstring).
+
+    ``formats``: the commit formats the caller accepts. ``count_records``: also count every
+    Avro file's records from its block headers (a file whose SHA-256 matches holds what its
+    writer committed; the count catches a record that states a wrong number).
+    """
+    commit = read_commit(directory)
+    if commit["format"] not in formats:
+        raise ReleaseError(
+            f"{os.path.join(directory, COMMIT_FILE)}: format {commit['format']!r} is not one of "
+            f"{list(formats)}"
+        )
+    entries = [_check_entry(raw, index) for index, raw in enumerate(commit["files"])]
+    listed = {entry.path: entry for entry in entries}
+    if len(listed) != len(entries):
+        raise ReleaseError(f"{os.path.join(directory, COMMIT_FILE)}: a file is listed twice")
+    if commit["format"] == RELEASE_FORMAT:
+        _check_release_fields(commit, entries)
+    for relative in _present_files(directory):
+        if relative == COMMIT_FILE:
+            continue
+        path = os.path.join(directory, relative)
+        if is_private_path(relative):
+            raise ReleaseError(f"{path}: shuffler-private data inside a release")
+        if relative not in listed:
+            raise ReleaseError(f"{path}: not listed in {COMMIT_FILE} (a copy or a stray file)")
+    for entry in entries:
+        path = os.path.join(directory, *entry.path.split("/"))
+        if not os.path.isfile(path):
+            raise ReleaseError(f"{path}: listed in {COMMIT_FILE} but missing")
+        digest, size = _sha256_and_size(path)
+        if size != entry.bytes:
+            raise ReleaseError(
+                f"{path}: {size} bytes, committed {entry.bytes} (truncated or grown)"
+            )
+        if digest != entry.sha256:
+            raise ReleaseError(f"{path}: SHA-256 differs from {COMMIT_FILE} (altered)")
+        if count_records and path.endswith(".avro"):
+            try:
+                counted = count_avro_records(path)
+            except ValueError as error:
+                raise ReleaseError(f"{path}: unreadable Avro file") from error
+            if counted != entry.records:
+                raise ReleaseError(f"{path}: {counted} records, committed {entry.records}")
+    return VerifiedRelease(directory, commit, tuple(entries))
