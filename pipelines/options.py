@@ -73,7 +73,18 @@ class ShuffleOptions(StageFlags, PipelineOptions):
             "Glob of report Avro files (schemas/report.avsc); in --streaming mode, the pattern "
             "watched for new files.",
         ),
-        Flag("output", "Output directory: messages/, manifest.avro, dead_letter/, metrics.json."),
+        Flag("output", "Release directory (what the analyzer is given): messages/, _COMMIT.json."),
+        Flag(
+            "private_output",
+            "Shuffler-private directory: dead_letter/, manifest.avro, metrics.json, spill/. "
+            "Default: <output>.private (a sibling, never inside the release).",
+        ),
+        Flag(
+            "overwrite",
+            "Replace an existing (committed or partial) release in --output.",
+            default=False,
+            switch=True,
+        ),
         Flag(
             "crowd_threshold",
             "Smallest number of distinct respondents a crowd is released with (raised to every "
@@ -152,6 +163,7 @@ class ShuffleOptions(StageFlags, PipelineOptions):
             positive_finite("--watch-interval", self.watch_interval),
             positive_finite("--watch-for", self.watch_for, allow_zero=True),
             output_directory("--output", self.output),
+            output_directory("--private-output", self.private_output, required=False),
             ("--input is required" if not self.input else None)
             if streaming
             else matching_glob("--input", self.input),

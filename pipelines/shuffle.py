@@ -14,10 +14,18 @@ Each of the K shuffler instances is a separate run: ``--instance I`` on that ins
 (other instances' reports are dead-lettered ``wrong_instance``). Without ``--instance`` one run
 serves every instance, keeping them apart in the crowd key.
 
-Output (DIR): ``messages/window_start=<ms>/channel=<name>/part-<random>.avro`` (ShuffledMessage),
-``manifest.avro`` (one CrowdManifest per crowd; per window under ``manifest/`` when streaming),
-``dead_letter/part-*.avro`` and ``metrics.json`` (read = released + deleted + withheld +
-dead-lettered, checked). Intermediate spill files live in ``DIR/_spill-<random>/`` during the run.
+Output: the release ``--output DIR`` holds only ``messages/<window>-<crowd digest>-g<group>.avro``
+(ShuffledMessage files, deterministic names) and ``_COMMIT.json`` (schemas/release.py: every file
+with size, records and SHA-256; per crowd its status and the distinct respondents released; the
+parameters the privacy report needs), written last and atomically. Everything shuffler-private
+goes to ``--private-output PDIR`` (default ``DIR.private``, a sibling): ``manifest.avro`` (one
+CrowdManifest per crowd; per window under ``manifest/`` when streaming), ``dead_letter/*.avro``,
+``metrics.json`` (read = released + deleted + withheld + dead-lettered + presence, in records,
+checked), ``index/`` and the spill directory ``spill/`` (removed on every exit path; a run killed
+before it could is cleaned by the next run into the same PDIR).
+
+An existing release (committed or partial) in DIR is refused unless ``--overwrite``, which first
+removes its commit record and then everything else of it and of PDIR.
 
 Other runners: Flink/Spark/Dataflow take the same flags plus their own (``--runner=FlinkRunner
 --flink_master=HOST:PORT``, or ``--runner=DataflowRunner --project P --region R
@@ -29,12 +37,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import secrets
 import time
 from collections.abc import Mapping
 from typing import Any
 
 import apache_beam as beam
+import fastavro
 from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
@@ -48,8 +58,11 @@ from pipelines.options import (
     with_default_runner,
 )
 from schemas import SUPPORTED_SCHEMA_VERSIONS
+from schemas import release as release_format
 from transforms import shuffle as shuffle_transforms
 from transforms import shuffle_core as core
+from transforms import shuffle_sinks as sinks
+from transforms import shuffle_spill
 
 
 def register(subparsers: Any) -> None:
@@ -71,11 +84,11 @@ def _handle(args: argparse.Namespace, pipeline_args: list[str]) -> int:
     return 0 if summary.get("adds_up") else 1
 
 
-def _routes(recipe_names: list[str] | None) -> dict[str, core.RecipeRoute]:
+def _routes(recipe_names: list[str] | None, window_ms: int) -> dict[str, core.RecipeRoute]:
     from schemas import recipes
 
     if not recipe_names:
-        return core.routes_from_recipes(recipes.shipped_recipes())
+        return core.routes_from_recipes(recipes.shipped_recipes(), window_ms)
     loaded = {}
     for name in recipe_names:
         try:
@@ -83,7 +96,7 @@ def _routes(recipe_names: list[str] | None) -> dict[str, core.RecipeRoute]:
         except (OSError, ValueError) as error:
             raise UsageError(f"cannot load recipe {name!r}: {error}") from error
         loaded[recipe.id] = recipe
-    return core.routes_from_recipes(loaded)
+    return core.routes_from_recipes(loaded, window_ms)
 
 
 def shuffle_config(
@@ -98,8 +111,9 @@ def shuffle_config(
     deletion = None if epsilon is None else core.DeletionParameters(epsilon, delta)
     if options.instance is not None and options.instance < 0:
         raise UsageError(f"--instance must be >= 0, got {options.instance}")
+    window_ms = core.parse_duration_ms(options.window)
     rules = core.ValidationRules(
-        routes=dict(routes) if routes is not None else _routes(options.recipe),
+        routes=dict(routes) if routes is not None else _routes(options.recipe, window_ms),
         supported_versions=frozenset(SUPPORTED_SCHEMA_VERSIONS),
         instance=options.instance,
     )
@@ -107,7 +121,7 @@ def shuffle_config(
         rules=rules,
         crowd_threshold=options.crowd_threshold,
         deletion=deletion,
-        window=core.WindowSpec(period_ms=core.parse_duration_ms(options.window)),
+        window=core.WindowSpec(period_ms=window_ms),
         streaming=streaming,
         batch_records=options.batch_records,
         messages_per_shard=options.messages_per_shard,
@@ -126,16 +140,104 @@ def _input_paths(pattern: str) -> list[str]:
     return paths
 
 
-def _check_output(output: str) -> None:
-    for name in ("manifest.avro", "messages", "metrics.json"):
-        if FileSystems.exists(FileSystems.join(output, name)):
-            raise UsageError(f"--output {output!r} already holds a release ({name}); use a new one")
+def private_path(output: str, private_output: str | None) -> str:
+    """``--private-output``, default ``<output>.private``; never the release or inside it."""
+    private = private_output or output.rstrip("/\\") + ".private"
+    release_dir, private_dir = os.path.abspath(output), os.path.abspath(private)
+    if os.path.commonpath([release_dir, private_dir]) == release_dir:
+        raise UsageError(f"--private-output {private!r} must not be inside --output {output!r}")
+    return private
+
+
+def _has_entries(path: str) -> bool:
+    return os.path.isdir(path) and bool(os.listdir(path))
+
+
+def prepare_outputs(output: str, private: str, overwrite: bool) -> None:
+    """Clean stale spill data, then refuse (one line) or, with ``overwrite``, empty an existing
+    release and its private directory. The commit record goes first, so an interrupted removal
+    leaves an uncommitted directory that every reader refuses."""
+    for path, flag in ((output, "--output"), (private, "--private-output")):
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise UsageError(f"{flag} {path!r} is a file, not a directory")
+    # Spill of a run killed before it could clean up: never needed again, never kept.
+    shuffle_spill.remove_spill(os.path.join(private, "spill"))
+    committed = os.path.isfile(os.path.join(output, release_format.COMMIT_FILE))
+    if not overwrite:
+        if committed:
+            raise UsageError(
+                f"--output {output!r} already holds a release; pass --overwrite to replace it"
+            )
+        if _has_entries(output):
+            raise UsageError(
+                f"--output {output!r} holds an uncommitted (partial) release; pass --overwrite "
+                "to replace it"
+            )
+        if _has_entries(private):
+            raise UsageError(
+                f"--private-output {private!r} holds a previous run's data; pass --overwrite "
+                "to replace it"
+            )
+        return
+    if committed:
+        os.remove(os.path.join(output, release_format.COMMIT_FILE))
+    for path in (output, private):
+        if os.path.isdir(path):
+            FileSystems.delete([path])
+
+
+def _read_manifests(private: str, streaming: bool) -> list[dict[str, Any]]:
+    pattern = (
+        FileSystems.join(private, "manifest", "*", "*.avro")
+        if streaming
+        else FileSystems.join(private, "manifest.avro")
+    )
+    records: list[dict[str, Any]] = []
+    for metadata in FileSystems.match([pattern])[0].metadata_list:
+        with FileSystems.open(metadata.path) as handle:
+            records.extend(fastavro.reader(handle))
+    return records
+
+
+def commit_release(
+    output: str, private: str, config: shuffle_transforms.ShuffleConfig, window: str
+) -> dict[str, Any]:
+    """Write ``_COMMIT.json`` from the run's release index and manifests (last, atomically);
+    refuses if the message files on disk are not exactly the indexed ones."""
+    files = sinks.read_index(private)
+    messages = os.path.join(output, "messages")
+    present = (
+        sorted(f"messages/{name}" for name in os.listdir(messages))
+        if os.path.isdir(messages)
+        else []
+    )
+    if present != [entry["path"] for entry in files]:
+        raise RuntimeError(f"{output}: message files differ from the run's index; not committed")
+    deletion = config.deletion
+    parameters = {
+        "crowd_threshold": config.crowd_threshold,
+        "deletion_epsilon": None if deletion is None else deletion.epsilon,
+        "deletion_delta": None if deletion is None else deletion.delta,
+        "window": window,
+        "window_ms": config.window.period_ms,
+    }
+    record = sinks.commit_record(
+        config.rules.instance,
+        config.rules.recipe_ids,
+        parameters,
+        _read_manifests(private, config.streaming),
+        files,
+    )
+    os.makedirs(output, exist_ok=True)
+    release_format.write_commit(output, record)
+    return record
 
 
 def run(
     options: PipelineOptions, routes: Mapping[str, core.RecipeRoute] | None = None
 ) -> dict[str, Any]:
-    """Run the shuffler pipeline; returns the metrics summary (also in DIR/metrics.json)."""
+    """Run the shuffler pipeline and commit its release; returns the metrics summary (also in
+    PDIR/metrics.json)."""
     shuffle_options = options.view_as(ShuffleOptions)
     if not shuffle_options.input or not shuffle_options.output:
         raise UsageError("--input and --output are required")
@@ -143,9 +245,11 @@ def run(
     streaming = bool(options.view_as(StandardOptions).streaming)
     config = shuffle_config(shuffle_options, streaming, routes)
     output = shuffle_options.output
-    _check_output(output)
-    spill_dir = FileSystems.join(output, f"_spill-{secrets.token_hex(8)}")
+    private = private_path(output, shuffle_options.private_output)
     paths = None if streaming else _input_paths(shuffle_options.input)
+    prepare_outputs(output, private, bool(shuffle_options.overwrite))
+    spill_root = FileSystems.join(private, "spill")
+    spill_dir = FileSystems.join(spill_root, f"run-{secrets.token_hex(8)}")
 
     started = time.monotonic()
     try:
@@ -169,23 +273,23 @@ def run(
                 pipeline | "InputPaths" >> beam.Create(paths) | "SpreadFiles" >> beam.Reshuffle()
             )
         outputs = input_paths | "Shuffle" >> shuffle_transforms.ShuffleReports(config, spill_dir)
-        outputs.released | "WriteMessages" >> shuffle_transforms.WriteShuffledMessages(output)
-        outputs.dead_letters | "WriteDeadLetters" >> shuffle_transforms.WriteDeadLetters(output)
-        outputs.manifests | "WriteManifests" >> shuffle_transforms.WriteManifests(output, streaming)
-        outputs.counts | "WriteMetrics" >> shuffle_transforms.WriteMetrics(output, streaming)
+        outputs.released | "WriteMessages" >> sinks.WriteShuffledMessages(output, private)
+        outputs.dead_letters | "WriteDeadLetters" >> sinks.WriteDeadLetters(private)
+        outputs.manifests | "WriteManifests" >> sinks.WriteManifests(private, streaming)
+        outputs.counts | "WriteMetrics" >> sinks.WriteMetrics(private, streaming)
         result = pipeline.run()
         result.wait_until_finish()
     finally:
-        if FileSystems.exists(spill_dir):
-            FileSystems.delete([spill_dir])
+        shuffle_spill.remove_spill(spill_root)
+    commit_release(output, private, config, shuffle_options.window)
     elapsed = time.monotonic() - started
 
-    metrics_path = FileSystems.join(output, "metrics.json")
+    metrics_path = FileSystems.join(private, "metrics.json")
     with FileSystems.open(metrics_path) as handle:
         summary = json.loads(handle.read())
     summary["seconds"] = round(elapsed, 3)
-    # What a reader of this release needs to state its privacy (pipelines/analyze.py reads both):
-    # which instance made it, and the (eps_cr, delta_cr) of Algorithm 3 if it deleted.
+    summary["release"] = output
+    summary["private_output"] = private
     summary["instance"] = shuffle_options.instance
     summary["deletion"] = (
         {"epsilon": config.deletion.epsilon, "delta": config.deletion.delta}
@@ -202,6 +306,7 @@ def run(
                 shuffle_transforms.RELEASED,
                 shuffle_transforms.DELETED,
                 shuffle_transforms.WITHHELD,
+                shuffle_transforms.PRESENCE,
             )
         )
         summary["beam_counters_add_up"] = counters.get(shuffle_transforms.READ, 0) == accounted

@@ -1,30 +1,21 @@
-"""Pure, Beam-free parts of the ESA shuffler: validation, windows, origin shards, deletion, order.
+"""Pure, Beam-free row work of the ESA shuffler: validation, CRC32C, windows, origin hashes, grouping.
 
-The Beam composite in ``transforms/shuffle.py`` is a thin shell around these functions; each one
-works on whole column batches (numpy arrays, Arrow arrays) and is tested without a pipeline.
+The Beam composite in ``transforms/shuffle.py`` is a thin shell around these functions and the
+release decisions of ``transforms/release_core.py``; each works on whole column batches (numpy
+arrays, Arrow arrays) and is tested without a pipeline. Parameters (routes, rules, windows,
+deletion) live in ``transforms/shuffle_params.py`` and are re-exported here.
 
-Privacy-relevant decisions follow the papers:
-
-* thresholds count distinct respondents, never messages (DESIGN.md invariant 1), and the threshold
-  of a crowd is the largest of the configured one, the recipe's and every message's own minimum
-  crowd size (samplable-anonymous-aggregation, Section 3: the minimum cohort is sent by the device);
-* randomized deletion is Algorithm 3 (esa-privacy-revisited, Section V) on respondents, with
-  discrete Laplace noise of the paper's scale 2/eps_cr drawn exactly from a cryptographic source
-  (``privacy.noise``), so that the released number of respondents is (eps_cr, delta_cr)-DP
-  (Theorem V.1);
-* every crowd is keyed by its recipe, so a crowd never mixes randomizers (amplification holds among
-  reports of the same randomizer: amplification-by-shuffling, Section 4.1);
-* the release order is a uniform permutation made from fresh secure randomness only
-  (esa-privacy-revisited, Section II-C: origin, order and timing must be hidden).
+* Every crowd is keyed by its recipe, so a crowd never mixes randomizers (amplification holds
+  among reports of the same randomizer: amplification-by-shuffling, Section 4.1).
+* An empty payload is a presence message (SPEC: one per device, crowd and instance): valid here,
+  counted as a respondent and never released (``release_core.screen_origin_messages``).
+* Origins are hashed with a secret per-run key before anything is spilled, so spill files never
+  pair a plaintext origin with a payload.
 """
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any
 
 import google_crc32c
@@ -32,11 +23,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from privacy import noise
-from privacy.accounting.deletion import deletion_noise
 from privacy.noise import RandomSource
 from schemas.avro.columns import binary_buffers
 from schemas.avro.crc32c import crc32c_many
+from transforms.shuffle_params import (  # noqa: F401 - re-exported: the shuffler's parameters
+    DeletionParameters,
+    RecipeRoute,
+    ValidationRules,
+    WindowSpec,
+    parse_duration_ms,
+    routes_from_recipes,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Rejection reasons
@@ -56,7 +53,6 @@ REASONS: tuple[str, ...] = (
     "empty_origin",
     "event_time_out_of_range",
     "invalid_min_crowd_size",
-    "empty_payload",
     "crc_mismatch",
 )
 REASON_CODE: dict[str, int] = {name: code for code, name in enumerate(REASONS) if name}
@@ -88,136 +84,6 @@ NULLABLE_FIELDS = frozenset({"crowd_id"})
 MIN_EVENT_TIME_MS = 0
 MAX_EVENT_TIME_MS = 253_402_300_799_999
 _UINT32_MAX = 2**32 - 1
-
-
-# ---------------------------------------------------------------------------------------------
-# Parameters
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RecipeRoute:
-    """What the shuffler needs to know about one recipe: where its messages may go."""
-
-    channel: str
-    shuffler_instances: int
-    min_crowd_size: int = 0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.channel, str) or not self.channel:
-            raise ValueError(f"channel must be a non-empty string, got {self.channel!r}")
-        if not isinstance(self.shuffler_instances, int) or self.shuffler_instances < 1:
-            raise ValueError(
-                f"shuffler_instances must be an int >= 1, got {self.shuffler_instances!r}"
-            )
-        if not isinstance(self.min_crowd_size, int) or self.min_crowd_size < 0:
-            raise ValueError(f"min_crowd_size must be an int >= 0, got {self.min_crowd_size!r}")
-
-
-def routes_from_recipes(recipes: Mapping[str, Any]) -> dict[str, RecipeRoute]:
-    """``{recipe_id: RecipeRoute}`` from recipe objects with ``channel``, ``shuffler_instances``
-    and ``min_crowd_size`` attributes (``schemas.recipes.Recipe``)."""
-    return {
-        recipe_id: RecipeRoute(
-            channel=recipe.channel,
-            shuffler_instances=int(recipe.shuffler_instances),
-            min_crowd_size=int(getattr(recipe, "min_crowd_size", 0) or 0),
-        )
-        for recipe_id, recipe in recipes.items()
-    }
-
-
-@dataclass(frozen=True)
-class ValidationRules:
-    """Which reports the shuffler accepts.
-
-    ``routes`` maps each known recipe id to its channel and number of shuffler instances;
-    ``instance`` (optional) makes this run accept only that shuffler instance.
-    """
-
-    routes: Mapping[str, RecipeRoute]
-    supported_versions: frozenset[int]
-    instance: int | None = None
-    _recipe_ids: tuple[str, ...] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        if not self.routes:
-            raise ValueError("routes must name at least one recipe")
-        for recipe_id, route in self.routes.items():
-            if not isinstance(recipe_id, str) or not recipe_id:
-                raise ValueError(f"routes: recipe ids must be non-empty strings, got {recipe_id!r}")
-            if not isinstance(route, RecipeRoute):
-                raise ValueError(f"routes[{recipe_id!r}] must be a RecipeRoute, got {route!r}")
-        if not self.supported_versions:
-            raise ValueError("supported_versions must not be empty")
-        if self.instance is not None and (
-            not isinstance(self.instance, int)
-            or isinstance(self.instance, bool)
-            or self.instance < 0
-        ):
-            raise ValueError(f"instance must be an int >= 0 or None, got {self.instance!r}")
-        object.__setattr__(self, "_recipe_ids", tuple(sorted(self.routes)))
-
-    @property
-    def recipe_ids(self) -> tuple[str, ...]:
-        return self._recipe_ids
-
-
-_DURATION_UNITS_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_DURATION_PATTERN = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)\s*$")
-
-
-def parse_duration_ms(text: str) -> int:
-    """``"1d"``, ``"6h"``, ``"30m"``, ``"90s"``, ``"500ms"`` as a positive number of milliseconds."""
-    match = _DURATION_PATTERN.match(str(text))
-    if not match:
-        raise ValueError(f"duration must look like 1d, 6h, 30m, 90s or 500ms, got {text!r}")
-    value = int(match.group(1)) * _DURATION_UNITS_MS[match.group(2)]
-    if value <= 0:
-        raise ValueError(f"duration must be positive, got {text!r}")
-    return value
-
-
-@dataclass(frozen=True)
-class WindowSpec:
-    """Fixed event-time windows: [offset + k * period, offset + (k + 1) * period) in ms."""
-
-    period_ms: int = 86_400_000
-    offset_ms: int = 0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.period_ms, int) or self.period_ms <= 0:
-            raise ValueError(f"period_ms must be a positive int, got {self.period_ms!r}")
-        if not isinstance(self.offset_ms, int) or not 0 <= self.offset_ms < self.period_ms:
-            raise ValueError(f"offset_ms must be an int in [0, period_ms), got {self.offset_ms!r}")
-
-
-@dataclass(frozen=True)
-class DeletionParameters:
-    """(eps_cr, delta_cr) of randomized report deletion, Algorithm 3 (esa-privacy-revisited).
-
-    The noise is discrete Laplace with the paper's Laplace scale 2/eps_cr, and the offset is the
-    paper's (2/eps_cr) log(2/delta_cr) rounded up to an integer (``privacy.accounting.deletion``):
-    a larger offset only lowers the abort probability below the delta_cr/2 per crowd used in the
-    proof of Theorem V.1.
-    """
-
-    epsilon: float
-    delta: float
-
-    def __post_init__(self) -> None:
-        # deletion_noise validates both and names the field in its message.
-        deletion_noise(self.epsilon, self.delta)
-
-    @property
-    def scale(self) -> Fraction:
-        """The discrete Laplace scale 2 / eps_cr (exact)."""
-        return noise.discrete_laplace_scale(self.epsilon, sensitivity=2)
-
-    @property
-    def offset(self) -> int:
-        """ceil((2 / eps_cr) * log(2 / delta_cr)), line 3 of Algorithm 3."""
-        return deletion_noise(self.epsilon, self.delta).offset_records
 
 
 # ---------------------------------------------------------------------------------------------
@@ -264,8 +130,8 @@ def validate_reports(batch: pa.RecordBatch, rules: ValidationRules) -> np.ndarra
 
     Checks, in order: schema (whole batch), schema version, required fields present, recipe known,
     recipe's channel equals the message's channel, 0 <= instance < the recipe's K, the run's own
-    instance, non-empty origin, event time in range, min crowd size >= 0, non-empty payload,
-    CRC32C of the payload. DESIGN.md invariant 5: every rejected record is reported, none dropped.
+    instance, non-empty origin, event time in range, min crowd size >= 0, CRC32C of the payload
+    (an empty payload, a presence message, has CRC32C 0). DESIGN.md invariant 5: every rejected record is reported, none dropped.
     """
     rows = batch.num_rows
     reasons = np.zeros(rows, dtype=np.uint8)
@@ -318,9 +184,6 @@ def validate_reports(batch: pa.RecordBatch, rules: ValidationRules) -> np.ndarra
     )
 
     reject(_int_column(batch, "min_crowd_size", 0) < 0, "invalid_min_crowd_size")
-
-    payload_length = pc.binary_length(batch.column("payload")).fill_null(0)
-    reject(payload_length.to_numpy(zero_copy_only=False) == 0, "empty_payload")
 
     declared = _int_column(batch, "payload_crc32c", -1)
     # Only payloads still in the running are checksummed (the CRC is the costly check).
@@ -375,8 +238,6 @@ def rejection_detail(reason: str, record: Mapping[str, Any], rules: ValidationRu
         )
     if reason == "invalid_min_crowd_size":
         return f"min_crowd_size {record.get('min_crowd_size')!r} is negative"
-    if reason == "empty_payload":
-        return "payload is empty"
     if reason == "crc_mismatch":
         payload = record.get("payload") or b""
         return (
@@ -459,15 +320,6 @@ def origin_hashes(origins: pa.Array, key: np.ndarray) -> np.ndarray:
         sums = running_sum[offsets[1:] - begin] - running_sum[offsets[:-1] - begin]
     sums = sums + lengths.astype(np.uint64) * key[ORIGIN_HASH_POSITIONS]
     return _fmix64(sums ^ key[ORIGIN_HASH_POSITIONS + 1])
-
-
-def split_bits(messages: int, target: int, max_bits: int = 16) -> int:
-    """log2 of the number of parts (origin shards, output groups) of a crowd: the smallest power
-    of two that keeps a part at about ``target`` messages or fewer (at most 2**max_bits parts)."""
-    if messages < 0 or target < 1:
-        raise ValueError("messages must be >= 0 and target >= 1")
-    needed = max(1, math.ceil(messages / target))
-    return min(max_bits, (needed - 1).bit_length())
 
 
 def shard_row_range(sorted_hashes: np.ndarray, shard: int, bits: int) -> tuple[int, int]:
@@ -558,163 +410,3 @@ def group_rows_by_hash(
 def count_distinct(values: pa.Array) -> int:
     """Exact number of distinct values (hash-based, in Arrow)."""
     return len(pc.unique(values))
-
-
-# ---------------------------------------------------------------------------------------------
-# Threshold and randomized deletion (Algorithm 3, esa-privacy-revisited)
-# ---------------------------------------------------------------------------------------------
-
-RELEASED = "RELEASED"
-WITHHELD = "WITHHELD"
-BELOW_THRESHOLD = "below_threshold"
-DELETION_ABORTED = "deletion_aborted"
-BELOW_THRESHOLD_AFTER_DELETION = "below_threshold_after_deletion"
-
-
-def crowd_threshold(configured: int, recipe_minimum: int, message_minimums: int) -> int:
-    """max(configured threshold, the recipe's minimum crowd, every message's minimum crowd)."""
-    return max(int(configured), int(recipe_minimum), int(message_minimums), 1)
-
-
-@dataclass(frozen=True)
-class CrowdDecision:
-    """What happens to one crowd: released with ``respondents_kept`` respondents, or withheld."""
-
-    respondents: int
-    threshold: int
-    status: str
-    withheld_reason: str | None
-    respondents_kept: int
-
-    @property
-    def respondents_deleted(self) -> int:
-        return self.respondents - self.respondents_kept if self.status == RELEASED else 0
-
-
-def decide_crowd(
-    respondents: int,
-    threshold: int,
-    deletion: DeletionParameters | None,
-    source: RandomSource,
-) -> CrowdDecision:
-    """Threshold and Algorithm 3 (esa-privacy-revisited, Section V) for one crowd of respondents.
-
-    n = distinct respondents. Below the threshold nothing is drawn: withheld. Otherwise
-    n_hat = max(n + Z - offset, 0) with Z discrete Laplace of scale 2/eps_cr (line 3); abort
-    (withhold) when n_hat > n (line 7); keep n_hat respondents (line 5), and, as the paper applies
-    the fixed threshold after dropping reports, withhold again when n_hat < threshold, so that no
-    released crowd has fewer respondents than any of its devices demanded. Without deletion
-    parameters every respondent of a crowd at or above the threshold is kept.
-    """
-    if respondents < 0 or threshold < 1:
-        raise ValueError("respondents must be >= 0 and threshold >= 1")
-    if respondents < threshold:
-        return CrowdDecision(respondents, threshold, WITHHELD, BELOW_THRESHOLD, 0)
-    if deletion is None:
-        return CrowdDecision(respondents, threshold, RELEASED, None, respondents)
-    z = int(noise.sample_discrete_laplace(deletion.scale, source))
-    target = max(respondents + z - deletion.offset, 0)
-    if target > respondents:
-        return CrowdDecision(respondents, threshold, WITHHELD, DELETION_ABORTED, 0)
-    if target < threshold:
-        return CrowdDecision(respondents, threshold, WITHHELD, BELOW_THRESHOLD_AFTER_DELETION, 0)
-    return CrowdDecision(respondents, threshold, RELEASED, None, target)
-
-
-def released_respondents_pmf(
-    respondents: int, threshold: int, deletion: DeletionParameters
-) -> tuple[np.ndarray, float]:
-    """Exact distribution of :func:`decide_crowd`: ``(p, p_withheld)`` where ``p[k]`` is the
-    probability of releasing exactly k respondents (k = 0..n) and ``p_withheld`` the rest."""
-    n = int(respondents)
-    probabilities = np.zeros(n + 1)
-    if n < threshold:
-        return probabilities, 1.0
-    released = np.arange(max(threshold, 1), n + 1)
-    # n_hat = k >= 1 happens exactly when Z = k - n + offset.
-    probabilities[released] = noise.discrete_laplace_pmf(
-        released - n + deletion.offset, deletion.scale
-    )
-    return probabilities, float(max(0.0, 1.0 - probabilities.sum()))
-
-
-def uniform_subset(population: int, size: int, source: RandomSource) -> np.ndarray:
-    """A uniformly random ``size``-subset of ``range(population)`` (sorted int64).
-
-    The first ``size`` distinct values of an i.i.d. uniform sequence: their set is uniform over
-    all subsets by symmetry, and the work is O(size), not O(population). Subsets larger than half
-    the population are drawn as complements.
-    """
-    if population < 0 or not 0 <= size <= population:
-        raise ValueError(f"need 0 <= size <= population, got size={size}, population={population}")
-    if size == 0:
-        return np.zeros(0, dtype=np.int64)
-    if 2 * size > population:
-        keep = np.ones(population, dtype=bool)
-        keep[uniform_subset(population, population - size, source)] = False
-        return np.flatnonzero(keep).astype(np.int64)
-    drawn = np.zeros(0, dtype=np.int64)
-    while True:
-        batch = noise.uniform_below(population, source, size=2 * size + 16)
-        drawn = np.concatenate((drawn, batch))
-        values, first = np.unique(drawn, return_index=True)
-        if values.size >= size:
-            chosen = drawn[np.sort(first)[:size]]
-            return np.sort(chosen)
-
-
-def split_deletions(
-    shard_respondents: np.ndarray, deleted: int, source: RandomSource
-) -> np.ndarray:
-    """Multivariate hypergeometric split of ``deleted`` respondents over shards.
-
-    Respondents are laid out shard after shard; a uniform ``deleted``-subset of all of them is
-    counted per shard, so the split is exactly multivariate hypergeometric and, with a uniform
-    choice inside each shard, the deleted set is a uniform subset of the whole crowd.
-    """
-    shard_respondents = np.asarray(shard_respondents, dtype=np.int64)
-    if np.any(shard_respondents < 0):
-        raise ValueError("shard_respondents must be >= 0")
-    total = int(shard_respondents.sum())
-    chosen = uniform_subset(total, int(deleted), source)
-    boundaries = np.cumsum(shard_respondents)
-    shard_of = np.searchsorted(boundaries, chosen, side="right")
-    return np.bincount(shard_of, minlength=shard_respondents.size).astype(np.int64)
-
-
-def kept_rows(
-    origin_codes: np.ndarray, distinct: int, deleted: int, source: RandomSource
-) -> np.ndarray:
-    """Boolean mask of rows kept when ``deleted`` of the ``distinct`` origins (rows carry their
-    origin's code in [0, distinct)) are chosen uniformly and all their messages dropped."""
-    drop = np.zeros(distinct, dtype=bool)
-    drop[noise.secure_sample_without_replacement(distinct, int(deleted), source)] = True
-    return ~drop[np.asarray(origin_codes, dtype=np.int64)]
-
-
-def group_of_bucket(buckets: np.ndarray, bucket_bits: int, group_bits: int) -> np.ndarray:
-    """Merge 2**bucket_bits uniform buckets into 2**group_bits groups (contiguous ranges).
-
-    A message in a uniform bucket of [2**bucket_bits] lands in a uniform group of [2**group_bits]
-    (group_bits <= bucket_bits): the bucket count is fixed before the release size is known, the
-    group count is chosen from the released number of messages only.
-    """
-    if not 0 <= group_bits <= bucket_bits:
-        raise ValueError(f"need 0 <= group_bits <= bucket_bits, got {group_bits}, {bucket_bits}")
-    return np.asarray(buckets, dtype=np.int64) >> (bucket_bits - group_bits)
-
-
-def assign_groups(messages: int, groups: int, source: RandomSource) -> np.ndarray:
-    """A fresh uniform group in [0, groups) for every message (secure, independent of all data).
-
-    Uniform i.i.d. groups followed by a uniform permutation inside each group make the
-    concatenation a uniform permutation of the crowd.
-    """
-    if groups == 1:
-        return np.zeros(messages, dtype=np.int64)
-    return noise.uniform_below(groups, source, size=messages)
-
-
-def release_order(messages: int, source: RandomSource) -> np.ndarray:
-    """A uniformly random order of ``messages`` messages from the secure source."""
-    return noise.secure_permutation(messages, source)

@@ -10,8 +10,10 @@ import fastavro
 import pytest
 
 from pipelines import cli
-from schemas.recipes import RECIPE_DIR
+from schemas import release as rel
+from schemas.recipes import RECIPE_DIR, load_recipe
 from tests.transforms import report_factory as rf
+from transforms import release_core
 
 
 @pytest.fixture
@@ -40,15 +42,21 @@ def _shuffle(tmp_path: Path, recipe: str, pattern: str, *extra: str) -> tuple[in
 
 
 def _check_release(output: Path) -> dict:
-    metrics = json.loads((output / "metrics.json").read_text())
+    private = Path(f"{output}.private")
+    metrics = json.loads((private / "metrics.json").read_text())
     assert metrics["adds_up"] and metrics["read"] == 65
     assert metrics["released"] == 60 and metrics["withheld"] == 3
     assert metrics["rejected_by_reason"] == {"crc_mismatch": 1, "instance_out_of_range": 1}
-    files = glob.glob(str(output / "messages" / "window_start=*" / "channel=*" / "part-*.avro"))
-    assert sum(len(list(fastavro.reader(open(path, "rb")))) for path in files) == 60
-    manifests = list(fastavro.reader(open(output / "manifest.avro", "rb")))
+    verified = rel.verify_release(str(output))  # the release holds exactly what it commits
+    assert verified.records == 60
+    assert sorted(path.name for path in output.iterdir()) == [rel.COMMIT_FILE, "messages"]
+    crowds = verified.commit["crowds"]
+    assert sorted(crowd["status"] for crowd in crowds) == ["released", "withheld"]
+    released = next(crowd for crowd in crowds if crowd["status"] == "released")
+    assert released["respondents_released"] == 30 and released["messages_released"] == 60
+    manifests = list(fastavro.reader(open(private / "manifest.avro", "rb")))
     assert sorted(m["status"] for m in manifests) == ["RELEASED", "WITHHELD"]
-    assert not glob.glob(str(output / "_spill-*"))  # spill files are removed after the run
+    assert not (private / "spill").exists()  # spill files are removed after the run
     return metrics
 
 
@@ -58,7 +66,7 @@ def test_batch_run_on_the_default_runner(tmp_path: Path, inputs: tuple[str, str]
     metrics = _check_release(output)
     assert json.loads(capsys.readouterr().out)["read"] == metrics["read"]
     assert metrics["beam_counters"]["read"] == 65 and metrics["beam_counters_add_up"]
-    assert len(glob.glob(str(output / "dead_letter" / "*.avro"))) >= 1
+    assert len(glob.glob(f"{output}.private/dead_letter/*.avro")) >= 1
 
 
 def test_deletion_flags(tmp_path: Path, inputs: tuple[str, str]) -> None:
@@ -73,12 +81,14 @@ def test_deletion_flags(tmp_path: Path, inputs: tuple[str, str]) -> None:
         "1e-6",
     )
     assert status == 0
-    metrics = json.loads((output / "metrics.json").read_text())
+    metrics = json.loads(Path(f"{output}.private/metrics.json").read_text())
     # Scale 1, offset ceil(log(2e6)) = 15: 15 - Z of the 30 respondents are deleted; no deletion
     # (Z = 15), an abort (Z > 15) or fewer than 5 left (Z < -10) each have probability < 1e-4.
     assert metrics["adds_up"] and metrics["deleted"] > 0 and metrics["released"] > 0
     # The release states its deletion parameters, so a standalone analyzer can report them.
     assert metrics["deletion"] == {"epsilon": 2.0, "delta": 1e-6}
+    parameters = rel.verify_release(str(output)).commit["parameters"]
+    assert (parameters["deletion_epsilon"], parameters["deletion_delta"]) == (2.0, 1e-6)
 
 
 @pytest.mark.parametrize(
@@ -104,9 +114,65 @@ def test_missing_input_and_used_output_exit_2(
     status, _ = _shuffle(tmp_path, recipe, str(tmp_path / "nothing" / "*.avro"))
     assert status == 2 and "matches no file" in capsys.readouterr().err
     (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "manifest.avro").write_bytes(b"")
+    (tmp_path / "out" / "part.avro").write_bytes(b"")  # what a killed run may leave
     status, _ = _shuffle(tmp_path, *inputs)
-    assert status == 2 and "already holds a release" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert status == 2 and "uncommitted" in err and "--overwrite" in err
+    (tmp_path / "file").write_text("x")
+    status = cli.main(["shuffle", "--input", inputs[1], "--output", str(tmp_path / "file")])
+    assert status == 2 and "not a directory" in capsys.readouterr().err
+    private_inside = ("--private-output", str(tmp_path / "out" / "private"))
+    status, _ = _shuffle(tmp_path, *inputs, *private_inside)
+    assert status == 2 and "must not be inside" in capsys.readouterr().err
+
+
+def test_rerun_refuses_a_release_unless_overwrite(
+    tmp_path: Path, inputs: tuple[str, str], capsys
+) -> None:
+    status, output = _shuffle(tmp_path, *inputs, "--crowd-threshold", "10")
+    assert status == 0
+    capsys.readouterr()
+    status, _ = _shuffle(tmp_path, *inputs, "--crowd-threshold", "10")
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and err.endswith("already holds a release; pass --overwrite to replace it")
+    assert "\n" not in err
+    status, _ = _shuffle(tmp_path, *inputs, "--crowd-threshold", "10", "--overwrite")
+    assert status == 0
+    _check_release(output)
+
+
+def test_one_origin_moves_respondents_released_by_at_most_one(tmp_path: Path) -> None:
+    """A device that sends 10,000 presence and data messages into one crowd counts as one
+    respondent and gets at most the recipe's per-origin cap of data messages released."""
+    recipe = json.loads((RECIPE_DIR / "image_grid_onehot.json").read_text())
+    recipe.update(name="cli_test", min_crowd_size=5)
+    recipe_path = tmp_path / "cli_test.json"
+    recipe_path.write_text(json.dumps(recipe))
+    fields = {"recipe_id": "cli_test@1", "channel": recipe["channel"]}
+    honest = []
+    for index in range(30):  # one presence message and two data messages each
+        honest.append(rf.report(f"d{index}", b"", **fields))
+        honest += [rf.report(f"d{index}", f"d{index}/{j}".encode(), **fields) for j in range(2)]
+    flood = [
+        rf.report("flooder", b"" if index % 2 else f"f{index}".encode(), **fields)
+        for index in range(10_000)
+    ]
+    (tmp_path / "reports").mkdir()
+    rf.write_reports(tmp_path / "reports" / "a.avro", honest + flood)
+    status, output = _shuffle(
+        tmp_path, str(recipe_path), str(tmp_path / "reports" / "*.avro"), "--crowd-threshold", "10"
+    )
+    assert status == 0
+    (crowd,) = rel.verify_release(str(output)).commit["crowds"]
+    assert crowd["respondents_released"] == 31  # 30 honest respondents + 1
+    metrics = json.loads(Path(f"{output}.private/metrics.json").read_text())
+    assert metrics["adds_up"] and metrics["presence"] == 31
+    rejected = metrics["rejected_by_reason"]
+    assert rejected["duplicate_presence"] == 5_000 - 1
+    cap = 10_000 // 2 - rejected["over_origin_cap"]
+    # The recipe's cap for instance 0 (weight 1/4): the 1e-12 tail of k-RAPPOR's set bits.
+    assert cap == release_core.recipe_origin_caps(load_recipe(str(recipe_path)))[0]
+    assert crowd["messages_released"] == metrics["released"] == 60 + cap
 
 
 def test_portable_runner(tmp_path: Path, inputs: tuple[str, str]) -> None:

@@ -1,0 +1,306 @@
+"""Sinks of the shuffler: released message files, the release index and commit, private outputs.
+
+Release (``--output DIR``, SPEC: release layout): ``messages/<name>.avro`` ShuffledMessage files
+with DETERMINISTIC names (:func:`message_file_name`: window, a digest of the crowd key and the
+group index), so a retried bundle overwrites its file instead of adding one; then
+``_COMMIT.json``, written last by the driver from the release index (:func:`commit_record`,
+``schemas/release.py``).
+
+Shuffler-private (``--private-output PDIR``): ``index/<name>.json`` (one entry per message file:
+bytes, records, SHA-256, computed from the bytes written), ``dead_letter/*.avro`` (names from a
+digest of their content), ``manifest.avro`` and ``metrics.json``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.transforms import trigger as beam_trigger
+from apache_beam.transforms import window as beam_window
+
+from schemas import SCHEMA_VERSION, parsed_schema, schema_json
+from schemas import release as release_format
+from schemas.avro.container import encode_container
+from transforms import avro_io
+from transforms.combiners import SumCounts
+from transforms.shuffle_config import metrics_summary
+
+INDEX_DIR = "index"
+
+
+class ReleasedGroup(NamedTuple):
+    """Messages of one crowd released together, in their release order (one output file).
+
+    ``key`` = (window_start, instance, channel, recipe, crowd) names the file; the file itself
+    holds only fields a ShuffledMessage carries: no origin, event time or instance.
+    """
+
+    key: tuple[int, int, str, str, str | None]
+    group: int
+    window_end: int
+    payloads: pa.Array
+    crcs: np.ndarray
+
+    @property
+    def messages(self) -> int:
+        return len(self.payloads)
+
+
+def message_file_name(key: Sequence[Any], group: int) -> str:
+    """``messages/<window_start>-<digest>-<group>.avro``: the same for the same crowd and group
+    in every attempt (the digest covers window, instance, channel, recipe and crowd ID)."""
+    digest = hashlib.sha256(json.dumps(list(key), separators=(",", ":")).encode()).hexdigest()
+    return f"messages/{int(key[0])}-{digest[:24]}-g{int(group):05d}.avro"
+
+
+def shuffled_columns(group: ReleasedGroup) -> dict[str, Any]:
+    """ShuffledMessage columns of a released group (constants for the crowd's fields)."""
+    window_start, _instance, channel, recipe_id, crowd_id = group.key
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "window_start": window_start,
+        "window_end": group.window_end,
+        "channel": channel,
+        "recipe_id": recipe_id,
+        "crowd_id": crowd_id,
+        "payload": group.payloads,
+        "payload_crc32c": group.crcs,
+    }
+
+
+def _write_bytes(path: str, content: bytes) -> None:
+    with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as sink:
+        sink.write(content)
+
+
+class WriteShuffledMessages(beam.PTransform):
+    """ReleasedGroup -> one ShuffledMessage Avro file each, and its release-index entry in the
+    private directory; outputs the index entries (dicts of ``schemas.release.FileEntry``)."""
+
+    def __init__(self, output_dir: str, private_dir: str, codec: str = "null") -> None:
+        super().__init__()
+        self._output_dir = output_dir
+        self._private_dir = private_dir
+        self._codec = codec
+
+    def expand(self, released: beam.PCollection) -> beam.PCollection:
+        output_dir, private_dir, codec = self._output_dir, self._private_dir, self._codec
+
+        def write(group: ReleasedGroup) -> dict[str, Any]:
+            name = message_file_name(group.key, group.group)
+            content = encode_container(
+                schema_json("shuffled_message"), shuffled_columns(group), group.messages, codec
+            )
+            _write_bytes(FileSystems.join(output_dir, *name.split("/")), content)
+            entry = release_format.FileEntry(
+                name, len(content), group.messages, hashlib.sha256(content).hexdigest()
+            ).to_json()
+            index_name = name.split("/")[-1].replace(".avro", ".json")
+            _write_bytes(
+                FileSystems.join(private_dir, INDEX_DIR, index_name), json.dumps(entry).encode()
+            )
+            return entry
+
+        return released | "WriteMessageFile" >> beam.Map(write)
+
+
+def read_index(private_dir: str) -> list[dict[str, Any]]:
+    """The release-index entries the run wrote (one per message file)."""
+    pattern = FileSystems.join(private_dir, INDEX_DIR, "*.json")
+    entries = []
+    for metadata in FileSystems.match([pattern])[0].metadata_list:
+        with FileSystems.open(metadata.path) as handle:
+            entries.append(json.loads(handle.read()))
+    return sorted(entries, key=lambda entry: entry["path"])
+
+
+def _ms(value: Any) -> int:
+    """Milliseconds of a timestamp-millis field (fastavro reads it as an aware datetime)."""
+    if hasattr(value, "timestamp"):
+        return round(value.timestamp() * 1000)
+    return int(value)
+
+
+def commit_crowd(manifest: Mapping[str, Any], with_instance: bool) -> dict[str, Any]:
+    """A crowd of the commit record from its (private) manifest: a withheld crowd states no
+    counts; a released one the distinct respondents and messages it released."""
+    released = manifest["status"] == "RELEASED"
+    crowd = {
+        "window_start_ms": _ms(manifest["window_start"]),
+        "window_end_ms": _ms(manifest["window_end"]),
+        "channel": manifest["channel"],
+        "recipe_id": manifest["recipe_id"],
+        "crowd_id": manifest["crowd_id"],
+        "status": "released" if released else "withheld",
+        "respondents_released": (
+            int(manifest["respondents"]) - int(manifest["respondents_deleted"])
+            if released
+            else None
+        ),
+        "messages_released": int(manifest["messages_released"]) if released else 0,
+    }
+    if with_instance:
+        crowd["instance"] = int(manifest["shuffler_instance"])
+    return crowd
+
+
+def commit_record(
+    instance: int | None,
+    recipes: Iterable[str],
+    parameters: Mapping[str, Any],
+    manifests: Iterable[Mapping[str, Any]],
+    files: Iterable[Mapping[str, Any]],
+) -> dict[str, Any]:
+    """The ``esa-release/1`` commit record (SPEC) of a run. When one run served every instance
+    (``instance`` None), each crowd also states its ``instance``."""
+
+    def order(manifest: Mapping[str, Any]) -> tuple[Any, ...]:
+        return (
+            _ms(manifest["window_start"]),
+            int(manifest["shuffler_instance"]),
+            manifest["channel"],
+            manifest["recipe_id"],
+            manifest["crowd_id"] or "",
+        )
+
+    crowds = [commit_crowd(m, instance is None) for m in sorted(manifests, key=order)]
+    files = [dict(entry) for entry in files]
+    return {
+        "format": release_format.RELEASE_FORMAT,
+        "instance": instance,
+        "recipes": sorted(recipes),
+        "parameters": dict(parameters),
+        "crowds": crowds,
+        "files": files,
+        "records_released": sum(int(entry["records"]) for entry in files),
+    }
+
+
+def _content_name(letters: list[dict[str, Any]]) -> str:
+    digest = hashlib.sha256()
+    for letter in letters:
+        digest.update(f"{letter['stage']}|{letter['reason']}|{letter['source']}\n".encode())
+    return f"part-{digest.hexdigest()[:32]}.avro"
+
+
+class WriteDeadLetters(beam.PTransform):
+    """Lists of dead letters -> DIR/dead_letter/part-<digest>.avro files (named by content, so a
+    retried bundle overwrites its file)."""
+
+    def __init__(self, output_dir: str) -> None:
+        super().__init__()
+        self._output_dir = output_dir
+
+    def expand(self, letters: beam.PCollection) -> beam.PCollection:
+        output_dir = self._output_dir
+
+        def write(batch: list[dict[str, Any]]) -> str:
+            path = FileSystems.join(output_dir, "dead_letter", _content_name(batch))
+            avro_io.write_avro(path, parsed_schema("dead_letter"), batch)
+            return path
+
+        return letters | "WriteDeadLetterFile" >> beam.Map(write)
+
+
+class WriteManifests(beam.PTransform):
+    """CrowdManifest dicts -> DIR/manifest.avro (batch: one file when all crowds are decided).
+
+    In streaming mode each window's manifests go to
+    DIR/manifest/window_start=<ms>/part-<random>.avro as the window is released.
+    """
+
+    def __init__(self, output_dir: str, streaming: bool = False) -> None:
+        super().__init__()
+        self._output_dir = output_dir
+        self._streaming = streaming
+
+    def expand(self, manifests: beam.PCollection) -> beam.PCollection:
+        output_dir = self._output_dir
+        schema = parsed_schema("manifest")
+        if self._streaming:
+
+            def write_window(element: tuple[int, Iterable[dict[str, Any]]]) -> str:
+                window_start, records = element
+                records = _sorted_manifests(records)
+                digest = hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()
+                path = FileSystems.join(
+                    output_dir,
+                    "manifest",
+                    f"window_start={window_start}",
+                    f"part-{digest[:32]}.avro",
+                )
+                avro_io.write_avro(path, schema, _sorted_manifests(records))
+                return path
+
+            return (
+                manifests
+                | "KeyByWindow" >> beam.Map(lambda record: (record["window_start"], record))
+                | "GroupByWindow" >> beam.GroupByKey()
+                | "WriteManifestWindow" >> beam.Map(write_window)
+            )
+
+        def write_all(records: list[dict[str, Any]]) -> str:
+            path = FileSystems.join(output_dir, "manifest.avro")
+            avro_io.write_avro(path, schema, _sorted_manifests(records))
+            return path
+
+        return (
+            manifests
+            | "ManifestsToGlobal" >> beam.WindowInto(beam_window.GlobalWindows())
+            | "AllManifests" >> beam.combiners.ToList()
+            | "WriteManifestFile" >> beam.Map(write_all)
+        )
+
+
+def _sorted_manifests(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    def order(record: dict[str, Any]) -> tuple[Any, ...]:
+        return (
+            record["window_start"],
+            record["shuffler_instance"],
+            record["channel"],
+            record["recipe_id"],
+            record["crowd_id"] or "",
+        )
+
+    return sorted(records, key=order)
+
+
+class WriteMetrics(beam.PTransform):
+    """Count dicts -> DIR/metrics.json (:func:`metrics_summary`).
+
+    Streaming mode rewrites the file with the running totals after every update.
+    """
+
+    def __init__(self, output_dir: str, streaming: bool = False) -> None:
+        super().__init__()
+        self._output_dir = output_dir
+        self._streaming = streaming
+
+    def expand(self, counts: beam.PCollection) -> beam.PCollection:
+        output_dir = self._output_dir
+
+        def write(total: dict[str, int]) -> dict[str, Any]:
+            summary = metrics_summary(total)
+            path = FileSystems.join(output_dir, "metrics.json")
+            with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+                handle.write(json.dumps(summary, indent=2, sort_keys=True).encode())
+            return summary
+
+        if self._streaming:
+            counts = counts | "RunningTotals" >> beam.WindowInto(
+                beam_window.GlobalWindows(),
+                trigger=beam_trigger.Repeatedly(beam_trigger.AfterCount(1)),
+                accumulation_mode=beam_trigger.AccumulationMode.ACCUMULATING,
+            )
+        combine = beam.CombineGlobally(SumCounts())
+        if self._streaming:
+            combine = combine.without_defaults()
+        return counts | "SumCounts" >> combine | "WriteMetricsFile" >> beam.Map(write)
