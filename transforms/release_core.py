@@ -36,6 +36,9 @@ from privacy.noise import RandomSource
 # Tail probability up to which an honest device's messages to one crowd stay within the cap.
 CAP_TAIL_PROBABILITY = 1e-12
 
+# Census payloads per report that devices of the previous protocol send (counted as data).
+LEGACY_CENSUS_MESSAGES = 1
+
 # Screening codes of a crowd's messages (one per row, :func:`screen_origin_messages`).
 DATA = 0
 PRESENCE = 1
@@ -163,10 +166,13 @@ def max_messages_per_respondent(
 
 def recipe_origin_caps(recipe: Any, window_ms: int | None = None) -> tuple[int, ...]:
     """:func:`max_messages_per_respondent` for every shuffler instance of a recipe
-    (``schemas.recipes.Recipe``), for crowds of a ``window_ms`` shuffler window."""
+    (``schemas.recipes.Recipe``), for crowds of a ``window_ms`` shuffler window, plus
+    ``LEGACY_CENSUS_MESSAGES`` per report (old devices' census payloads are ordinary data)."""
     reports = reports_per_crowd(window_ms, int(recipe.window_seconds) * 1000)
     randomizer = recipe.build_randomizer()
-    chaff = int(getattr(recipe, "chaff_messages", 0) or 0)
+    # Devices of the previous protocol also send one census payload per crowd and instance (a
+    # data message to the shuffler); allow it like chaff until no device sends one.
+    chaff = int(getattr(recipe, "chaff_messages", 0) or 0) + LEGACY_CENSUS_MESSAGES
     return tuple(
         max_messages_per_respondent(randomizer, float(weight), reports, chaff)
         for weight in recipe.instance_weights
