@@ -1,7 +1,8 @@
 """``esa shuffle``: the shuffler stage as a runnable pipeline (transforms/shuffle.py).
 
-    esa shuffle --input 'reports/*.avro' --output shuffled/ [--crowd-threshold 100]
-        [--deletion-epsilon 1.0 --deletion-delta 1e-6] [--window 1d] [--instance 0]
+    esa shuffle --input 'reports/*.avro' --output shuffled/ [--private-output shuffled.private]
+        [--overwrite] [--crowd-threshold 100] [--deletion-epsilon 1.0 --deletion-delta 1e-6]
+        [--window 1d] [--instance 0]
         [--runner=FnApiRunner | --runner=PortableRunner --job_endpoint=embed
          --environment_type=LOOPBACK | --direct_running_mode=multi_processing ...]
 

@@ -244,11 +244,7 @@ class DeleteAndScatter(beam.DoFn):
         counts: dict[str, int] = {}
         _count(counts, DELETED, messages_deleted)
         yield beam.pvalue.TaggedOutput("counts", counts)
-        stats = (
-            messages_deleted,
-            int(survivors.size),
-            deletion.respondents - deletion.respondents_deleted,
-        )
+        stats = (messages_deleted, int(survivors.size))
         yield beam.pvalue.TaggedOutput("stats", (key, stats))
         if not survivors.size:
             return

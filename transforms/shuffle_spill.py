@@ -9,7 +9,9 @@ What a spill file may hold (issue: releases that cannot lie): never a plaintext 
 payload. Report rows carry ``origin_hash`` (the secret-keyed 64-bit hash of
 ``shuffle_core.origin_hashes``, computed before anything is written), event time, the device's
 minimum crowd, payload and CRC, and the record's position in its input file. Released rows carry
-payload and CRC only. Spill directories are removed by the driver on every exit path and, for a
+payload and CRC only. Distinct respondents are counted as distinct hashes: two origins of one
+crowd that collide count once (probability about n**2 / 2**65 for n origins, 3e-8 at a million),
+which can only lower a count, never raise it. Spill directories are removed by the driver on every exit path and, for a
 run killed before it could, by the next run into the same private path (:func:`remove_spill`).
 """
 

@@ -344,3 +344,34 @@ def test_streaming_windows_with_watermark_and_late_data(tmp_path: Path) -> None:
     ]
     assert Counter(_crowd_of(m)[0] for m in release.messages) == {rf.T0: 10, rf.T0 + rf.DAY_MS: 6}
     assert sorted(m["respondents"] for m in release.manifests) == [5, 6]
+
+
+def test_presence_messages_count_respondents_and_are_never_released(tmp_path: Path) -> None:
+    """SPEC: an empty payload is a presence message. Respondents whose report sent nothing to
+    this instance still count towards the threshold; presence messages are never released; an
+    old device's census payload is an ordinary data message; extras are dead-lettered."""
+    data = rf.crowd(8, 1, prefix="data")
+    presence = [rf.report(f"data-{i}", b"") for i in range(8)]  # one each, with their data
+    presence_only = [rf.report(f"quiet-{i}", b"") for i in range(6)]  # nothing else to send
+    repeated = [rf.report("data-0", b"") for _ in range(3)]  # duplicate_presence
+    census = [rf.report("old-device", b"census-payload"), rf.report("old-device", b"v")]
+    routes = dict(rf.ROUTES, **{rf.RECIPE: core.RecipeRoute(rf.CHANNEL, 2, origin_caps=(1, 1))})
+    rules = core.ValidationRules(routes, frozenset({1}))
+    path = rf.write_reports(
+        tmp_path / "r.avro", data + presence + presence_only + repeated + census
+    )
+    release = _run(tmp_path, [path], _config(rules=rules, crowd_threshold=15))
+    metrics = release.metrics
+    assert metrics["adds_up"] and metrics["read"] == 8 + 8 + 6 + 3 + 2
+    assert metrics["presence"] == 14
+    assert metrics["rejected_by_reason"] == {"duplicate_presence": 3, "over_origin_cap": 1}
+    (manifest,) = release.manifests
+    # 8 + 6 + 1 = 15 distinct respondents: released only because presence-only devices count.
+    assert manifest["respondents"] == 15 and manifest["status"] == "RELEASED"
+    assert manifest["messages_in"] == 9 and metrics["released"] == 9
+    assert all(message["payload"] for message in release.messages)
+    assert sinks.commit_crowd(manifest, with_instance=False)["respondents_released"] == 15
+    screened = [letter for letter in release.dead_letters if letter["stage"] == sh.STAGE_SCREEN]
+    assert sorted(letter["reason"] for letter in screened) == ["duplicate_presence"] * 3 + [
+        "over_origin_cap"
+    ]
