@@ -30,8 +30,9 @@ removes its commit record and then everything else of it and of PDIR.
 
 Other runners: Flink/Spark/Dataflow take the same flags plus their own (``--runner=FlinkRunner
 --flink_master=HOST:PORT``, or ``--runner=DataflowRunner --project P --region R
---temp_location gs://... --setup_file ./setup.py``); DIR must then be on a filesystem every
-worker reaches (e.g. ``gs://``).
+--temp_location gs://... --setup_file ./setup.py``); DIR and PDIR must then be on a file
+system every worker and the driver reach as a local path (a shared mount): the driver checks,
+cleans and commits them with the local file API (schemas/release.py).
 """
 
 from __future__ import annotations
