@@ -19,7 +19,7 @@ listed but missing, a file present but not listed (a copy counted twice), a file
 SHA-256 or record count differs from the record (truncated or altered), and any shuffler-private
 file (dead letters with origins, manifests with exact counts, metrics, spill data) inside it.
 
-Pure: the local file system and the standard library only (plus fastavro to count Avro records).
+Pure: the local file system and the standard library only (plus fastavro and pyarrow to count\nrecords).
 """
 
 from __future__ import annotations
@@ -43,6 +43,9 @@ __all__ = [
     "FileEntry",
     "VerifiedRelease",
     "file_entry",
+    "release_files",
+    "sha256_of",
+    "count_records",
     "count_avro_records",
     "write_commit",
     "read_commit",
@@ -70,7 +73,7 @@ class FileEntry:
 
     path: str
     bytes: int
-    records: int
+    records: int | None  # None: not a record file (e.g. a JSON summary); never for .avro
     sha256: str
 
     def to_json(self) -> dict[str, Any]:
@@ -84,30 +87,41 @@ class FileEntry:
 
 @dataclass(frozen=True)
 class VerifiedRelease:
-    """A directory whose files all match its commit record."""
+    """A directory whose files all match its commit record: ``files`` are the committed files'
+    paths (``path`` joined with each entry's path, in commit order), ``entries`` their records."""
 
-    directory: str
+    path: str
     commit: Mapping[str, Any]
-    files: tuple[FileEntry, ...]
+    files: tuple[str, ...]
+    entries: tuple[FileEntry, ...]
+
+    @property
+    def directory(self) -> str:
+        return self.path
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return self.files
 
     @property
     def format(self) -> str:
         return str(self.commit["format"])
 
     @property
-    def paths(self) -> tuple[str, ...]:
-        """Absolute paths of the committed files, in commit order."""
-        return tuple(os.path.join(self.directory, *entry.path.split("/")) for entry in self.files)
-
-    @property
     def records(self) -> int:
-        return sum(entry.records for entry in self.files)
+        return sum(entry.records or 0 for entry in self.entries)
 
 
 def is_private_path(relative: str) -> bool:
-    """Whether a path relative to a release directory names shuffler-private data."""
-    first = relative.replace(os.sep, "/").split("/", 1)[0]
-    return first in PRIVATE_NAMES or first.startswith(_PRIVATE_PREFIXES)
+    """Whether a path relative to a release directory names shuffler-private data (any of its
+    components is a private name)."""
+    parts = relative.replace(os.sep, "/").split("/")
+    return any(part in PRIVATE_NAMES or part.startswith(_PRIVATE_PREFIXES) for part in parts)
+
+
+def sha256_of(path: str) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    return _sha256_and_size(path)[0]
 
 
 def _sha256_and_size(path: str) -> tuple[str, int]:
@@ -129,13 +143,39 @@ def count_avro_records(path: str) -> int:
         raise ValueError(f"{path} is not a readable Avro file: {error}") from error
 
 
-def file_entry(directory: str, relative: str, records: int | None = None) -> FileEntry:
-    """The commit entry of ``directory/relative`` (records counted from Avro blocks if None)."""
+def count_records(path: str) -> int | None:
+    """Records of an Avro container (block headers) or a Parquet file (footer); None for any
+    other file. ValueError if an Avro or Parquet file is damaged."""
+    if path.endswith(".avro"):
+        return count_avro_records(path)
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        try:
+            return int(pq.ParquetFile(path).metadata.num_rows)
+        except (OSError, ValueError) as error:
+            raise ValueError(f"{path} is not a readable Parquet file: {error}") from error
+    return None
+
+
+def file_entry(directory: str, relative: str, records: int | None = None) -> dict[str, Any]:
+    """The commit entry (JSON form) of ``directory/relative``: size, SHA-256 and records
+    (counted with :func:`count_records` unless given)."""
+    relative = relative.replace(os.sep, "/")
     path = os.path.join(directory, *relative.split("/"))
     digest, size = _sha256_and_size(path)
     if records is None:
-        records = count_avro_records(path)
-    return FileEntry(relative.replace(os.sep, "/"), size, int(records), digest)
+        records = count_records(path)
+    return FileEntry(relative, size, None if records is None else int(records), digest).to_json()
+
+
+def release_files(directory: str, pattern_dirs: Sequence[str] = ("messages",)) -> list[str]:
+    """Relative paths ('/'-separated, sorted) of the regular files under ``directory/<dir>``."""
+    found = []
+    for top in pattern_dirs:
+        for root, _, names in os.walk(os.path.join(directory, top)):
+            found.extend(os.path.relpath(os.path.join(root, n), directory) for n in names)
+    return sorted(name.replace(os.sep, "/") for name in found)
 
 
 def _check_entry(raw: Any, index: int) -> FileEntry:
@@ -151,6 +191,8 @@ def _check_entry(raw: Any, index: int) -> FileEntry:
     ):
         raise ReleaseError(f"{COMMIT_FILE}: files[{index}].path {path!r} is not a relative path")
     for name, value in (("bytes", size), ("records", records)):
+        if value is None and name == "records" and not path.endswith((".avro", ".parquet")):
+            continue  # not a record file
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ReleaseError(f"{COMMIT_FILE}: files[{index}].{name} {value!r} is not an int >= 0")
     if (
@@ -173,7 +215,9 @@ def _check_release_fields(commit: Mapping[str, Any], files: Sequence[FileEntry])
         if name not in commit or not isinstance(commit[name], kind):
             raise ReleaseError(f"{COMMIT_FILE}: field {name!r} is missing or has the wrong type")
     released = commit.get("records_released")
-    if not isinstance(released, int) or released != sum(entry.records for entry in files):
+    if any(entry.records is None for entry in files):
+        raise ReleaseError(f"{COMMIT_FILE}: a release file does not state its records")
+    if not isinstance(released, int) or released != sum(entry.records or 0 for entry in files):
         raise ReleaseError(
             f"{COMMIT_FILE}: records_released {released!r} is not the sum of the files' records"
         )
@@ -266,14 +310,17 @@ def _present_files(directory: str) -> Iterable[str]:
 
 
 def verify_release(
-    directory: str, formats: Sequence[str] = (RELEASE_FORMAT,), count_records: bool = True
+    directory: str,
+    formats: Sequence[str] = (RELEASE_FORMAT, REPORTS_FORMAT),
+    check_records: bool = True,
 ) -> VerifiedRelease:
     """Check every file of ``directory`` against its commit record (see the module docstring).
 
-    ``formats``: the commit formats the caller accepts. ``count_records``: also count every
-    Avro file's records from its block headers (a file whose SHA-256 matches holds what its
+    ``formats``: the commit formats the caller accepts (check ``.format`` when both are fine).
+    ``check_records``: also count every Avro or Parquet file's records (block headers, footer) (a file whose SHA-256 matches holds what its
     writer committed; the count catches a record that states a wrong number).
     """
+    directory = directory.rstrip("/") or "/"
     commit = read_commit(directory)
     if commit["format"] not in formats:
         raise ReleaseError(
@@ -305,11 +352,12 @@ def verify_release(
             )
         if digest != entry.sha256:
             raise ReleaseError(f"{path}: SHA-256 differs from {COMMIT_FILE} (altered)")
-        if count_records and path.endswith(".avro"):
+        if check_records and entry.records is not None:
             try:
-                counted = count_avro_records(path)
+                counted = count_records(path)
             except ValueError as error:
-                raise ReleaseError(f"{path}: unreadable Avro file") from error
+                raise ReleaseError(f"{path}: unreadable record file") from error
             if counted != entry.records:
                 raise ReleaseError(f"{path}: {counted} records, committed {entry.records}")
-    return VerifiedRelease(directory, commit, tuple(entries))
+    paths = tuple(os.path.join(directory, *entry.path.split("/")) for entry in entries)
+    return VerifiedRelease(directory, commit, paths, tuple(entries))

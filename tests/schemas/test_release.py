@@ -77,7 +77,11 @@ def test_a_committed_release_verifies(tmp_path: Path) -> None:
     _release(tmp_path)
     verified = rel.verify_release(str(tmp_path))
     assert verified.records == 8 and len(verified.paths) == 2
-    assert [entry.records for entry in verified.files] == [5, 3]
+    assert [entry.records for entry in verified.entries] == [5, 3]
+    assert verified.files == (
+        str(tmp_path / "messages" / "part-0.avro"),
+        str(tmp_path / "messages" / "part-1.avro"),
+    )
     assert rel.read_commit(str(tmp_path))["crowds"][0]["respondents_released"] == 4
     assert not list(tmp_path.glob(".*tmp"))  # the atomic write leaves no temporary file
 
@@ -135,7 +139,7 @@ def test_sha_and_record_count_mismatch_in_the_record(tmp_path: Path) -> None:
     (tmp_path / rel.COMMIT_FILE).write_text(json.dumps(commit))
     _refused(tmp_path, "part-0.avro", "SHA-256")
     commit = rel.read_commit(str(tmp_path))
-    commit["files"][0]["sha256"] = record["files"][0].sha256
+    commit["files"][0]["sha256"] = record["files"][0]["sha256"]
     commit["files"][0]["records"] = 6
     commit["records_released"] = 9
     commit["crowds"][0]["messages_released"] = 9
@@ -174,7 +178,21 @@ def test_reports_format_is_generic(tmp_path: Path) -> None:
         fastavro.writer(handle, parsed_schema("shuffled_message"), _messages(4))
     entry = rel.file_entry(str(tmp_path), "instance=0/reports-0.avro")
     rel.write_commit(str(tmp_path), {"format": rel.REPORTS_FORMAT, "files": [entry]})
+    (tmp_path / "summary.json").write_text("{}")  # a file that holds no records
+    summary = rel.file_entry(str(tmp_path), "summary.json")
+    assert summary["records"] is None
+    rel.write_commit(str(tmp_path), {"format": rel.REPORTS_FORMAT, "files": [entry, summary]})
     assert rel.verify_release(str(tmp_path), formats=(rel.REPORTS_FORMAT,)).records == 4
-    _refused(tmp_path, "format")  # not a shuffler release
+    assert rel.release_files(str(tmp_path), ("instance=0",)) == ["instance=0/reports-0.avro"]
+    with pytest.raises(rel.ReleaseError, match="format"):  # not a shuffler release
+        rel.verify_release(str(tmp_path), formats=(rel.RELEASE_FORMAT,))
     with pytest.raises(ValueError, match="twice"):
         rel.write_commit(str(tmp_path), {"format": rel.REPORTS_FORMAT, "files": [entry, entry]})
+
+
+def test_an_avro_file_must_state_its_records(tmp_path: Path) -> None:
+    _release(tmp_path)
+    commit = rel.read_commit(str(tmp_path))
+    commit["files"][0]["records"] = None
+    (tmp_path / rel.COMMIT_FILE).write_text(json.dumps(commit))
+    _refused(tmp_path, "records")
