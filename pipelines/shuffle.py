@@ -38,9 +38,12 @@ cleans and commits them with the local file API (schemas/release.py).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import re
 import secrets
+import socket
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -151,6 +154,46 @@ def private_path(output: str, private_output: str | None) -> str:
     return private
 
 
+_SPILL_RUN = re.compile(r"^run-(?P<host>[0-9a-f]{8})-(?P<pid>[0-9]+)-[0-9a-f]+$")
+
+
+def _host_tag() -> str:
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def spill_run_name() -> str:
+    """``run-<host>-<pid>-<random>``: lets a later run tell a live run's spill from a dead one's."""
+    return f"run-{_host_tag()}-{os.getpid()}-{secrets.token_hex(6)}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_spill(spill_root: str) -> list[str]:
+    """Remove the spill directories of runs that are no longer alive (killed before they could
+    clean up); a live run's on this host is left alone. Returns the removed names."""
+    if not os.path.isdir(spill_root):
+        return []
+    removed = []
+    for name in sorted(os.listdir(spill_root)):
+        match = _SPILL_RUN.match(name)
+        if match and match["host"] == _host_tag() and int(match["pid"]) != os.getpid():
+            if _alive(int(match["pid"])):
+                continue
+        shuffle_spill.remove_spill(os.path.join(spill_root, name))
+        removed.append(name)
+    if not os.listdir(spill_root):
+        os.rmdir(spill_root)
+    return removed
+
+
 def _has_entries(path: str) -> bool:
     return os.path.isdir(path) and bool(os.listdir(path))
 
@@ -163,7 +206,7 @@ def prepare_outputs(output: str, private: str, overwrite: bool) -> None:
         if os.path.exists(path) and not os.path.isdir(path):
             raise UsageError(f"{flag} {path!r} is a file, not a directory")
     # Spill of a run killed before it could clean up: never needed again, never kept.
-    shuffle_spill.remove_spill(os.path.join(private, "spill"))
+    remove_stale_spill(os.path.join(private, "spill"))
     committed = os.path.isfile(os.path.join(output, release_format.COMMIT_FILE))
     if not overwrite:
         if committed:
@@ -251,7 +294,7 @@ def run(
     paths = None if streaming else _input_paths(shuffle_options.input)
     prepare_outputs(output, private, bool(shuffle_options.overwrite))
     spill_root = FileSystems.join(private, "spill")
-    spill_dir = FileSystems.join(spill_root, f"run-{secrets.token_hex(8)}")
+    spill_dir = FileSystems.join(spill_root, spill_run_name())
 
     started = time.monotonic()
     try:
@@ -282,7 +325,9 @@ def run(
         result = pipeline.run()
         result.wait_until_finish()
     finally:
-        shuffle_spill.remove_spill(spill_root)
+        shuffle_spill.remove_spill(spill_dir)
+        if os.path.isdir(spill_root) and not os.listdir(spill_root):
+            os.rmdir(spill_root)
     commit_release(output, private, config, shuffle_options.window)
     elapsed = time.monotonic() - started
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import glob
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import fastavro
@@ -188,3 +191,20 @@ def test_multi_process_direct_runner(tmp_path: Path, inputs: tuple[str, str]) ->
     status, output = _shuffle(tmp_path, *inputs, "--crowd-threshold", "10", *flags)
     assert status == 0
     _check_release(output)
+
+
+def test_stale_spill_is_removed_and_a_live_runs_is_kept(tmp_path: Path) -> None:
+    from pipelines import shuffle as shuffle_pipeline
+
+    root = tmp_path / "spill"
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                              capture_output=True, text=True, check=True)  # fmt: skip
+    dead = int(finished.stdout)
+    tag = shuffle_pipeline.spill_run_name().split("-")[1]
+    live_name, dead_name = f"run-{tag}-{os.getppid()}-aa", f"run-{tag}-{dead}-bb"
+    for name in (live_name, dead_name, "leftover"):
+        (root / name / "reports").mkdir(parents=True)
+        (root / name / "reports" / "x.arrow").write_bytes(b"origin-hash,payload")
+    removed = shuffle_pipeline.remove_stale_spill(str(root))
+    assert sorted(removed) == sorted([dead_name, "leftover"])
+    assert [path.name for path in root.iterdir()] == [live_name]
