@@ -12,6 +12,7 @@ import pyarrow as pa
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from schemas import release as rel
+from schemas.avro.reader import read_container_bytes
 from tests.transforms import report_factory as rf
 from transforms import avro_io
 from transforms import shuffle_core as core
@@ -24,7 +25,7 @@ KEY = np.arange(1, 67, dtype=np.uint64) | np.uint64(1)
 
 
 def _item(records: list[dict], first_record: int = 0) -> avro_io.ColumnBatch:
-    batch = next(avro_io.read_avro_batches_from_bytes(rf.report_bytes(records))).columns
+    batch = next(read_container_bytes(rf.report_bytes(records))).columns
     return avro_io.ColumnBatch("in.avro", first_record, batch)
 
 
@@ -121,5 +122,6 @@ def test_metrics_add_up_in_records_with_presence_and_refuse_unknown_counts() -> 
     counts["rejected:crc_mismatch"] = 2
     summary = metrics_summary(counts)
     assert summary["adds_up"] and summary["accounted"] == 20 and summary["presence"] == 5
-    assert not metrics_summary(dict(counts, records_unknown=1))["adds_up"]
+    unknown = metrics_summary({**counts, "unknown_records:unreadable_file": 1})
+    assert not unknown["adds_up"] and unknown["chunks_of_unknown_records"] == {"unreadable_file": 1}
     assert not metrics_summary(dict(counts, read=21))["adds_up"]
