@@ -1,0 +1,255 @@
+"""One batch of shuffled messages -> partial accumulators per crowd and dead-letter reasons.
+
+Verification (schema version, window, CRC32C, recipe on its channel) and payload decoding are
+vectorized over the batch; the only Python loop is over the crowds the batch holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from privacy.estimators import (
+    tree_node_offsets,
+)
+from schemas.avro.crc32c import crc32c_many
+from schemas.payloads import (
+    CENSUS,
+    DecodedPayloads,
+    EncodedPayloads,
+    decode_payloads,
+    message_columns,
+)
+from schemas.recipes import Recipe
+from transforms.analyze_core.accumulate import (
+    DENSE_LIMIT,
+    HISTOGRAM,
+    LONGITUDINAL,
+    Accumulator,
+    CrowdAccumulator,
+    CrowdKey,
+    LongitudinalAccumulator,
+    RecipeBook,
+    decode_limits,
+    is_longitudinal,
+)
+from transforms.shuffle_core import group_rows
+
+# ---------------------------------------------------------------------------------------------
+# One batch of shuffled messages -> accumulators and rejections
+# ---------------------------------------------------------------------------------------------
+
+# Reasons a shuffled message is dead-lettered by the analyzer, besides the payload decoder's own
+# (schemas.payloads.DECODE_REASONS).
+UNKNOWN_SCHEMA_VERSION = "unknown_schema_version"
+BAD_WINDOW = "bad_window"
+CRC_MISMATCH = "crc_mismatch"
+UNKNOWN_RECIPE = "unknown_recipe"
+RECIPE_CHANNEL_MISMATCH = "recipe_channel_mismatch"
+MISSING_FIELD = "missing_field"
+TREE_NODE_MISMATCH = "tree_node_period_mismatch"
+MESSAGE_COLUMNS = (
+    "schema_version",
+    "window_start",
+    "window_end",
+    "channel",
+    "recipe_id",
+    "crowd_id",
+    "payload",
+    "payload_crc32c",
+)
+
+
+@dataclass
+class BatchAggregate:
+    """What one batch of shuffled messages adds: partial accumulators per crowd, the rows to
+    dead-letter (positions in the batch) with their reasons, and counters.
+
+    Counters: ``read`` = ``census`` + ``messages`` + Σ ``rejected:<reason>``.
+    """
+
+    accumulators: dict[CrowdKey, Accumulator]
+    rejected_rows: np.ndarray
+    rejected_reasons: list[str]
+    counts: dict[str, int]
+
+
+def _reject(reasons: np.ndarray, rows: np.ndarray, reason: str) -> None:
+    target = rows[reasons[rows] == ""]
+    reasons[target] = reason
+
+
+def aggregate_batch(
+    batch: pa.RecordBatch,
+    instance: int,
+    book: RecipeBook,
+    supported_versions: Iterable[int],
+    dense_limit: int = DENSE_LIMIT,
+) -> BatchAggregate:
+    """Verify, decode and count one batch of ShuffledMessage rows from shuffler ``instance``.
+
+    Checks, in order: schema version, window bounds, payload CRC32C, a known recipe on its own
+    channel, then the payload itself (``schemas.payloads.decode_payloads`` with the recipe's
+    payload kind and domain, plus census messages). Everything is vectorized over the batch; the
+    only Python loop is over the crowds the batch holds.
+    """
+    rows = batch.num_rows
+    missing = [name for name in MESSAGE_COLUMNS if name not in batch.schema.names]
+    reasons = np.full(rows, "", dtype=object)
+    counts: dict[str, int] = {"read": rows}
+    accumulators: dict[CrowdKey, Accumulator] = {}
+    if missing or rows == 0:
+        reasons[:] = MISSING_FIELD
+        return _finish(accumulators, reasons, counts)
+
+    def int_column(name: str) -> np.ndarray:
+        return batch.column(name).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+
+    version = int_column("schema_version")
+    window_start = int_column("window_start")
+    window_end = int_column("window_end")
+    stored_crc = int_column("payload_crc32c")
+    everything = np.arange(rows)
+    _reject(
+        reasons, everything[~np.isin(version, list(supported_versions))], UNKNOWN_SCHEMA_VERSION
+    )
+    _reject(reasons, everything[~(window_start < window_end)], BAD_WINDOW)
+    payloads = EncodedPayloads.from_arrow(batch.column("payload"))
+    actual_crc = crc32c_many(payloads).astype(np.int64)
+    _reject(reasons, everything[actual_crc != stored_crc], CRC_MISMATCH)
+
+    key_columns = [
+        batch.column("window_start"),
+        batch.column("window_end"),
+        batch.column("channel"),
+        batch.column("recipe_id"),
+        batch.column("crowd_id"),
+    ]
+    order, starts = group_rows(key_columns)
+    channel_column = batch.column("channel")
+    recipe_column = batch.column("recipe_id")
+    crowd_column = batch.column("crowd_id")
+    for begin, end in zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True):
+        group = order[begin:end]
+        first = int(group[0])
+        recipe_id = recipe_column[first].as_py()
+        channel = channel_column[first].as_py()
+        crowd_id = crowd_column[first].as_py()
+        recipe = book.get(recipe_id) if recipe_id is not None else None
+        if recipe is None:
+            _reject(reasons, group, UNKNOWN_RECIPE)
+            continue
+        if channel != recipe.channel:
+            _reject(reasons, group, RECIPE_CHANNEL_MISMATCH)
+            continue
+        live = group[reasons[group] == ""]
+        if live.size == 0:
+            continue
+        decoded = decode_payloads(
+            payloads_subset(payloads, live),
+            allowed_kinds=(CENSUS, recipe.payload_kind),
+            limits=decode_limits(recipe),
+        )
+        bad = ~decoded.valid
+        if bad.any():
+            reasons[live[bad]] = decoded.reason_names()[bad]
+        census = decoded.is_kind(CENSUS)
+        start, stop = int(window_start[first]), int(window_end[first])
+        if is_longitudinal(recipe):
+            key = (LONGITUDINAL, 0, stop - start, channel, recipe_id, crowd_id)
+            _add_longitudinal(
+                accumulators, recipe, key, decoded, live, reasons, census, instance, start, stop
+            )
+        else:
+            key = (HISTOGRAM, start, stop, channel, recipe_id, crowd_id)
+            randomizer = recipe.build_randomizer()
+            accumulator = CrowdAccumulator.empty(randomizer.message_domain_size, dense_limit)
+            accumulator.add_census(instance, int(census.sum()))
+            columns = message_columns(
+                decoded,
+                recipe.payload_kind,
+                sketch_width=getattr(randomizer, "width", None),
+            )
+            if recipe.payload_kind == "fragment_bucket":
+                no_fragment = decoded.columns["fragment"][decoded.is_kind("fragment_bucket")] < 1
+                if no_fragment.any():  # fragments are numbered 1..τ (Algorithm 2)
+                    kind_rows = live[decoded.is_kind("fragment_bucket")]
+                    reasons[kind_rows[no_fragment]] = "value_out_of_range"
+                    columns = {name: col[~no_fragment] for name, col in columns.items()}
+            signed = recipe.payload_kind == "signed_bucket"
+            accumulator.add_messages(columns["bucket"], columns["sign"] if signed else None)
+            accumulators[key] = accumulator
+        counts["census"] = counts.get("census", 0) + int(census.sum())
+    return _finish(accumulators, reasons, counts)
+
+
+def _add_longitudinal(
+    accumulators: dict[CrowdKey, Accumulator],
+    recipe: Recipe,
+    key: CrowdKey,
+    decoded: DecodedPayloads,
+    live: np.ndarray,
+    reasons: np.ndarray,
+    census: np.ndarray,
+    instance: int,
+    window_start: int,
+    window_end: int,
+) -> None:
+    """Tree-node messages of one window: checks each node belongs to its period, then adds."""
+    randomizer = recipe.build_randomizer()
+    window_ms = window_end - window_start
+    accumulator = accumulators.get(key)
+    if accumulator is None:
+        accumulator = LongitudinalAccumulator(randomizer.message_domain_size, window_ms)
+        accumulators[key] = accumulator
+    accumulator.add_census(window_start, instance, int(census.sum()))
+    is_node = decoded.is_kind("tree_node")
+    period = decoded.columns["period"][is_node]
+    node = decoded.columns["node"][is_node]
+    sign = decoded.columns["sign"][is_node]
+    consistent = tree_node_matches_period(node, period, randomizer.periods)
+    if not consistent.all():
+        reasons[live[is_node][~consistent]] = TREE_NODE_MISMATCH
+        period, node, sign = period[consistent], node[consistent], sign[consistent]
+    round_start = window_start - (period - 1) * window_ms
+    for start in np.unique(round_start).tolist():
+        chosen = round_start == start
+        accumulator.add_messages(start, node[chosen], sign[chosen])
+
+
+def tree_node_matches_period(node: np.ndarray, period: np.ndarray, periods: int) -> np.ndarray:
+    """Whether flat tree node ``node`` is the node Algorithm 1 reports at ``period`` t.
+
+    A client at level h reports node [h, t / 2^(h-1)] at periods t divisible by 2^(h-1)
+    (amplification-by-shuffling, Algorithm 1, Steps 9-16); anything else cannot come from it.
+    """
+    offsets = tree_node_offsets(periods)
+    level = np.searchsorted(offsets, node, side="right")  # 1-based level of each node
+    level = np.clip(level, 1, offsets.size)
+    stride = np.left_shift(1, level - 1)
+    expected = offsets[level - 1] + (period >> (level - 1)) - 1
+    return (period >= 1) & (period <= periods) & (period % stride == 0) & (expected == node)
+
+
+def payloads_subset(payloads: EncodedPayloads, rows: np.ndarray) -> EncodedPayloads:
+    """The payloads at ``rows`` as a new EncodedPayloads (one gather, no per-row Python)."""
+    lengths = payloads.lengths[rows]
+    offsets = np.zeros(rows.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    starts = payloads.offsets[:-1][rows]
+    positions = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1], dtype=np.int64)
+    return EncodedPayloads(payloads.data[positions], offsets)
+
+
+def _finish(
+    accumulators: dict[CrowdKey, Accumulator], reasons: np.ndarray, counts: dict[str, int]
+) -> BatchAggregate:
+    rejected = np.flatnonzero(reasons != "")
+    rejected_reasons = reasons[rejected].tolist()
+    for reason in set(rejected_reasons):
+        counts[f"rejected:{reason}"] = rejected_reasons.count(reason)
+    counts["messages"] = int(counts["read"] - rejected.size - counts.get("census", 0))
+    return BatchAggregate(accumulators, rejected, rejected_reasons, counts)
