@@ -1,8 +1,8 @@
 """Shuffle + analyze end to end: messages/s and peak memory against raw fastavro reads.
 
 Full mode: about 10 million messages of the shipped 64 x 64 image-grid recipe (one-hot k-RAPPOR,
-ε_ℓ = 4.45, ~48 messages per respondent) re-issued for K = 2 shuffler instances, plus one census
-message per respondent and instance. Report files are generated with the vectorized encoder (not
+ε_ℓ = 4.45, ~48 messages per respondent) re-issued for K = 2 shuffler instances, plus one presence
+message (empty payload) per respondent and instance. Report files are generated with the vectorized encoder (not
 timed), then each step runs in its own child process, so peak memory (``VmHWM``) is its own:
 
 * the fastest plain fastavro read of the report files, logical types left as ints (the shuffle's
@@ -13,7 +13,8 @@ timed), then each step runs in its own child process, so peak memory (``VmHWM``)
 
 Rows: analyze messages/s against its raw read (target ratio >= 0.5), shuffle + analyze end to end
 against the two raw reads together, and peak memory. Quick mode (a smoke test) skips the
-shuffler: it writes ~100 k released messages directly and times the analyzer alone.
+shuffler: it writes ~100 k released messages and their commit records directly and times the
+analyzer alone.
 """
 
 from __future__ import annotations
@@ -22,17 +23,19 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from benchmarks.common import RAW_READ_SCRIPT, raw_read_note, run_child
-from schemas import SCHEMA_VERSION, schema_json
+from schemas import SCHEMA_VERSION, release, schema_json
 from schemas.avro.container import encode_container
 from schemas.avro.crc32c import crc32c_many
-from schemas.payloads import encode_census, encode_message_batch
+from schemas.payloads import encode_message_batch
 from schemas.recipes import load_recipe
 from transforms.analyze_core import payloads_subset
+from transforms.encode import presence_payloads
 
 DAY_MS = 86_400_000
 T0 = 1_704_067_200_000
@@ -93,14 +96,15 @@ def generate(directory: Path, respondents: int, released: bool, seed: int = 0) -
     messages = randomizer.randomize(values, rng)
     payloads = encode_message_batch(messages, recipe.payload_kind)
     instance = rng.integers(0, INSTANCES, size=len(messages))
-    census = encode_census(respondents)
+    # Presence messages (empty payloads) go to the shuffler only; a release never holds them.
+    presence = presence_payloads(0 if released else respondents)
     origins = pa.array([f"device-{i:08d}" for i in range(respondents)], pa.string())
     paths: dict[int, list[str]] = {}
     total = 0
     for u in range(INSTANCES):
         chosen = np.flatnonzero(instance == u)
-        body = pa.concat_arrays([payloads_subset(payloads, chosen).to_arrow(), census.to_arrow()])
-        who = np.concatenate([messages.respondent[chosen], np.arange(respondents)])
+        body = pa.concat_arrays([payloads_subset(payloads, chosen).to_arrow(), presence.to_arrow()])
+        who = np.concatenate([messages.respondent[chosen], np.arange(len(presence))])
         order = rng.permutation(who.size)
         body, who = body.take(pa.array(order)), who[order]
         crc = crc32c_many(body).astype(np.int64)
@@ -134,7 +138,25 @@ def generate(directory: Path, respondents: int, released: bool, seed: int = 0) -
                 path = directory / "reports" / f"instance={u}" / f"reports-{index:03d}.avro"
                 _write(path, "report", columns, stop - start)
             paths[u].append(str(path))
+        if released:
+            _commit(directory / "shuffled" / f"instance={u}", u, recipe, respondents)
     return {"recipe": recipe_path, "paths": paths, "messages": total}
+
+
+def _commit(directory: Path, instance: int, recipe: Any, respondents: int) -> None:
+    """The release's commit record, as the shuffler writes it (schemas/release.py)."""
+    files = [release.file_entry(str(directory), p) for p in release.release_files(str(directory))]
+    records = sum(f["records"] for f in files)
+    crowd = {"window_start_ms": T0, "window_end_ms": T0 + DAY_MS, "channel": recipe.channel,
+             "recipe_id": recipe.id, "crowd_id": None, "status": "released",
+             "respondents_released": respondents, "messages_released": records}  # fmt: skip
+    release.write_commit(
+        str(directory),
+        {"format": release.RELEASE_FORMAT, "instance": instance, "recipes": [recipe.id],
+         "parameters": {"crowd_threshold": 100, "deletion_epsilon": None, "deletion_delta": None,
+                        "window": "1d", "window_ms": DAY_MS},
+         "crowds": [crowd], "files": files, "records_released": records},
+    )  # fmt: skip
 
 
 def _released_files(directory: Path) -> list[str]:

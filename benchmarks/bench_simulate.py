@@ -4,7 +4,7 @@ writing of the very same records in the same run.
 Rows:
 
 * ``simulate_onehot``: the whole ``esa simulate`` pipeline (population, budget checks, k-RAPPOR
-  randomization, census, payload and Report encoding, deflate, files; FnApiRunner, pipeline
+  randomization, presence, payload and Report encoding, deflate, files; FnApiRunner, pipeline
   start-up included) against ``fastavro.writer`` writing the records it produced (read back and
   given as dicts, deflate at the same level; only the write is timed).
 * ``report_avro_write``: the device side's vectorized Report encoding and container writing alone
@@ -76,7 +76,7 @@ def run(quick: bool) -> list[dict]:
             started = time.perf_counter()
             summary = simulate.run(options)
             best = min(best, time.perf_counter() - started)
-        written = summary["messages"] + summary["census_messages"]
+        written = summary["messages"] + summary["presence_messages"]
         records = []
         for path in sorted(output.glob("instance=*/*.avro")):
             with open(path, "rb") as handle:
@@ -91,7 +91,7 @@ def run(quick: bool) -> list[dict]:
                 "baseline": fastavro_rate,
                 "ratio": written / best / fastavro_rate,
                 "note": f"esa simulate {RECIPE}, {respondents} respondents, {written} messages "
-                f"incl. census, FnApiRunner, deflate {LEVEL}; baseline fastavro.writer of the same "
+                f"incl. presence, FnApiRunner, deflate {LEVEL}; baseline fastavro.writer of the same "
                 "records",
             }
         )

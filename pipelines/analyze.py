@@ -5,18 +5,20 @@
         [--runner=FnApiRunner | --direct_running_mode=multi_processing --direct_num_workers=2 |
          --runner=PortableRunner --job_endpoint=embed --environment_type=LOOPBACK]
 
-Input: one release per shuffler instance, as ``esa shuffle`` writes it (``messages/``,
-``manifest.avro``, ``metrics.json``). ``--input DIR`` is either a release or a directory of
-``instance=<u>/`` releases; give ``--input`` once per release otherwise. The analyzer must know
-which instance a release came from: the ``instance=<u>`` directory name, else the manifest's
-``shuffler_instance``, else ``metrics.json``'s ``instance``.
+Input: one committed release per shuffler instance, as ``esa shuffle`` writes it
+(``messages/*.avro`` and ``_COMMIT.json``). ``--input DIR`` is either a release or a directory of
+``instance=<u>/`` releases. Every release is verified against its commit record first
+(``schemas.release.verify_release``): an uncommitted directory, a missing, unlisted (e.g. copied),
+truncated or altered file, and any shuffler-private file (dead letters, manifests, metrics, spill)
+is refused with one line naming it (exit 2). Only the committed files are read.
 
-Respondent counts: each respondent sends one census message to every instance and each randomized
-message to one instance drawn from the recipe's instance weights π. The analyzer counts census
-messages n_u per instance and crowd and de-biases with n_eff = Σ_u π_u n_u: unbiased for the
+Respondent counts come only from the commit records: instance u states per crowd the respondents
+it released (``respondents_released``, after randomized deletion), and the analyzer de-biases with
+n_eff = Σ_u π_u n_u over instances (π = the recipe's instance weights): unbiased for the
 π-weighted surviving population when shufflers withhold crowds or delete respondents (Algorithm
-3), and exactly n when nothing was deleted. From the manifests only the WITHHELD status is read
-(for the notes); respondent counts there stay in the shuffler's trust domain.
+3), and exactly n when nothing was deleted. No message can change n; retired census payloads are
+dead-lettered ``census_not_counted``. The instance, threshold and deletion (ε_cr, δ_cr) of the
+privacy report come from the commit record too.
 
 Output (DIR): ``histograms.parquet`` (window_start, window_end, channel, recipe_id, crowd, bucket,
 estimate [unbiased], stderr, raw_count, n, estimate_<postprocessing>, truth), ``longitudinal.parquet``
@@ -32,9 +34,9 @@ or ``--runner=DataflowRunner --project P --region R --temp_location gs://... --s
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
+import os
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -42,9 +44,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import apache_beam as beam
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -52,10 +51,9 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipelines import pictures
 from pipelines.cli import UsageError
 from pipelines.options import AnalyzeOptions, with_default_runner
-from schemas import SUPPORTED_SCHEMA_VERSIONS
+from schemas import SUPPORTED_SCHEMA_VERSIONS, release
 from schemas.recipes import load_recipe, shipped_recipes
 from transforms import analyze_core as core
-from transforms import avro_io
 from transforms.aggregate import AggregateReleases
 from transforms.analyze import (
     HISTOGRAMS_FILE,
@@ -97,16 +95,20 @@ def _handle(args: argparse.Namespace, pipeline_args: list[str]) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# Inputs
+# Inputs: committed releases
 # ---------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Release:
-    """One shuffler instance's release directory."""
+    """One shuffler instance's verified release: its commit record and committed files."""
 
     instance: int
     path: str
+    commit: Mapping[str, Any]
+    files: tuple[str, ...]
+    deletion: tuple[float, float] | None
+    crowd_threshold: Any
 
 
 def _exists(path: str) -> bool:
@@ -114,34 +116,6 @@ def _exists(path: str) -> bool:
         return FileSystems.exists(path)
     except Exception:  # noqa: BLE001 - an unreachable path simply is not there
         return False
-
-
-def _match(pattern: str) -> list[str]:
-    try:
-        return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
-    except Exception:  # noqa: BLE001 - no match
-        return []
-
-
-def _is_release(path: str) -> bool:
-    return any(
-        _exists(FileSystems.join(path, name))
-        for name in ("manifest.avro", "metrics.json", "messages")
-    )
-
-
-def read_manifests(release: str) -> list[dict[str, Any]]:
-    """CrowdManifest records of a release (batch: manifest.avro; streaming: manifest/*/*.avro)."""
-    paths = [FileSystems.join(release, "manifest.avro")]
-    paths = [p for p in paths if _exists(p)] or _match(
-        FileSystems.join(release, "manifest", "*", "*.avro")
-    )
-    records: list[dict[str, Any]] = []
-    for path in paths:
-        for item in avro_io.read_avro_batches(path):
-            if isinstance(item, avro_io.ColumnBatch):
-                records.extend(item.columns.to_pylist())
-    return records
 
 
 def _read_json(path: str) -> dict[str, Any] | None:
@@ -154,80 +128,107 @@ def _read_json(path: str) -> dict[str, Any] | None:
         return None
 
 
-def _release_instance(path: str, manifests: list[dict[str, Any]]) -> int | None:
-    name = path.rstrip("/").rsplit("/", 1)[-1]
-    match = _INSTANCE_DIR.search(name)
-    if match:
-        return int(match.group(1))
-    instances = {int(record["shuffler_instance"]) for record in manifests}
-    if len(instances) == 1:
-        return instances.pop()
-    metrics = _read_json(FileSystems.join(path, "metrics.json")) or {}
-    if isinstance(metrics.get("instance"), int):
-        return int(metrics["instance"])
-    return None
+def _release_dirs(given: str) -> list[str]:
+    """``given`` itself when it holds a commit record (or nothing to expand), else its
+    ``instance=<u>/`` children."""
+    given = given.rstrip("/") or "/"
+    if not os.path.isdir(given):
+        raise UsageError(f"--input {given}: no such directory")
+    if os.path.exists(os.path.join(given, release.COMMIT_FILE)):
+        return [given]
+    children = sorted(
+        os.path.join(given, name)
+        for name in os.listdir(given)
+        if _INSTANCE_DIR.fullmatch(name) and os.path.isdir(os.path.join(given, name))
+    )
+    return children or [given]
+
+
+def _commit_deletion(path: str, parameters: Mapping[str, Any]) -> tuple[float, float] | None:
+    if "deletion_epsilon" not in parameters or "deletion_delta" not in parameters:
+        raise UsageError(f"{path}: parameters state no deletion_epsilon/deletion_delta")
+    epsilon, delta = parameters["deletion_epsilon"], parameters["deletion_delta"]
+    if epsilon is None and delta is None:
+        return None
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (epsilon, delta)):
+        raise UsageError(f"{path}: deletion_epsilon and deletion_delta must both be numbers")
+    if not (math.isfinite(epsilon) and epsilon > 0 and 0 < delta < 1):
+        raise UsageError(f"{path}: deletion (ε {epsilon}, δ {delta}) is not ε > 0, δ in (0, 1)")
+    return float(epsilon), float(delta)
+
+
+def _check_crowds(path: str, crowds: Sequence[Any]) -> None:
+    seen = set()
+    for crowd in crowds:
+        key = tuple(crowd.get(k) for k in ("window_start_ms", "channel", "recipe_id", "crowd_id"))
+        start, end = crowd.get("window_start_ms"), crowd.get("window_end_ms")
+        count, status = crowd.get("respondents_released"), crowd.get("status")
+        valid = (
+            isinstance(start, int)
+            and isinstance(end, int)
+            and start < end
+            and isinstance(crowd.get("channel"), str)
+            and isinstance(crowd.get("recipe_id"), str)
+            and status in ("released", "withheld")
+            and (
+                status == "withheld"
+                or (isinstance(count, int) and not isinstance(count, bool) and count >= 0)
+            )
+        )
+        if not valid:
+            raise UsageError(f"{path}: malformed crowd record {json.dumps(crowd)[:200]}")
+        if key in seen:
+            raise UsageError(f"{path}: crowd {key} listed twice")
+        seen.add(key)
+
+
+def open_release(directory: str) -> Release:
+    """Verify ``directory`` against its commit record; UsageError (one line) if it may not be read."""
+    try:
+        verified = release.verify_release(directory)
+    except release.ReleaseError as error:
+        raise UsageError(f"refusing release: {error}") from None
+    commit = verified.commit
+    path = os.path.join(directory, release.COMMIT_FILE)
+    if commit.get("format") != release.RELEASE_FORMAT:
+        raise UsageError(f"{path}: format {commit.get('format')!r} is not a shuffler release")
+    _check_crowds(path, commit["crowds"])
+    parameters = commit["parameters"]
+    return Release(
+        instance=int(commit["instance"]),
+        path=directory,
+        commit=commit,
+        files=tuple(verified.files),
+        deletion=_commit_deletion(path, parameters),
+        crowd_threshold=parameters.get("crowd_threshold"),
+    )
 
 
 def discover_releases(inputs: Sequence[str]) -> list[Release]:
-    """The releases ``--input`` names (see the module docstring); UsageError when the instance
-    of a release cannot be told or two releases claim one instance."""
+    """The verified releases ``--input`` names (see the module docstring); UsageError when one
+    is refused or two releases claim one instance."""
     if not inputs:
         raise UsageError("--input is required (a release, or a directory of instance=<u>/)")
-    releases: list[Release] = []
-    for given in inputs:
-        given = given.rstrip("/") or "/"
-        if _is_release(given):
-            candidates = [given]
-        else:
-            candidates = sorted(
-                {
-                    path.rsplit("/", 1)[0]
-                    for name in ("manifest.avro", "metrics.json")
-                    for path in _match(FileSystems.join(given, "instance=*", name))
-                }
-                | {
-                    path.rsplit("/", 4)[0]
-                    for path in _match(
-                        FileSystems.join(given, "instance=*", "messages", "*", "*", "*.avro")
-                    )
-                }
-            )
-            if not candidates:
-                raise UsageError(f"--input {given!r} is neither a release nor holds instance=<u>/")
-        for path in candidates:
-            instance = _release_instance(path, read_manifests(path))
-            if instance is None:
-                raise UsageError(
-                    f"cannot tell which shuffler instance released {path!r}: name the directory "
-                    "instance=<u>"
-                )
-            releases.append(Release(instance, path))
+    releases = [open_release(path) for given in inputs for path in _release_dirs(given)]
     seen: dict[int, str] = {}
-    for release in releases:
-        if release.instance in seen:
+    for item in releases:
+        if item.instance in seen:
             raise UsageError(
-                f"instance {release.instance} released twice: {seen[release.instance]!r} and "
-                f"{release.path!r}"
+                f"instance {item.instance} released twice: {seen[item.instance]} and {item.path}"
             )
-        seen[release.instance] = release.path
+        seen[item.instance] = item.path
     return sorted(releases, key=lambda r: r.instance)
 
 
-def message_files(release: Release) -> list[str]:
-    """The release's ShuffledMessage files (messages/window_start=*/channel=*/*.avro)."""
-    return _match(FileSystems.join(release.path, "messages", "*", "*", "*.avro"))
-
-
-def release_deletion(
-    release: Release, fallback: tuple[float, float] | None
-) -> tuple[float, float] | None:
-    """(ε_cr, δ_cr) the release's shuffler used: metrics.json's ``deletion`` when it states it,
-    else the ``--deletion-*`` flags; None for no randomized deletion."""
-    metrics = _read_json(FileSystems.join(release.path, "metrics.json")) or {}
-    stated = metrics.get("deletion")
-    if isinstance(stated, Mapping) and stated.get("epsilon") is not None:
-        return float(stated["epsilon"]), float(stated["delta"])
-    return fallback
+def check_deletion_flags(releases: Sequence[Release], stated: tuple[float, float] | None) -> None:
+    """``--deletion-epsilon/--deletion-delta``, when given, must match every commit record (the
+    report's deletion comes from the commit records only)."""
+    for item in releases:
+        if stated is not None and item.deletion != stated:
+            raise UsageError(
+                f"{item.path}/{release.COMMIT_FILE} states deletion {item.deletion}, not the "
+                f"--deletion-epsilon/--deletion-delta given {stated}"
+            )
 
 
 def recipe_book(names: Sequence[str] | None) -> core.RecipeBook:
@@ -292,31 +293,41 @@ def _prepare_output(output: str | None, overwrite: bool) -> str:
 def run(options: PipelineOptions) -> dict[str, Any]:
     """Run the analyzer; returns summary.json's content (plus ``pictures`` and ``seconds``)."""
     values = options.view_as(AnalyzeOptions)
-    output = _prepare_output(values.analyze_output, values.analyze_overwrite)
     if (values.analyze_deletion_epsilon is None) != (values.analyze_deletion_delta is None):
         raise UsageError("--deletion-epsilon and --deletion-delta go together")
-    fallback = None
+    stated = None
     if values.analyze_deletion_epsilon is not None:
-        fallback = (values.analyze_deletion_epsilon, values.analyze_deletion_delta)
+        stated = (values.analyze_deletion_epsilon, values.analyze_deletion_delta)
     releases = discover_releases(values.analyze_input or [])
+    check_deletion_flags(releases, stated)
+    output = _prepare_output(values.analyze_output, values.analyze_overwrite)
     book = recipe_book(values.analyze_recipe)
     config = AnalysisConfig(
         book=book,
         postprocessing=values.analyze_postprocessing,
         failure_probability=values.analyze_failure_probability,
-        deletion={
-            r.instance: d for r in releases if (d := release_deletion(r, fallback)) is not None
-        },
+        deletion={r.instance: r.deletion for r in releases if r.deletion is not None},
         truth=truth_sources(values.analyze_truth, values.analyze_truth_recipe),
     )
-    files = [(release.instance, path) for release in releases for path in message_files(release)]
-    manifests = [
-        {key: record.get(key) for key in core.MANIFEST_FIELDS}
-        for release in releases
-        for record in read_manifests(release.path)
+    files = [path for r in releases for path in r.files]
+    crowds = [(r.instance, dict(crowd)) for r in releases for crowd in r.commit["crowds"]]
+    withheld = [
+        {**crowd, "instance": instance}
+        for instance, crowd in crowds
+        if crowd["status"] != "released"
     ]
     inputs = {
-        "releases": [{"instance": r.instance, "path": r.path} for r in releases],
+        "releases": [
+            {
+                "instance": r.instance,
+                "path": r.path,
+                "crowd_threshold": r.crowd_threshold,
+                "deletion": None if r.deletion is None else list(r.deletion),
+                "files": len(r.files),
+                "records_released": r.commit.get("records_released"),
+            }
+            for r in releases
+        ],
         "message_files": len(files),
         "recipes": book.ids(),
         "truth": [source.path for source in config.truth],
@@ -327,180 +338,35 @@ def run(options: PipelineOptions) -> dict[str, Any]:
     with_default_runner(options)
     started = time.monotonic()
     pipeline = beam.Pipeline(options=options)
-    aggregated = (
-        pipeline
-        | "ReleaseFiles" >> beam.Create(files)
-        | "SpreadFiles" >> beam.Reshuffle()
-        | "Aggregate"
-        >> AggregateReleases(
-            book,
-            SUPPORTED_SCHEMA_VERSIONS,
-            batch_records=values.analyze_batch_records,
-            dense_limit=values.analyze_dense_limit,
-        )
+    message_files = (
+        pipeline | "ReleaseFiles" >> beam.Create(files) | "SpreadFiles" >> beam.Reshuffle()
+    )
+    commit_crowds = pipeline | "CommitCrowds" >> beam.Create(crowds)
+    aggregated = (message_files, commit_crowds) | "Aggregate" >> AggregateReleases(
+        book,
+        SUPPORTED_SCHEMA_VERSIONS,
+        batch_records=values.analyze_batch_records,
+        dense_limit=values.analyze_dense_limit,
     )
     estimates = aggregated.crowds | "EstimateCrowds" >> EstimateCrowds(config)
     _ = aggregated.dead_letters | "WriteDeadLetters" >> WriteDeadLetters(output)
     _ = (estimates, aggregated.counts) | "WriteAnalysis" >> WriteAnalysis(
-        output, config, inputs, manifests
+        output, config, inputs, withheld
     )
     pipeline.run().wait_until_finish()
     summary = _read_json(FileSystems.join(output, SUMMARY_FILE))
     if summary is None:
         raise RuntimeError(f"the pipeline finished without writing {output}/{SUMMARY_FILE}")
     summary["seconds"] = round(time.monotonic() - started, 3)
-    summary["pictures"] = [] if values.analyze_no_pictures else draw_pictures(output, summary, book)
+    summary["pictures"] = (
+        [] if values.analyze_no_pictures else pictures.draw_pictures(output, summary, book)
+    )
     return summary
 
 
 # ---------------------------------------------------------------------------------------------
-# Pictures and the short table
+# The short table
 # ---------------------------------------------------------------------------------------------
-
-
-def _read_table(path: str) -> pa.Table | None:
-    if not _exists(path):
-        return None
-    with FileSystems.open(path, compression_type=_UNCOMPRESSED) as handle:
-        return pq.read_table(io.BytesIO(handle.read()))
-
-
-def _write_png(output: str, name: str, data: bytes) -> str:
-    path = FileSystems.join(output, PICTURES_DIR, name)
-    with FileSystems.create(path, compression_type=_UNCOMPRESSED) as sink:
-        sink.write(data)
-    return path
-
-
-def _slug(*parts: Any) -> str:
-    text = "_".join(str(p) for p in parts if p is not None and p != "")
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", text)
-
-
-def _day(ms: int) -> str:
-    return time.strftime("%Y-%m-%dT%H%M", time.gmtime(ms / 1000))
-
-
-_IMAGE_RANDOMIZERS = (
-    "one_hot_rappor",
-    "symmetric_one_hot",
-    "asymmetric_one_hot",
-    "report_fragmented",
-    "zero_sum_histogram",
-)
-
-
-def _grid_side(recipe: Any, domain_size: int) -> int | None:
-    """A square 2-D domain (the image-grid recipes: 64 x 64 cells) drawn as an image."""
-    side = math.isqrt(domain_size)
-    if recipe is None or recipe.randomizer not in _IMAGE_RANDOMIZERS:
-        return None
-    return side if side * side == domain_size and side >= 8 else None
-
-
-def draw_pictures(output: str, summary: Mapping[str, Any], book: core.RecipeBook) -> list[str]:
-    """PNGs: for square grid domains the reconstruction beside the truth; for every histogram
-    the estimate against the truth with error bars; for longitudinal rounds f̃_t against f_t."""
-    written: list[str] = []
-    histograms = _read_table(FileSystems.join(output, HISTOGRAMS_FILE))
-    crowds = [c for c in summary.get("histograms", []) if "privacy" in c][:MAX_PICTURED_CROWDS]
-    if histograms is not None and histograms.num_rows and crowds:
-        window_ms = histograms.column("window_start").cast(pa.int64()).to_numpy()
-        crowd_column = histograms.column("crowd").to_pylist()
-        channel = np.asarray(histograms.column("channel").to_pylist(), dtype=object)
-        recipe_column = np.asarray(histograms.column("recipe_id").to_pylist(), dtype=object)
-        crowd_array = np.asarray(crowd_column, dtype=object)
-        names = histograms.column_names
-        for crowd in crowds:
-            rows = np.flatnonzero(
-                (window_ms == crowd["window_start"])
-                & (channel == crowd["channel"])
-                & (recipe_column == crowd["recipe_id"])
-                & (crowd_array == crowd["crowd_id"])
-            )
-            if rows.size == 0:
-                continue
-            part = histograms.take(pa.array(rows))
-            column = {name: part.column(name).to_numpy(zero_copy_only=False) for name in names}
-            truth = column.get("truth")
-            if truth is not None and np.isnan(truth.astype(np.float64)).all():
-                truth = None
-            scale = float(crowd.get("accuracy", {}).get("truth_scale", 1.0))
-            if truth is not None and scale != 1.0:
-                truth = truth.astype(np.float64) * scale  # survivors' share, as in the RMSE
-            recipe = book.get(crowd["recipe_id"])
-            privacy = crowd.get("privacy", {})
-            eps_c = privacy.get("epsilon_central")
-            title = (
-                f"{crowd['recipe_id']} · {crowd['channel']}"
-                + (f" · crowd {crowd['crowd_id']}" if crowd["crowd_id"] else "")
-                + f" · {_day(crowd['window_start'])}\n"
-                f"n = {crowd['respondents_effective']:,.0f}, "
-                f"ε_ℓ = {privacy.get('epsilon_local_all')}, "
-                + (f"ε_c = {eps_c:.3g} ({privacy.get('bound')})" if eps_c is not None else "ε_c: none")
-                + (f"; truth scaled by {scale:.3g} to n" if truth is not None and scale != 1.0 else "")
-            )  # fmt: skip
-            stem = _slug(crowd["channel"], crowd["crowd_id"], _day(crowd["window_start"]))
-            side = _grid_side(recipe, crowd["domain_size"])
-            order = np.argsort(column["bucket"])
-            if side is not None and column["bucket"].size == side * side:
-                post_name = f"estimate_{crowd.get('postprocessing')}"
-                post = column.get(post_name)
-                image = pictures.image_comparison(
-                    column["estimate"][order].reshape(side, side),
-                    None if truth is None else truth[order].reshape(side, side),
-                    title,
-                    postprocessed=None if post is None else post[order].reshape(side, side),
-                    postprocessing=crowd.get("postprocessing", ""),
-                )
-                written.append(_write_png(output, f"{stem}_image.png", image))
-            chart = pictures.estimate_vs_truth(
-                column["bucket"][order],
-                column["estimate"][order],
-                column["stderr"][order],
-                None if truth is None else truth[order],
-                title,
-            )
-            written.append(_write_png(output, f"{stem}_histogram.png", chart))
-    longitudinal = _read_table(FileSystems.join(output, LONGITUDINAL_FILE))
-    rounds = summary.get("longitudinal", [])[:MAX_PICTURED_CROWDS]
-    if longitudinal is not None and longitudinal.num_rows:
-        round_ms = longitudinal.column("round_start").cast(pa.int64()).to_numpy()
-        channel = np.asarray(longitudinal.column("channel").to_pylist(), dtype=object)
-        crowd_array = np.asarray(longitudinal.column("crowd").to_pylist(), dtype=object)
-        for entry in rounds:
-            rows = np.flatnonzero(
-                (round_ms == entry["round_start"])
-                & (channel == entry["channel"])
-                & (crowd_array == entry["crowd_id"])
-            )
-            if rows.size == 0:
-                continue
-            part = longitudinal.take(pa.array(rows)).sort_by("period")
-            truth = (
-                part.column("truth").to_numpy(zero_copy_only=False)
-                if "truth" in part.column_names
-                else None
-            )
-            if truth is not None and np.isnan(truth.astype(np.float64)).all():
-                truth = None
-            bound = entry["error_bound"]
-            title = (
-                f"{entry['recipe_id']} · {entry['channel']} · round from "
-                f"{_day(entry['round_start'])}\nf̃_t (Algorithm 2) with Theorem 6 bound "
-                f"{bound:,.0f} (β = {entry['error_bound_failure_probability']:g}), "
-                f"n = {entry['respondents']:,.0f}"
-            )
-            image = pictures.longitudinal(
-                part.column("period").to_numpy(),
-                part.column("estimate").to_numpy(),
-                bound,
-                truth,
-                title,
-            )
-            stem = _slug(entry["channel"], entry["crowd_id"], _day(entry["round_start"]))
-            written.append(_write_png(output, f"{stem}_longitudinal.png", image))
-    return written
 
 
 def _fmt(value: Any, spec: str = ".3g") -> str:
@@ -523,8 +389,8 @@ def summary_table(summary: Mapping[str, Any]) -> str:
         accuracy = crowd.get("accuracy", {})
         rows.append(
             (
-                _slug(crowd["channel"], crowd["crowd_id"]),
-                _day(crowd["window_start"]),
+                pictures.slug(crowd["channel"], crowd["crowd_id"]),
+                pictures.day(crowd["window_start"]),
                 _fmt(crowd.get("respondents_effective"), ",.0f"),
                 _fmt(privacy.get("epsilon_local_all")),
                 _fmt(privacy.get("epsilon_local_one")),
@@ -540,8 +406,8 @@ def summary_table(summary: Mapping[str, Any]) -> str:
         accuracy = entry.get("accuracy", {})
         rows.append(
             (
-                _slug(entry["channel"], entry["crowd_id"]) + " (f̃_t)",
-                _day(entry["round_start"]),
+                pictures.slug(entry["channel"], entry["crowd_id"]) + " (f̃_t)",
+                pictures.day(entry["round_start"]),
                 _fmt(entry.get("respondents"), ",.0f"),
                 _fmt(privacy.get("epsilon_local_all")),
                 _fmt(privacy.get("epsilon_local_one")),
@@ -562,13 +428,12 @@ def summary_table(summary: Mapping[str, Any]) -> str:
         lines.append("no crowd was estimated")
     for note in summary.get("withheld", []):
         lines.append(
-            f"note: {note['channel']} {note['crowd_id'] or ''} {_day(note['window_start'])}: "
-            f"{note['note']} (by instance {', '.join(note['withheld_by'])})"
+            f"note: {note['channel']} {note['crowd_id'] or ''} {pictures.day(note['window_start'])}: "
+            f"{note['note']} (by instance {', '.join(map(str, note['withheld_by']))})"
         )
     metrics = summary.get("metrics", {})
     lines.append(
-        f"messages read {metrics.get('read', 0):,}: census {metrics.get('census', 0):,}, "
-        f"randomized {metrics.get('messages', 0):,}, dead-lettered "
-        f"{metrics.get('dead_lettered', 0):,}"
+        f"messages read {metrics.get('read', 0):,}: randomized {metrics.get('messages', 0):,}, "
+        f"dead-lettered {metrics.get('dead_lettered', 0):,}"
     )
     return "\n".join(lines)

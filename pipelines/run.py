@@ -198,7 +198,7 @@ def run(
         )
     )
     seconds["simulate"] = round(time.monotonic() - started, 2)
-    say(f"  {simulation['messages']:,} messages, {simulation['census_messages']:,} census "
+    say(f"  {simulation['messages']:,} messages, {simulation['presence_messages']:,} presence "
         f"({seconds['simulate']} s)")  # fmt: skip
 
     shuffle_jobs = {

@@ -16,9 +16,13 @@ Output (DIR): ``instance=<u>/reports-<shard>.avro`` (schemas/report.avsc; each s
 can run alone on its own directory), ``truth.parquet`` (true counts per window and bucket of the
 devices that reported: window, window_start, bucket, count; absent buckets are 0; longitudinal
 bucket 1 counts users in state True) and ``simulation.json`` (recipe, population, respondents,
-seed, refusals, messages per instance, codec, files). Everything is written to a hidden
-temporary sibling ``.DIR.tmp-<random>`` that is renamed to DIR at the end and removed on failure,
-so a DIR that exists is complete. DIR must be a local directory, or one mounted on every worker.
+seed, refusals, messages per instance, codec, files), and, written last, the commit record
+``_COMMIT.json`` (format "esa-reports/1", ``schemas/release.py``: every file with its size,
+record count and SHA-256). Everything is first written to a hidden temporary sibling
+``.DIR.tmp-<random>`` that is renamed to DIR at the end and removed on failure; only then is the
+commit record written, so a DIR without ``_COMMIT.json`` is incomplete (a killed run leaves
+nothing committed; its stale temporary sibling is removed by the next run). An existing DIR is
+replaced only with ``--overwrite``. DIR must be a local directory, or one mounted on every worker.
 
 The pipeline passes shard descriptors (index, respondent range, SeedSequence child of the seed)
 through ``beam.Create``; each worker generates its shard's population slice, runs the devices,
@@ -46,7 +50,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.cli import UsageError
 from pipelines.options import SimulateOptions, with_default_runner
-from schemas import SCHEMA_VERSION
+from schemas import SCHEMA_VERSION, release
 from schemas.recipes import load_recipe, recipe_names, shipped_recipes
 from transforms.encode import (
     CombineShardSummaries,
@@ -167,8 +171,38 @@ def _check_output(output: str | None, overwrite: bool) -> Path:
     if path.exists() and not path.is_dir():
         raise UsageError(f"--output {output} exists and is not a directory")
     if path.is_dir() and any(path.iterdir()) and not overwrite:
-        raise UsageError(f"--output {output} is not empty (use --overwrite to replace it)")
+        raise UsageError(
+            f"--output {output} exists and is not empty; pass --overwrite to replace it"
+        )
     return path
+
+
+def _remove_stale_staging(output: Path) -> None:
+    """Temporary siblings left by killed runs into the same DIR (never committed)."""
+    for stale in output.parent.glob(f".{output.name}.tmp-*"):
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def commit_outputs(directory: Path, summary: dict[str, Any]) -> str:
+    """Writes ``directory/_COMMIT.json`` (format "esa-reports/1") listing every file in it."""
+    names = sorted(
+        str(path.relative_to(directory))
+        for path in directory.rglob("*")
+        if path.is_file() and path.name != release.COMMIT_FILE
+    )
+    files = [release.file_entry(str(directory), name) for name in names]
+    return release.write_commit(
+        str(directory),
+        {
+            "format": release.REPORTS_FORMAT,
+            "recipe_id": summary.get("recipe_id"),
+            "shuffler_instances": summary.get("shuffler_instances"),
+            "seed": summary.get("seed"),
+            "files": files,
+            "records": sum(f["records"] or 0 for f in files if f["path"].endswith(".avro")),
+        },
+    )
 
 
 class _WriteOutputs(beam.DoFn):
@@ -206,9 +240,9 @@ class _WriteOutputs(beam.DoFn):
             refusals=summary.refusals,
             reports=summary.device_rounds - summary.refusals,
             messages_per_instance=summary.messages.tolist(),
-            census_per_instance=summary.census.tolist(),
+            presence_per_instance=summary.presence.tolist(),
             messages=int(summary.messages.sum()),
-            census_messages=int(summary.census.sum()),
+            presence_messages=int(summary.presence.sum()),
             files=[
                 shard_file_name(instance, shard)
                 for instance in range(self._metadata["shuffler_instances"])
@@ -258,6 +292,7 @@ def run(options: PipelineOptions) -> dict[str, Any]:
         "truth": TRUTH_FILE,
     }
     output.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_staging(output)
     staging = output.parent / f".{output.name}.tmp-{secrets.token_hex(4)}"
     try:
         staging.mkdir()
@@ -274,9 +309,11 @@ def run(options: PipelineOptions) -> dict[str, Any]:
             )
         summary = json.loads((staging / SUMMARY_FILE).read_text())
         if output.exists():
+            (output / release.COMMIT_FILE).unlink(missing_ok=True)  # uncommit first
             shutil.rmtree(output)
         os.replace(staging, output)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    commit_outputs(output, summary)  # last: DIR is complete only from here on
     return summary

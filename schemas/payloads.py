@@ -2,9 +2,11 @@
 
 Every payload is the Avro binary encoding of one record of ``payloads.avsc`` whose first field is
 an ``int`` kind tag, followed by int/long fields; Avro encodes each of them as a zigzag varint
-(Avro 1.11 specification, "Binary Encoding"), so a payload is a short sequence of varints. The tag
-makes census messages (tag 0, content-free, one per respondent per channel, window and instance)
-impossible to confuse with data messages, and lets one crowd mix census and data messages.
+(Avro 1.11 specification, "Binary Encoding"), so a payload is a short sequence of varints. Tag 0
+(``CENSUS``) is retired: devices once sent content-free census payloads the analyzer counted as
+respondents (one device could inflate n); they now send presence messages with an empty payload,
+which the shuffler counts and never releases. The decoder still recognizes tag 0 so the analyzer
+can dead-letter such payloads (``census_not_counted``) instead of counting them.
 
 The codec works on whole arrays: :func:`encode_payloads` writes all payloads of a batch into one
 ``uint8`` buffer plus offsets (:class:`EncodedPayloads`), and :func:`decode_payloads` parses the
@@ -44,7 +46,6 @@ __all__ = [
     "payload_kind_tag",
     "payload_record_schema",
     "encode_payloads",
-    "encode_census",
     "encode_message_batch",
     "decode_payloads",
     "message_columns",
@@ -55,7 +56,8 @@ __all__ = [
 
 PAYLOAD_SCHEMA = "payloads"
 
-# Kind tags: part of the wire format, never renumbered (a new kind takes a new number).
+# Kind tags: part of the wire format, never renumbered (a new kind takes a new number). Tag 0
+# (census) is retired and never encoded by devices; it stays known so it is never reused.
 CENSUS = "census"
 PAYLOAD_KINDS: Mapping[str, int] = MappingProxyType(
     {
@@ -291,7 +293,7 @@ def encode_payloads(
 ) -> EncodedPayloads:
     """Avro binary payloads of one kind from field arrays (names as in ``payloads.avsc``).
 
-    ``count`` is needed only for the census kind, which has no fields.
+    ``count`` is needed only for a kind without fields (the retired census tag).
     """
     layout = _LAYOUT_BY_TAG[payload_kind_tag(kind)]
     missing = set(layout.field_names) - set(fields)
@@ -331,11 +333,6 @@ def encode_payloads(
             data[field_start[has_byte] + j] = group | more
         field_start += n_bytes
     return EncodedPayloads(data, offsets)
-
-
-def encode_census(count: int) -> EncodedPayloads:
-    """``count`` census payloads (the kind tag alone)."""
-    return encode_payloads(CENSUS, {}, count=count)
 
 
 def _message_fields(batch: Any, payload_kind: str) -> dict[str, np.ndarray]:
@@ -552,7 +549,7 @@ def encode_randomized(batch: Any, randomizer: Any) -> EncodedPayloads:
 def decode_for(
     randomizer: Any, payloads: EncodedPayloads | Sequence[bytes] | pa.Array
 ) -> DecodedPayloads:
-    """Decode a crowd of ``randomizer``: its own kind and census messages, fields in range."""
+    """Decode a crowd of ``randomizer``: its own payload kind only, fields in range."""
     return decode_payloads(
-        payloads, allowed_kinds=(CENSUS, randomizer.payload_kind), limits=payload_limits(randomizer)
+        payloads, allowed_kinds=(randomizer.payload_kind,), limits=payload_limits(randomizer)
     )

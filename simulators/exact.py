@@ -137,7 +137,7 @@ def paper_counts(name: str, seed: int = 0) -> np.ndarray:
 @dataclass(frozen=True, eq=False)
 class ExactAggregate:
     """What the analyzer would see for one window: released bucket sums and the respondents
-    (the census count), next to the truth they came from."""
+    (what the shufflers' commit records state), next to the truth they came from."""
 
     true_counts: np.ndarray
     bucket_sums: np.ndarray

@@ -9,8 +9,11 @@ Per respondent and reporting round, vectorized over a batch of respondents, a de
    into messages (one per set bit with attribute fragmentation, tau report fragments with report
    fragmentation: Algorithms 1-2 of esa-privacy-revisited);
 3. sends each message to one shuffler instance drawn from the recipe's instance weights (a stated
-   trust distribution; uniform by default), and one content-free census message to every one of
-   the K instances per window, so the analyzer learns n from the data (never by counting fragments);
+   trust distribution; uniform by default), and one content-free presence message (empty payload)
+   to every one of the K instances per crowd (window), so each shuffler counts the device as a
+   respondent of the crowd even when none of its randomized messages went there; the shuffler
+   never releases presence messages and states the respondents it released in its commit record,
+   which is where the analyzer's n comes from (no message can move n by more than one);
 4. stamps each message with its origin — a unique string per device derived from a secret key and
    the device's index, unlinkable to its value — and an event time uniform inside its window.
 
@@ -122,7 +125,7 @@ class FleetBatch:
     """Everything a batch of devices sent in all its rounds, as columns (no per-message objects).
 
     Message columns are aligned with ``messages``, whose ``respondent`` holds global respondent
-    indices; census columns describe the content-free census messages. ``*_window`` are window
+    indices; presence columns describe the content-free presence messages. ``*_window`` are window
     indices (window w spans ``start_ms + w window_ms`` and one window length). Truth is sparse
     ``(window, bucket, count)`` over the devices that reported: for longitudinal values, bucket 1
     counts users in state True in that period and bucket 0 those in state False.
@@ -133,10 +136,10 @@ class FleetBatch:
     message_window: np.ndarray
     message_event_ms: np.ndarray
     message_origin: np.ndarray
-    census_instance: np.ndarray
-    census_window: np.ndarray
-    census_event_ms: np.ndarray
-    census_origin: np.ndarray
+    presence_instance: np.ndarray
+    presence_window: np.ndarray
+    presence_event_ms: np.ndarray
+    presence_origin: np.ndarray
     truth_window: np.ndarray
     truth_bucket: np.ndarray
     truth_count: np.ndarray
@@ -148,8 +151,8 @@ class FleetBatch:
         return int(self.message_instance.size)
 
     @property
-    def num_census(self) -> int:
-        return int(self.census_instance.size)
+    def num_presence(self) -> int:
+        return int(self.presence_instance.size)
 
 
 _COLUMN_DTYPES = {
@@ -157,10 +160,10 @@ _COLUMN_DTYPES = {
     "message_window": np.int64,
     "message_event_ms": np.int64,
     "message_origin": np.uint64,
-    "census_instance": np.int32,
-    "census_window": np.int64,
-    "census_event_ms": np.int64,
-    "census_origin": np.uint64,
+    "presence_instance": np.int32,
+    "presence_window": np.int64,
+    "presence_event_ms": np.int64,
+    "presence_origin": np.uint64,
     "truth_window": np.int64,
     "truth_bucket": np.int64,
     "truth_count": np.int64,
@@ -379,13 +382,13 @@ class DeviceFleet:
         first_window = round_index * self.periods_per_round
         period_index = batch.period.astype(np.int64) - (1 if self.longitudinal else 0)
         message_window = first_window + period_index
-        # Census: every reporting device, every window of the round, every instance.
+        # Presence: every reporting device, every window of the round, every instance.
         k, p = self.num_instances, self.periods_per_round
-        census_device = np.repeat(reporting, p * k)
-        census_window = first_window + np.tile(
+        presence_device = np.repeat(reporting, p * k)
+        presence_window = first_window + np.tile(
             np.repeat(np.arange(p, dtype=np.int64), k), reporting.size
         )
-        census_instance = np.tile(np.arange(k, dtype=np.int32), reporting.size * p)
+        presence_instance = np.tile(np.arange(k, dtype=np.int32), reporting.size * p)
         truth_window, truth_bucket, truth_count = true_counts(held, self.randomizer.domain_size)
         return {
             "messages": MessageBatch(
@@ -399,10 +402,10 @@ class DeviceFleet:
             "message_window": message_window,
             "message_event_ms": self._event_times(message_window, rng),
             "message_origin": origins[reporting][local],
-            "census_instance": census_instance,
-            "census_window": census_window,
-            "census_event_ms": self._event_times(census_window, rng),
-            "census_origin": origins[census_device],
+            "presence_instance": presence_instance,
+            "presence_window": presence_window,
+            "presence_event_ms": self._event_times(presence_window, rng),
+            "presence_origin": origins[presence_device],
             "truth_window": first_window + truth_window.astype(np.int64),
             "truth_bucket": truth_bucket,
             "truth_count": truth_count,

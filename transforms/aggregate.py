@@ -1,14 +1,16 @@
 """The analyzer's first half as Beam transforms: released messages in, count arrays per crowd out.
 
-:class:`AggregateReleases` takes ``(instance, path)`` pairs, one per ShuffledMessage Avro file of
-each shuffler instance's release (the analyzer knows which shuffler a release came from). Each
-file is read in column batches (``transforms.avro_io``: one Beam element per batch, never per
-message); a batch is verified (schema version, window, CRC32C, a known recipe on its channel),
-its payloads decoded per recipe, and its census and randomized messages counted into one partial
-accumulator per crowd (``transforms.analyze_core.aggregate_batch``). A combiner adds the count
-arrays per (window, channel, recipe, crowd), or per (channel, recipe, crowd) for longitudinal
-counters, whose rounds span d windows. Unreadable chunks and undecodable messages go to the
-``dead_letters`` output with their reason; counters account for every record read.
+:class:`AggregateReleases` takes the committed ShuffledMessage Avro files of every release and
+the crowds of every release's commit record, as ``(instance, crowd record)`` pairs. Each file is
+read in column batches (``transforms.avro_io``: one Beam element per batch, never per message); a
+batch is verified (schema version, window, CRC32C, a known recipe on its channel), its payloads
+decoded per recipe, and its randomized messages counted into one partial accumulator per crowd
+(``transforms.analyze_core.aggregate_batch``). Each released crowd of a commit record becomes a
+partial accumulator holding only n_u, the respondents instance u states it released
+(``respondent_accumulators``): n never comes from messages. A combiner adds them per (window,
+channel, recipe, crowd), or per (channel, recipe, crowd) for longitudinal counters, whose rounds
+span d windows. Unreadable chunks and undecodable messages go to the ``dead_letters`` output with
+their reason; counters account for every record read.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def _inc(counts: dict[str, int], name: str, value: int) -> None:
 
 @beam.typehints.with_output_types(typing.Any)
 class DecodeReleaseFile(beam.DoFn):
-    """``(instance, path)`` -> ``(crowd key, partial accumulator)`` per crowd and batch; tagged
+    """``path`` -> ``(crowd key, partial accumulator)`` per crowd and batch; tagged
     ``dead_letter`` (lists of DeadLetter dicts) and ``counts`` (dicts of counters) outputs."""
 
     def __init__(
@@ -58,8 +60,7 @@ class DecodeReleaseFile(beam.DoFn):
         self._batch_records = batch_records
         self._dense_limit = dense_limit
 
-    def process(self, element: tuple[int, str]) -> Iterator[Any]:
-        instance, path = element
+    def process(self, path: str) -> Iterator[Any]:
         counts: dict[str, int] = {"files": 1}
         expect = schema_json("shuffled_message")  # else the whole file is schema_mismatch
         for item in avro_io.read_avro_batches(path, self._batch_records, expect):
@@ -72,7 +73,7 @@ class DecodeReleaseFile(beam.DoFn):
                 yield beam.pvalue.TaggedOutput(DEAD_LETTER_TAG, [letter])
                 continue
             result = core.aggregate_batch(
-                item.columns, int(instance), self._book, self._versions, self._dense_limit
+                item.columns, self._book, self._versions, self._dense_limit
             )
             for name, value in result.counts.items():
                 _inc(counts, name, value)
@@ -104,10 +105,11 @@ class DecodeReleaseFile(beam.DoFn):
 
 
 class CombineCrowd(beam.CombineFn):
-    """Adds partial accumulators of one crowd (count arrays, census, counters).
+    """Adds partial accumulators of one crowd (count arrays, respondents, counters).
 
-    The empty accumulator is ``None`` so one combiner serves histogram and longitudinal crowds;
-    merging reuses the first accumulator in place (no copy of its count array).
+    The empty accumulator is ``None`` so one combiner serves histogram and longitudinal crowds.
+    Inputs are never modified: ``add_input`` copies the first element it keeps and merges later
+    ones into that copy; ``merge_accumulators`` sums into a new accumulator.
     """
 
     def create_accumulator(self) -> core.Accumulator | None:
@@ -116,7 +118,10 @@ class CombineCrowd(beam.CombineFn):
     def add_input(
         self, accumulator: core.Accumulator | None, element: core.Accumulator
     ) -> core.Accumulator:
-        return core.merge_any([accumulator, element])
+        if accumulator is None:
+            return element.copy()
+        accumulator.merge(element)
+        return accumulator
 
     def merge_accumulators(
         self, accumulators: Iterable[core.Accumulator | None]
@@ -139,7 +144,7 @@ class AggregateOutputs(NamedTuple):
 
 
 class AggregateReleases(beam.PTransform):
-    """``(instance, path)`` of every released message file -> :class:`AggregateOutputs`."""
+    """(message file paths, ``(instance, commit crowd record)`` pairs) -> :class:`AggregateOutputs`."""
 
     def __init__(
         self,
@@ -150,20 +155,31 @@ class AggregateReleases(beam.PTransform):
     ) -> None:
         super().__init__()
         self._decode = DecodeReleaseFile(book, supported_versions, batch_records, dense_limit)
+        self._book = book
+        self._dense_limit = dense_limit
 
-    def expand(self, files: beam.PCollection) -> AggregateOutputs:
+    def expand(self, inputs: tuple[beam.PCollection, beam.PCollection]) -> AggregateOutputs:
+        files, commit_crowds = inputs
+        book, dense_limit = self._book, self._dense_limit
         decoded = files | "DecodeBatches" >> beam.ParDo(self._decode).with_outputs(
             DEAD_LETTER_TAG, COUNTS_TAG, main="crowds"
         )
-        crowds = decoded.crowds | "AddCountArrays" >> beam.CombinePerKey(CombineCrowd())
+        stated = commit_crowds | "RespondentsFromCommits" >> beam.FlatMap(
+            lambda item: core.respondent_accumulators([item[1]], item[0], book, dense_limit)
+        )
+        crowds = (
+            (decoded.crowds, stated)
+            | "CountsAndRespondents" >> beam.Flatten()
+            | "AddCountArrays" >> beam.CombinePerKey(CombineCrowd())
+        )
         counts = decoded[COUNTS_TAG] | "AddCounters" >> beam.CombineGlobally(SumCounts())
         return AggregateOutputs(crowds, decoded[DEAD_LETTER_TAG], counts)
 
 
 def metrics_summary(counts: Mapping[str, int]) -> dict[str, Any]:
-    """The analyzer's counters with the balance check read = census + messages + rejected, in
-    records (DESIGN.md invariant 5); it fails when some unreadable chunk held an unknown number
-    of records."""
+    """The analyzer's counters with the balance check read = messages + rejected, in records
+    (DESIGN.md invariant 5); it fails when some unreadable chunk held an unknown number of
+    records."""
     rejected = {
         name.split(":", 1)[1]: int(value)
         for name, value in sorted(counts.items())
@@ -175,16 +191,14 @@ def metrics_summary(counts: Mapping[str, int]) -> dict[str, Any]:
         if name.startswith("unknown_records:")
     }
     read = int(counts.get("read", 0))
-    census = int(counts.get("census", 0))
     messages = int(counts.get("messages", 0))
     dead_lettered = sum(rejected.values())
     return {
         "files": int(counts.get("files", 0)),
         "read": read,
-        "census": census,
         "messages": messages,
         "rejected_by_reason": rejected,
         "dead_lettered": dead_lettered,
         "chunks_of_unknown_records": unknown,
-        "adds_up": read == census + messages + dead_lettered and not unknown,
+        "adds_up": read == messages + dead_lettered and not unknown,
     }

@@ -1,8 +1,8 @@
 """The analyzer's second half as Beam transforms: count arrays per crowd in, answers out.
 
 :class:`EstimateCrowds` de-biases each crowd's count arrays with its recipe's estimator at the
-effective respondent count n_eff = Σ_u π_u n_u (``transforms.analyze_core``: census messages of
-every instance's release weighted by the recipe's instance weights), adds standard errors, the
+effective respondent count n_eff = Σ_u π_u n_u (``transforms.analyze_core``: the respondents
+each instance's commit record states it released, weighted by the recipe's instance weights), adds standard errors, the
 optional labelled post-processing, the longitudinal marginals of Algorithm 2
 (amplification-by-shuffling) with Theorem 6's bound, the privacy report per crowd, and, when a
 simulation's truth is given, the accuracy against it. :class:`WriteAnalysis` writes
@@ -70,7 +70,7 @@ class AnalysisConfig:
     """Settings of the estimation step.
 
     ``deletion``: per shuffler instance, the (ε_cr, δ_cr) of its randomized deletion (Algorithm
-    3, esa-privacy-revisited), added to the privacy report; ``failure_probability``: β of the
+    3, esa-privacy-revisited) as its commit record states them, added to the privacy report; ``failure_probability``: β of the
     longitudinal error bound; ``truth``: simulations' truth files, at most one per recipe.
     """
 
@@ -246,7 +246,7 @@ class EstimateCrowd(beam.DoFn):
         except ValueError as error:
             report = core.key_fields(key)
             report.update(
-                census_by_instance={str(u): c for u, c in accumulator.census.items()},
+                respondents_by_instance={str(u): c for u, c in accumulator.respondents.items()},
                 messages=accumulator.messages,
                 notes=[f"no estimate: {error}"],
             )
@@ -273,14 +273,14 @@ class EstimateCrowd(beam.DoFn):
             if source is not None:
                 truth = source.marginals(result.window_starts())
             windows = set(result.window_starts().tolist())
-            census: dict[int, int] = {}
-            for (window, instance), count in accumulator.census.items():
+            respondents: dict[int, int] = {}
+            for (window, instance), count in accumulator.respondents.items():
                 if window in windows:  # per-period crowds: the smallest period bounds ε_c
-                    census[instance] = min(census.get(instance, count), count)
+                    respondents[instance] = min(respondents.get(instance, count), count)
             yield beam.pvalue.TaggedOutput(
                 LONGITUDINAL_TAG, longitudinal_table(result, config, truth)
             )
-            yield core.longitudinal_report(recipe, result, census, config.deletion, truth)
+            yield core.longitudinal_report(recipe, result, respondents, config.deletion, truth)
 
 
 class EstimateOutputs(NamedTuple):
@@ -366,8 +366,8 @@ def write_summary(
 class WriteAnalysis(beam.PTransform):
     """Writes histograms.parquet, longitudinal.parquet and summary.json into ``output_dir``.
 
-    ``withheld`` is computed from the reports and the manifests' WITHHELD records (passed in, they
-    are small). Each file is written once, by one worker, after all crowds are estimated.
+    ``withheld`` is computed from the reports and the commit records' withheld crowds (passed in,
+    each with the ``instance`` whose commit listed it). Each file is written once, by one worker, after all crowds are estimated.
     """
 
     def __init__(
@@ -375,13 +375,13 @@ class WriteAnalysis(beam.PTransform):
         output_dir: str,
         config: AnalysisConfig,
         inputs: Mapping[str, Any],
-        manifests: list[dict[str, Any]],
+        withheld_crowds: list[dict[str, Any]],
     ) -> None:
         super().__init__()
         self._output_dir = output_dir
         self._config = config
         self._inputs = dict(inputs)
-        self._manifests = list(manifests)
+        self._withheld_crowds = list(withheld_crowds)
 
     def expand(self, outputs: tuple[EstimateOutputs, beam.PCollection]) -> beam.PCollection:
         estimates, counts = outputs
@@ -404,7 +404,7 @@ class WriteAnalysis(beam.PTransform):
             ),
         ]
         reports = estimates.reports | "AllReports" >> beam.combiners.ToList()
-        inputs, manifests = self._inputs, self._manifests
+        inputs, withheld_crowds = self._inputs, self._withheld_crowds
 
         def summarize(_: Any, reports: list, counts: dict, written: list) -> dict[str, Any]:
             estimated = set()
@@ -421,7 +421,7 @@ class WriteAnalysis(beam.PTransform):
                                 (report["round_start"] + period * report["window_ms"],
                                  report["channel"], report["recipe_id"], report["crowd_id"])
                             )  # fmt: skip
-            withheld = core.withheld_notes(manifests, estimated)
+            withheld = core.withheld_notes(withheld_crowds, estimated)
             return write_summary(summary_path, inputs, reports, metrics_summary(counts), withheld)
 
         files = written[0].pipeline | "SummaryTrigger" >> beam.Create([None])

@@ -8,7 +8,7 @@ import apache_beam as beam
 
 
 class SumCounts(beam.CombineFn):
-    """Adds counter dicts (files, read, census, messages, rejected:<reason>)."""
+    """Adds counter dicts (files, read, messages, rejected:<reason>); inputs are never modified."""
 
     def create_accumulator(self) -> dict[str, int]:
         return {}

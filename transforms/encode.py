@@ -4,7 +4,7 @@ A simulation is a small, picklable :class:`SimulationPlan` (recipe JSON, populat
 fleet settings) cut into :class:`ShardSpec` descriptors (shard index, respondent range, a
 ``numpy.random.SeedSequence`` child of the master seed). A worker rebuilds recipe, population and
 fleet once (:class:`ShardContext`), then per shard generates the population slice chunk by chunk,
-runs the device fleet (``simulators.fleet``: verify, charge, randomize, fragment, census, pick
+runs the device fleet (``simulators.fleet``: verify, charge, randomize, fragment, presence, pick
 instances, stamp origin and event time) and turns each chunk into one :class:`ReportBatch` per
 shuffler instance (``schemas/report.avsc`` fields as columns). Only descriptors travel through
 ``beam.Create``; elements are batches, never single messages; no step holds the population.
@@ -42,7 +42,7 @@ from schemas import REPORT, SCHEMA_VERSION, schema_json
 from schemas.avro.container import ContainerWriter, check_codec
 from schemas.avro.crc32c import crc32c_many
 from schemas.avro.varint import encode_bytes, encode_long, varint_lengths, varint_matrix, zigzag
-from schemas.payloads import EncodedPayloads, encode_census, encode_message_batch
+from schemas.payloads import EncodedPayloads, encode_message_batch
 from schemas.recipes import Recipe, recipe_from_dict
 from simulators.fleet import (
     DEFAULT_START_MS,
@@ -395,7 +395,7 @@ class ShardContext:
         return population
 
     def messages_per_respondent(self) -> float:
-        """Expected messages per device and round (data + census), for sizing shards and chunks:
+        """Expected messages per device and round (data + presence), for sizing shards and chunks:
         the randomizer's own expectation, or a pilot run on the first respondents."""
         expected = getattr(self.randomizer, "expected_messages_per_respondent", None)
         data: float | None = None
@@ -408,8 +408,8 @@ class ShardContext:
             pilot = self.population.values(0, min(_PILOT_RESPONDENTS, self.population.size))
             batch = self.randomizer.randomize(pilot, np.random.default_rng(0))
             data = len(batch) / max(len(pilot), 1)
-        census = self.fleet.num_instances * self.fleet.periods_per_round
-        return (data + census) * self.plan.rounds
+        presence = self.fleet.num_instances * self.fleet.periods_per_round
+        return (data + presence) * self.plan.rounds
 
     def respondents_per_shard(self) -> int:
         return _respondents_for(self.plan.messages_per_shard, self.messages_per_respondent())
@@ -429,7 +429,7 @@ class ShardContext:
             yield self.fleet.run(self.population.values(first, last), first, rng)
 
     def report_batches(self, batch: FleetBatch) -> list[ReportBatch]:
-        """One ReportBatch per shuffler instance: its data messages, then its census messages."""
+        """One ReportBatch per shuffler instance: its data messages, then its presence messages."""
         return report_batches_for(
             batch,
             self.recipe,
@@ -464,6 +464,13 @@ def _concat_payloads(first: EncodedPayloads, second: EncodedPayloads) -> Encoded
     return EncodedPayloads(data, offsets)
 
 
+def presence_payloads(count: int) -> EncodedPayloads:
+    """``count`` presence payloads: zero bytes each (their CRC32C is 0). A presence message is a
+    normal Report with an empty payload; the shuffler counts its origin as a respondent of the
+    crowd and never releases it."""
+    return EncodedPayloads(np.zeros(0, dtype=np.uint8), np.zeros(count + 1, dtype=np.int64))
+
+
 def report_batches_for(
     batch: FleetBatch,
     recipe: Any,
@@ -476,20 +483,19 @@ def report_batches_for(
     payloads = encode_message_batch(_Columns(batch.messages, order), payload_kind, sketch_width)
     crcs = crc32c_many(payloads)
     bounds = np.searchsorted(batch.message_instance[order], np.arange(num_instances + 1))
-    census_order = np.argsort(batch.census_instance, kind="stable")
-    census_bounds = np.searchsorted(
-        batch.census_instance[census_order], np.arange(num_instances + 1)
+    presence_order = np.argsort(batch.presence_instance, kind="stable")
+    presence_bounds = np.searchsorted(
+        batch.presence_instance[presence_order], np.arange(num_instances + 1)
     )
-    census_crc = np.uint32(crc32c_many(encode_census(1))[0])
     message_origin = batch.message_origin[order]
     message_time = batch.message_event_ms[order]
-    census_origin = batch.census_origin[census_order]
-    census_time = batch.census_event_ms[census_order]
+    presence_origin = batch.presence_origin[presence_order]
+    presence_time = batch.presence_event_ms[presence_order]
     out = []
     for instance in range(num_instances):
         lo, hi = int(bounds[instance]), int(bounds[instance + 1])
-        clo, chi = int(census_bounds[instance]), int(census_bounds[instance + 1])
-        census_count = chi - clo
+        plo, phi = int(presence_bounds[instance]), int(presence_bounds[instance + 1])
+        presence_count = phi - plo
         out.append(
             ReportBatch(
                 shuffler_instance=instance,
@@ -497,14 +503,14 @@ def report_batches_for(
                 recipe_id=recipe.id,
                 min_crowd_size=int(recipe.min_crowd_size),
                 origin=format_origins(
-                    np.concatenate([message_origin[lo:hi], census_origin[clo:chi]])
+                    np.concatenate([message_origin[lo:hi], presence_origin[plo:phi]])
                 ),
-                event_time_ms=np.concatenate([message_time[lo:hi], census_time[clo:chi]]),
+                event_time_ms=np.concatenate([message_time[lo:hi], presence_time[plo:phi]]),
                 payloads=_concat_payloads(
-                    _payload_slice(payloads, lo, hi), encode_census(census_count)
+                    _payload_slice(payloads, lo, hi), presence_payloads(presence_count)
                 ),
                 payload_crc32c=np.concatenate(
-                    [crcs[lo:hi], np.full(census_count, census_crc, dtype=np.uint32)]
+                    [crcs[lo:hi], np.zeros(presence_count, dtype=np.uint32)]
                 ),
             )
         )
@@ -525,7 +531,7 @@ class ShardSummary:
     device_rounds: int = 0
     refusals: int = 0
     messages: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    census: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    presence: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     truth_window: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     truth_bucket: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     truth_count: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
@@ -536,8 +542,8 @@ class ShardSummary:
         self.messages = _add_padded(
             self.messages, np.bincount(batch.message_instance, minlength=num_instances)
         )
-        self.census = _add_padded(
-            self.census, np.bincount(batch.census_instance, minlength=num_instances)
+        self.presence = _add_padded(
+            self.presence, np.bincount(batch.presence_instance, minlength=num_instances)
         )
         self._add_truth(batch.truth_window, batch.truth_bucket, batch.truth_count)
 
@@ -547,7 +553,7 @@ class ShardSummary:
         self.device_rounds += other.device_rounds
         self.refusals += other.refusals
         self.messages = _add_padded(self.messages, other.messages)
-        self.census = _add_padded(self.census, other.census)
+        self.presence = _add_padded(self.presence, other.presence)
         self._add_truth(other.truth_window, other.truth_bucket, other.truth_count)
         return self
 
@@ -643,7 +649,9 @@ class _ShardFn(beam.DoFn):
         beam.metrics.Metrics.counter(namespace, "respondents").inc(summary.respondents)
         beam.metrics.Metrics.counter(namespace, "refusals").inc(summary.refusals)
         beam.metrics.Metrics.counter(namespace, "messages").inc(int(summary.messages.sum()))
-        beam.metrics.Metrics.counter(namespace, "census_messages").inc(int(summary.census.sum()))
+        beam.metrics.Metrics.counter(namespace, "presence_messages").inc(
+            int(summary.presence.sum())
+        )
 
 
 class _EncodeShardFn(_ShardFn):

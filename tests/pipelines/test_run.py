@@ -162,10 +162,8 @@ def test_withheld_crowd_has_a_note_and_no_estimate(in_memory):
     summary = json.loads((output / "summary.json").read_text())
     assert not [c for c in summary["histograms"] if c["channel"] == "tiny"]
     [note] = [n for n in summary["withheld"] if n["channel"] == "tiny"]
-    assert not note["estimated"] and note["withheld_by"] == {
-        "0": "below_threshold",
-        "1": "below_threshold",
-    }
+    # The commit records name the withholding instances, never a reason that reveals counts.
+    assert not note["estimated"] and note["withheld_by"] == [0, 1]
     table = pq.read_table(output / "histograms.parquet")
     assert "tiny" not in set(table.column("channel").to_pylist())
     assert "no estimate" in printed
@@ -304,7 +302,8 @@ def test_esa_run_makes_files_pictures_and_a_table(tmp_path):
     for name in ("histograms", "longitudinal", "summary"):
         assert Path(run["paths"][name]).exists()
     assert any(p.endswith("_image.png") for p in run["paths"]["pictures"])
-    assert sorted(p.name for p in (output / "shuffled").iterdir()) == ["instance=0", "instance=1"]
+    releases = sorted(p.name for p in (output / "shuffled").iterdir() if "private" not in p.name)
+    assert releases == ["instance=0", "instance=1"]
 
 
 def test_instances_default_to_the_recipe_and_zero_sum_is_never_spread():

@@ -62,8 +62,8 @@ def test_files_are_read_by_both_readers_with_every_crc_matching(tmp_path):
         instance = int(path.parent.name.split("=")[1])
         assert {r["shuffler_instance"] for r in fast} == {instance}
         total += len(fast)
-    assert total == summary["messages"] + summary["census_messages"]
-    assert summary["census_per_instance"] == [150] * 4
+    assert total == summary["messages"] + summary["presence_messages"]
+    assert summary["presence_per_instance"] == [150] * 4
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left
 
 
@@ -79,9 +79,10 @@ def test_encoded_messages_follow_the_randomizer_distribution(tmp_path):
         crcs += [r["payload_crc32c"] for r in records]
     encoded = EncodedPayloads.from_list(payloads)
     assert np.array_equal(crc32c_many(encoded), np.asarray(crcs, dtype=np.uint32))
-    decoded = decode_payloads(encoded, allowed_kinds=["bucket", "census"])
-    assert decoded.valid.all()
-    assert decoded.is_kind("census").sum() == 4 * n
+    presence = encoded.lengths == 0
+    assert presence.sum() == 4 * n  # one empty presence payload per device and instance
+    decoded = decode_payloads(encoded, allowed_kinds=["bucket"])
+    assert decoded.valid[~presence].all()
     observed = np.bincount(decoded.columns["bucket"][decoded.is_kind("bucket")], minlength=4096)
     truth = pq.read_table(output / "truth.parquet").to_pydict()
     assert sum(truth["count"]) == n and set(truth["window"]) == {0}
@@ -113,7 +114,7 @@ def test_refused_budget_count_reaches_simulation_json(tmp_path):
     assert code == 0
     summary = json.loads((output / "simulation.json").read_text())
     assert summary["refusals"] == 250 and summary["device_rounds"] == 750
-    assert summary["census_per_instance"] == [500] * 4
+    assert summary["presence_per_instance"] == [500] * 4
     truth = pq.read_table(output / "truth.parquet").to_pydict()
     assert set(truth["window"]) == {0, 1}
 
@@ -146,7 +147,7 @@ def test_longitudinal_and_image_populations(tmp_path):
     truth = pq.read_table(output / "truth.parquet").to_pydict()
     assert set(truth["window"]) == set(range(16)) and set(truth["bucket"]) <= {0, 1}
     summary = json.loads((output / "simulation.json").read_text())
-    assert summary["census_per_instance"] == [200 * 16] * 4
+    assert summary["presence_per_instance"] == [200 * 16] * 4
     start, day = 1_704_067_200_000, 86_400_000  # 2024-01-01T00:00Z, the default start
     times = np.array([as_plain(r)["event_time"] for r in fastavro_records(report_files(output)[0])])
     assert np.all((start <= times) & (times < start + 16 * day))
@@ -193,7 +194,7 @@ def test_existing_output_is_kept_and_a_failed_run_leaves_nothing(tmp_path, capsy
     output.mkdir()
     (output / "keep.txt").write_text("mine")
     assert main(["simulate", "--output", str(output), "--respondents", "50", FAST_RUNNER]) == 2
-    assert "not empty" in capsys.readouterr().err and (output / "keep.txt").exists()
+    assert "pass --overwrite" in capsys.readouterr().err and (output / "keep.txt").exists()
 
     import transforms.encode
 

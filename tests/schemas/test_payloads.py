@@ -113,8 +113,8 @@ def test_limits_bound_indices() -> None:
     assert decoded.reason_counts() == {"ok": 2, "value_out_of_range": 1}
 
 
-def test_census_messages_are_one_byte_and_never_confused_with_data() -> None:
-    census = payloads.encode_census(3)
+def test_retired_census_payloads_are_one_byte_and_never_confused_with_data() -> None:
+    census = payloads.encode_payloads(payloads.CENSUS, {}, count=3)
     assert census.to_list() == [b"\x00"] * 3
     mixed = census.to_list() + payloads.encode_payloads("bucket", {"bucket": [0]}).to_list()
     decoded = payloads.decode_payloads(mixed, allowed_kinds=[payloads.CENSUS, "bucket"])

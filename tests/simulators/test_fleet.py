@@ -1,4 +1,4 @@
-"""The device fleet: budget checks and refusals, messages, census, instances, origins, times."""
+"""The device fleet: budget checks and refusals, messages, presence, instances, origins, times."""
 
 from __future__ import annotations
 
@@ -45,15 +45,15 @@ def test_messages_follow_the_randomizer_distribution():
     assert chi_square_statistic_ok(statistic, randomizer.domain_size)
 
 
-def test_every_reporting_device_sends_one_census_message_to_every_instance():
+def test_every_reporting_device_sends_one_presence_message_to_every_instance():
     recipe = load_recipe("image_grid_onehot")
     fleet = DeviceFleet(recipe)
     batch = fleet.run(np.arange(500) % 4096, 1000, seeded_generator(2))
     k = recipe.shuffler_instances
-    assert batch.num_census == 500 * k
+    assert batch.num_presence == 500 * k
     device_origins = origin_ids(np.arange(1000, 1500), fleet.config.origin_key)
     for instance in range(k):
-        in_instance = batch.census_origin[batch.census_instance == instance]
+        in_instance = batch.presence_origin[batch.presence_instance == instance]
         assert np.array_equal(np.sort(in_instance), np.sort(device_origins))
     assert batch.truth_count.sum() == 500 and batch.refusals == 0
 
@@ -108,12 +108,12 @@ def test_event_times_fall_inside_the_window_of_their_period():
     assert np.array_equal(batch.message_window, round_of * 16 + batch.messages.period - 1)
     for window, times in (
         (batch.message_window, batch.message_event_ms),
-        (batch.census_window, batch.census_event_ms),
+        (batch.presence_window, batch.presence_event_ms),
     ):
         start = 1_000_000 + window * day
         assert np.all((start <= times) & (times < start + day))
-    assert set(np.unique(batch.census_window)) == set(range(32))
-    assert batch.num_census == 300 * 4 * 32
+    assert set(np.unique(batch.presence_window)) == set(range(32))
+    assert batch.num_presence == 300 * 4 * 32
 
 
 def test_refused_budget_count_is_exact():
@@ -126,7 +126,7 @@ def test_refused_budget_count_is_exact():
     batch = fleet.run(np.arange(n), 0, seeded_generator(6))
     assert batch.refusals == 3 * n and batch.device_rounds == 5 * n
     assert set(np.unique(batch.message_window)) == {0, 1}
-    assert np.array_equal(np.bincount(batch.census_window, minlength=5), [4 * n, 4 * n, 0, 0, 0])
+    assert np.array_equal(np.bincount(batch.presence_window, minlength=5), [4 * n, 4 * n, 0, 0, 0])
     assert batch.truth_count.sum() == 2 * n
 
 
@@ -146,7 +146,7 @@ def test_recipes_outside_the_query_class_or_budget_are_refused_by_every_device()
     )
     assert [f.reason for f in outside.refusals_for_all()] == ["field_not_in_query_class"]
     batch = outside.run(np.arange(40), 0, seeded_generator(8))
-    assert batch.refusals == 40 and batch.num_messages == 0 and batch.num_census == 0
+    assert batch.refusals == 40 and batch.num_messages == 0 and batch.num_presence == 0
     poor = DeviceFleet(recipe, policy=device_policy_for(recipe, budget_epsilon=0.5))
     assert [f.reason for f in poor.refusals_for_all()] == ["budget_too_small"]
     unlimited = DeviceFleet(
@@ -164,7 +164,7 @@ def test_report_fragments_spread_over_instances_and_the_same_seed_repeats():
     first = fleet.run(np.arange(60), 0, seeded_generator(9))
     again = fleet.run(np.arange(60), 0, seeded_generator(9))
     assert set(np.unique(first.messages.fragment)) == {1, 2, 3, 4}
-    for name in ("message_instance", "message_event_ms", "message_origin", "census_event_ms"):
+    for name in ("message_instance", "message_event_ms", "message_origin", "presence_event_ms"):
         assert np.array_equal(getattr(first, name), getattr(again, name))
     assert np.array_equal(first.messages.bucket, again.messages.bucket)
     # Fragments of one device go to several instances (each picked independently).

@@ -16,7 +16,7 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from privacy.rng import seeded_generator
 from schemas import SUPPORTED_SCHEMA_VERSIONS, crc32c, parsed_schema
-from schemas.payloads import encode_census, encode_payloads
+from schemas.payloads import CENSUS, encode_payloads
 from schemas.recipes import recipe_from_dict
 from transforms import analyze_core as core
 from transforms.aggregate import AggregateReleases, CombineCrowd, SumCounts, metrics_summary
@@ -51,18 +51,18 @@ BOOK = core.RecipeBook([RECIPE])
 KEY = (core.HISTOGRAM, T0, T0 + DAY, "grid", "grid@1", None)
 
 
-def _accumulator(buckets, census):
+def _accumulator(buckets, respondents):
     accumulator = core.CrowdAccumulator.empty(8)
     accumulator.add_messages(np.asarray(buckets))
-    for instance, count in census.items():
-        accumulator.add_census(instance, count)
+    for instance, count in respondents.items():
+        accumulator.set_respondents(instance, count)
     return accumulator
 
 
 def test_combine_crowd_three_ways_agree():
     # Beam's combiners_test habit: call the CombineFn directly; sequential adds, merges of
     # single-element accumulators and merges after compact + pickling must agree.
-    parts = [_accumulator([1, 2], {0: 3}), _accumulator([2], {1: 4}), _accumulator([7, 7], {0: 1})]
+    parts = [_accumulator([1, 2], {0: 4}), _accumulator([2], {1: 4}), _accumulator([7, 7], {})]
     combine = CombineCrowd()
 
     def fresh():
@@ -80,7 +80,7 @@ def test_combine_crowd_three_ways_agree():
     for result in (sequential, merged, compacted):
         output = combine.extract_output(result)
         np.testing.assert_array_equal(output.counts.dense(), [0, 1, 2, 0, 0, 0, 0, 2])
-        assert output.census == {0: 4, 1: 4}
+        assert output.respondents == {0: 4, 1: 4}
         assert output.messages == 5
     assert combine.extract_output(combine.create_accumulator()) is None
 
@@ -89,15 +89,15 @@ def test_sum_counts_and_metrics_balance():
     combine = SumCounts()
     total = combine.merge_accumulators(
         [
-            {"read": 5, "census": 2, "messages": 2, "rejected:crc_mismatch": 1},
+            {"read": 5, "messages": 4, "rejected:crc_mismatch": 1},
             {"read": 1, "rejected:empty": 1},
         ]
     )
     summary = metrics_summary(combine.extract_output(total))
     assert summary["adds_up"] and summary["dead_lettered"] == 2
     assert summary["rejected_by_reason"] == {"crc_mismatch": 1, "empty": 1}
-    assert not metrics_summary({"read": 3, "census": 1})["adds_up"]
-    unknown = metrics_summary({"read": 1, "census": 1, "unknown_records:unreadable_file": 1})
+    assert not metrics_summary({"read": 3, "messages": 1})["adds_up"]
+    unknown = metrics_summary({"read": 1, "messages": 1, "unknown_records:unreadable_file": 1})
     assert not unknown["adds_up"] and unknown["chunks_of_unknown_records"] == {"unreadable_file": 1}
 
 
@@ -128,36 +128,43 @@ def release_files(tmp_path_factory):
     values = rng.integers(0, 8, size=400)
     messages = randomizer.randomize(values, rng)
     instance = rng.integers(0, 2, size=len(messages))
-    census = encode_census(1).to_list()[0]
+    census = encode_payloads(CENSUS, {}, count=1).to_list()[0]  # retired: never counted
     payloads = encode_payloads("bucket", {"bucket": messages.bucket}).to_list()
     files = []
     for u in (0, 1):
-        rows = [("grid@1", census, None)] * 400
-        rows += [("grid@1", p, None) for p, i in zip(payloads, instance, strict=True) if i == u]
+        rows = [("grid@1", p, None) for p, i in zip(payloads, instance, strict=True) if i == u]
         path = root / f"instance{u}.avro"
         _write_release_file(path, rows)
-        files.append((u, str(path)))
+        files.append(str(path))
     bad = root / "bad.avro"
-    _write_release_file(bad, [("grid@1", payloads[0], 7), ("nope@1", payloads[0], None)])
-    files.append((0, str(bad)))
+    _write_release_file(
+        bad, [("grid@1", payloads[0], 7), ("nope@1", payloads[0], None), ("grid@1", census, None)]
+    )
+    files.append(str(bad))
     garbage = root / "garbage.avro"
     garbage.write_bytes(b"not an avro file")
-    files.append((1, str(garbage)))
+    files.append(str(garbage))
     counts = np.bincount(values, minlength=8)
-    return files, messages.bucket_sums(8), counts
+    # What the two instances' commit records state: 400 respondents each, a withheld next day.
+    crowd = {"window_start_ms": T0, "window_end_ms": T0 + DAY, "channel": "grid",
+             "recipe_id": "grid@1", "crowd_id": None, "status": "released",
+             "respondents_released": 400, "messages_released": 0}  # fmt: skip
+    withheld = {**crowd, "window_start_ms": T0 + DAY, "window_end_ms": T0 + 2 * DAY,
+                "status": "withheld", "respondents_released": None}  # fmt: skip
+    commits = [(0, crowd), (1, crowd), (0, withheld)]
+    return files, commits, messages.bucket_sums(8), counts
 
 
 def test_aggregate_releases_adds_every_file_and_dead_letters_bad_records(release_files):
-    files, sums, _ = release_files
+    files, commits, sums, _ = release_files
     options = PipelineOptions(["--runner=FnApiRunner"])
     with beam.Pipeline(options=options) as pipeline:
         outputs = (
-            pipeline
-            | beam.Create(files)
-            | AggregateReleases(BOOK, SUPPORTED_SCHEMA_VERSIONS, batch_records=100)
-        )
+            pipeline | "Files" >> beam.Create(files),
+            pipeline | "Commits" >> beam.Create(commits),
+        ) | AggregateReleases(BOOK, SUPPORTED_SCHEMA_VERSIONS, batch_records=100)
         crowds = outputs.crowds | beam.Map(
-            lambda kv: (kv[0], kv[1].counts.dense().tolist(), kv[1].census)
+            lambda kv: (kv[0], kv[1].counts.dense().tolist(), kv[1].respondents)
         )
         assert_that(crowds, equal_to([(KEY, sums.tolist(), {0: 400, 1: 400})]), label="crowds")
         reasons = outputs.dead_letters | beam.FlatMap(
@@ -165,20 +172,20 @@ def test_aggregate_releases_adds_every_file_and_dead_letters_bad_records(release
         )
         assert_that(
             reasons,
-            equal_to(["crc_mismatch", "unknown_recipe", "unreadable_file"]),
+            equal_to(["crc_mismatch", "unknown_recipe", "census_not_counted", "unreadable_file"]),
             label="dead letters",
         )
         balance = (
             outputs.counts
             | beam.Map(metrics_summary)
-            | beam.Map(lambda m: (m["files"], m["census"], m["dead_lettered"], m["adds_up"]))
+            | beam.Map(lambda m: (m["files"], m["dead_lettered"], m["adds_up"]))
         )
         # The garbage file holds an unknown number of records: the balance cannot hold.
-        assert_that(balance, equal_to([(4, 800, 2, False)]), label="counts")
+        assert_that(balance, equal_to([(4, 3, False)]), label="counts")
 
 
 def test_estimate_and_write_analysis(release_files, tmp_path):
-    files, _, true_counts = release_files
+    files, commits, _, true_counts = release_files
     truth_path = tmp_path / "truth.parquet"
     truth = {"window_start": [T0] * 8, "bucket": list(range(8)), "count": true_counts.tolist()}
     pq.write_table(pa.table(truth), truth_path)
@@ -186,16 +193,15 @@ def test_estimate_and_write_analysis(release_files, tmp_path):
         BOOK, postprocessing="clip_nonnegative", truth=(TruthSource(str(truth_path), "grid@1"),)
     )
     output = tmp_path / "out"
-    manifests = [
-        {"window_start": T0 + DAY, "window_end": T0 + 2 * DAY, "shuffler_instance": 0,
-         "channel": "grid", "recipe_id": "grid@1", "crowd_id": None, "status": "WITHHELD",
-         "withheld_reason": "below_threshold"},
-    ]  # fmt: skip
+    withheld = [{**crowd, "instance": u} for u, crowd in commits if crowd["status"] == "withheld"]
     with beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner"])) as pipeline:
-        aggregated = pipeline | beam.Create(files) | AggregateReleases(BOOK, {1})
+        aggregated = (
+            pipeline | "Files" >> beam.Create(files),
+            pipeline | "Commits" >> beam.Create(commits),
+        ) | AggregateReleases(BOOK, {1})
         estimates = aggregated.crowds | EstimateCrowds(config)
         _ = (estimates, aggregated.counts) | WriteAnalysis(
-            str(output), config, {"test": True}, manifests
+            str(output), config, {"test": True}, withheld
         )
     table = pq.read_table(output / "histograms.parquet")
     assert table.schema == histogram_schema(config)
@@ -211,10 +217,10 @@ def test_estimate_and_write_analysis(release_files, tmp_path):
     assert pq.read_table(output / "longitudinal.parquet").num_rows == 0
     summary = json.loads((output / "summary.json").read_text())
     [crowd] = summary["histograms"]
-    assert crowd["census_by_instance"] == {"0": 400, "1": 400}
+    assert crowd["respondents_by_instance"] == {"0": 400, "1": 400}
     assert crowd["privacy"]["respondents"] == 400
     assert crowd["accuracy"]["truth_scale"] == 1.0
-    assert not summary["metrics"]["adds_up"] and summary["metrics"]["dead_lettered"] == 2
+    assert not summary["metrics"]["adds_up"] and summary["metrics"]["dead_lettered"] == 3
     assert summary["metrics"]["chunks_of_unknown_records"] == {"unreadable_file": 1}
     [withheld] = summary["withheld"]
     assert withheld["window_start"] == T0 + DAY and not withheld["estimated"]

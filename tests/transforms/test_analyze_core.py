@@ -13,7 +13,7 @@ from privacy.accounting import BOUND_DESCRIPTIONS
 from privacy.randomizers import build_randomizer
 from privacy.rng import seeded_generator
 from schemas import crc32c
-from schemas.payloads import EncodedPayloads, encode_census, encode_payloads
+from schemas.payloads import CENSUS, EncodedPayloads, encode_payloads
 from schemas.recipes import Recipe, recipe_from_dict
 from transforms.analyze_core import (
     HISTOGRAM,
@@ -34,6 +34,7 @@ from transforms.analyze_core import (
     missing_instance_note,
     payloads_subset,
     privacy_summary,
+    respondent_accumulators,
     tree_node_matches_period,
     withheld_notes,
 )
@@ -143,35 +144,41 @@ def test_bucket_counts_rejects_bad_domain_and_mismatched_merge():
         BucketCounts(10).merge(BucketCounts(11))
 
 
-def test_crowd_accumulators_merge_counts_census_and_rejections():
+def test_crowd_accumulators_merge_counts_respondents_and_rejections():
     first = CrowdAccumulator.empty(8)
     first.add_messages(np.array([1, 2, 2]))
-    first.add_census(0, 5)
+    first.set_respondents(0, 5)
     first.add_rejected("crc_mismatch", 2)
     second = CrowdAccumulator.empty(8)
     second.add_messages(np.array([7]))
-    second.add_census(1, 4)
-    second.add_census(0, 1)
+    second.set_respondents(1, 4)
     second.add_rejected("crc_mismatch", 1)
     second.add_rejected("bad_payload", 1)
     merged = merge_accumulators([first, second])
     np.testing.assert_array_equal(merged.counts.dense(), [0, 1, 2, 0, 0, 0, 0, 1])
-    assert merged.census == {0: 6, 1: 4}
+    assert merged.respondents == {0: 5, 1: 4}
     assert merged.messages == 4
     assert merged.rejected == {"crc_mismatch": 3, "bad_payload": 1}
+    # Inputs are untouched; an instance's count is stated once, never summed.
+    assert first.respondents == {0: 5} and first.messages == 3
+    np.testing.assert_array_equal(first.counts.dense(), [0, 1, 2, 0, 0, 0, 0, 0])
+    again = CrowdAccumulator.empty(8)
+    again.set_respondents(0, 1)
+    with pytest.raises(ValueError, match="stated twice"):
+        merge_accumulators([first, again])
 
 
-def test_effective_respondents_is_the_weighted_census():
+def test_effective_respondents_is_the_weighted_respondents_released():
     assert effective_respondents({0: 1000, 1: 1000}, [0.5, 0.5]) == 1000
     # Instance 1 deleted 100 respondents: only its share of messages went missing.
     assert effective_respondents({0: 1000, 1: 900}, [0.25, 0.75]) == pytest.approx(925)
-    # Instance 1 withheld the crowd: no census there, n_eff is instance 0's share.
+    # Instance 1 withheld the crowd: no count there, n_eff is instance 0's share.
     assert effective_respondents({0: 1000}, [0.5, 0.5]) == 500
 
 
 def test_effective_respondents_keeps_estimates_unbiased_under_deletion():
     # Simulate the protocol: each respondent's message goes to instance u ~ π; instance 1 drops
-    # a set of respondents (their census and their messages). Sum of surviving messages divided
+    # a set of respondents (their messages; its commit record states the survivors). Sum of surviving messages divided
     # by n_eff estimates the surviving population's mean with no bias.
     rng = seeded_generator(3)
     n, weights = 200_000, np.array([0.3, 0.7])
@@ -179,8 +186,8 @@ def test_effective_respondents_keeps_estimates_unbiased_under_deletion():
     instance = rng.choice(2, size=n, p=weights)
     deleted_in_1 = rng.random(n) < 0.2
     alive = ~((instance == 1) & deleted_in_1)
-    census = {0: n, 1: int(n - deleted_in_1.sum())}
-    n_eff = effective_respondents(census, weights)
+    respondents = {0: n, 1: int(n - deleted_in_1.sum())}
+    n_eff = effective_respondents(respondents, weights)
     estimate = values[alive].sum() / n_eff
     # Target: π-weighted survivor mean; the deletion is independent of values, so that is 0.4 in
     # expectation. Std of the ratio ~ sqrt(0.4*0.6/n) ≈ 0.0011; 5 sigma: ~6e-7 false failures.
@@ -189,7 +196,7 @@ def test_effective_respondents_keeps_estimates_unbiased_under_deletion():
 
 
 @pytest.mark.parametrize(
-    ("census", "weights", "message"),
+    ("respondents", "weights", "message"),
     [
         ({0: 1}, [0.5, 0.6], "sum to 1"),
         ({0: 1}, [], "non-empty"),
@@ -197,9 +204,9 @@ def test_effective_respondents_keeps_estimates_unbiased_under_deletion():
         ({0: -1}, [1.0], "negative"),
     ],
 )
-def test_effective_respondents_rejects_bad_input(census, weights, message):
+def test_effective_respondents_rejects_bad_input(respondents, weights, message):
     with pytest.raises(ValueError, match=message):
-        effective_respondents(census, weights)
+        effective_respondents(respondents, weights)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -267,11 +274,25 @@ def _batch(rows: list[tuple]) -> pa.RecordBatch:
     )
 
 
+def _crowd(start: int, channel: str, respondents: int | None, crowd_id=None) -> dict:
+    """One crowd of a commit record (schemas/release.py format)."""
+    return {
+        "window_start_ms": start,
+        "window_end_ms": start + DAY,
+        "channel": channel,
+        "recipe_id": f"{channel}@1",
+        "crowd_id": crowd_id,
+        "status": "withheld" if respondents is None else "released",
+        "respondents_released": respondents,
+        "messages_released": 0,
+    }
+
+
 def _bucket(value: int) -> bytes:
     return encode_payloads("bucket", {"bucket": np.array([value])}).to_list()[0]
 
 
-CENSUS_BYTES = encode_census(1).to_list()[0]
+CENSUS_BYTES = encode_payloads(CENSUS, {}, count=1).to_list()[0]  # retired census payload
 
 
 def test_aggregate_batch_counts_crowds_and_dead_letters_every_bad_message():
@@ -298,17 +319,17 @@ def test_aggregate_batch_counts_crowds_and_dead_letters_every_bad_message():
         ),
     ]
     rows = good + bad + other_crowd
-    result = aggregate_batch(_batch(rows), 1, BOOK, {1})
+    result = aggregate_batch(_batch(rows), BOOK, {1})
 
     key = (HISTOGRAM, T0, T0 + DAY, "onehot", "onehot@1", None)
     accumulator = result.accumulators[key]
     expected = np.zeros(16, dtype=np.int64)
     expected[[0, 5, 15]] = [1, 2, 1]
     np.testing.assert_array_equal(accumulator.counts.dense(), expected)
-    assert accumulator.census == {1: 3}
+    assert accumulator.respondents == {}  # n never comes from messages
     assert accumulator.messages == 4
     other = result.accumulators[(HISTOGRAM, T0, T0 + DAY, "onehot", "onehot@1", "en-US")]
-    assert other.census == {1: 1} and other.messages == 1
+    assert other.respondents == {} and other.messages == 1
 
     reasons = dict(zip(result.rejected_rows.tolist(), result.rejected_reasons, strict=True))
     first_bad = len(good)
@@ -321,15 +342,18 @@ def test_aggregate_batch_counts_crowds_and_dead_letters_every_bad_message():
         "unknown_schema_version",
         "unexpected_kind",
     ]
+    census_rows = [i for i, row in enumerate(good + bad + other_crowd) if row[4] == CENSUS_BYTES]
+    assert all(reasons[i] == "census_not_counted" for i in census_rows)
     counts = result.counts
     rejected = sum(v for k, v in counts.items() if k.startswith("rejected:"))
-    assert counts["read"] == len(rows) == counts["census"] + counts["messages"] + rejected
-    assert (counts["census"], counts["messages"], rejected) == (4, 5, len(bad))
+    assert counts["read"] == len(rows) == counts["messages"] + rejected
+    assert (counts["messages"], rejected) == (5, len(bad) + 4)
+    assert counts["rejected:census_not_counted"] == 4
 
 
 def test_aggregate_batch_rejects_a_batch_without_the_message_columns():
     batch = pa.RecordBatch.from_pydict({"payload": [b"x", b"y"]})
-    result = aggregate_batch(batch, 0, BOOK, {1})
+    result = aggregate_batch(batch, BOOK, {1})
     assert result.rejected_reasons == ["missing_field", "missing_field"]
     assert result.accumulators == {}
 
@@ -358,8 +382,7 @@ def _longitudinal_batches(states: np.ndarray, instance_of: np.ndarray, rng):
                 },
             ).to_list()
             rows = [(start, "tree", "tree@1", None, p) for p in payloads]
-            rows += [(start, "tree", "tree@1", None, CENSUS_BYTES)] * states.shape[0]
-            batches.append((instance, _batch(rows)))
+            batches.append((instance, start, _batch(rows)))
     return messages, batches
 
 
@@ -370,12 +393,17 @@ def test_longitudinal_messages_across_windows_give_algorithm_2_marginals():
     states = np.zeros((n, client.periods), dtype=bool)
     switch_on = rng.integers(1, client.periods + 1, size=n)
     states[np.arange(client.periods)[None, :] >= (switch_on[:, None] - 1)] = True
-    # The randomizer sends each message to one instance; census goes to both.
+    # The randomizer sends each message to one instance; both commit records state n per window.
     messages, batches = _longitudinal_batches(states, rng.integers(0, 2, size=n), rng)
     assert tree_node_matches_period(messages.bucket, messages.period, client.periods).all()
-    partials = [aggregate_batch(batch, instance, BOOK, {1}) for instance, batch in batches]
+    partials = [aggregate_batch(batch, BOOK, {1}) for _, _, batch in batches]
     assert all(not p.rejected_reasons for p in partials)
-    accumulator = merge_any(acc for p in partials for acc in p.accumulators.values())
+    stated = [
+        accumulator
+        for instance, start, _ in batches
+        for _, accumulator in respondent_accumulators([_crowd(start, "tree", n)], instance, BOOK)
+    ]
+    accumulator = merge_any([acc for p in partials for acc in p.accumulators.values()] + stated)
     key = (LONGITUDINAL, 0, DAY, "tree", "tree@1", None)
     [result] = estimate_longitudinal(TREE, key, accumulator, failure_probability=1e-3)
     direct = client.estimate(messages.bucket_sums(client.message_domain_size), n)
@@ -392,9 +420,7 @@ def test_tree_nodes_reported_in_the_wrong_period_are_rejected():
     node_of_period_4 = encode_payloads(
         "tree_node", {"period": [3], "node": [8 + 1], "sign": [1]}
     ).to_list()[0]  # node [2, 2] belongs to t = 4, not 3
-    result = aggregate_batch(
-        _batch([(start, "tree", "tree@1", None, node_of_period_4)]), 0, BOOK, {1}
-    )
+    result = aggregate_batch(_batch([(start, "tree", "tree@1", None, node_of_period_4)]), BOOK, {1})
     assert result.rejected_reasons == [TREE_NODE_MISMATCH]
 
 
@@ -405,8 +431,8 @@ def test_periods_lost_to_deletion_are_rescaled_to_stay_unbiased():
     accumulator = LongitudinalAccumulator(client.message_domain_size, DAY)
     for period in range(1, client.periods + 1):
         for instance in (0, 1):
-            census = 100 if (period, instance) != (2, 1) else 50
-            accumulator.add_census(T0 + (period - 1) * DAY, instance, census)
+            count = 100 if (period, instance) != (2, 1) else 50
+            accumulator.set_respondents(T0 + (period - 1) * DAY, instance, count)
     node = np.array([1])  # node [1, 2]: reported at period 2
     accumulator.add_messages(T0, node, np.array([1]))
     [result] = estimate_longitudinal(
@@ -430,8 +456,8 @@ def _onehot_accumulator(dense_limit: int, seed: int = 7):
     messages = randomizer.randomize(values, rng)
     accumulator = CrowdAccumulator.empty(16, dense_limit)
     accumulator.add_messages(messages.bucket)
-    accumulator.add_census(0, 2000)
-    accumulator.add_census(1, 2000)
+    accumulator.set_respondents(0, 2000)
+    accumulator.set_respondents(1, 2000)
     return accumulator, values
 
 
@@ -455,16 +481,16 @@ def test_sparse_estimates_equal_the_dense_ones():
     assert dense_accuracy["truth_scale"] == 1.0
 
 
-def test_estimates_use_the_weighted_census_of_the_instances_that_released():
+def test_estimates_use_the_weighted_respondents_of_the_instances_that_released():
     accumulator, _ = _onehot_accumulator(1 << 20)
-    accumulator.census = {0: 2000}  # instance 1 withheld the crowd
+    accumulator.respondents = {0: 2000}  # instance 1 withheld the crowd
     key = (HISTOGRAM, T0, T0 + DAY, "onehot", "onehot@1", None)
     result = estimate_histogram(ONE_HOT, key, accumulator)
     assert result.respondents == 1000
-    assert "released nothing" in missing_instance_note(ONE_HOT, result.census)
+    assert "released nothing" in missing_instance_note(ONE_HOT, result.respondents_by_instance)
     assert missing_instance_note(ONE_HOT, {0: 5, 1: 5}) is None
-    accumulator.census = {}
-    with pytest.raises(ValueError, match="no census"):
+    accumulator.respondents = {}
+    with pytest.raises(ValueError, match="no commit record"):
         estimate_histogram(ONE_HOT, key, accumulator)
 
 
@@ -510,23 +536,23 @@ def test_privacy_summary_of_report_fragments_zero_sum_and_longitudinal():
 
 
 def test_withheld_notes_say_which_crowds_have_no_estimate():
-    manifests = [
-        {"window_start": T0, "window_end": T0 + DAY, "shuffler_instance": 0, "channel": "a",
-         "recipe_id": "a@1", "crowd_id": None, "status": "WITHHELD",
-         "withheld_reason": "below_threshold"},
-        {"window_start": T0, "window_end": T0 + DAY, "shuffler_instance": 1, "channel": "a",
-         "recipe_id": "a@1", "crowd_id": None, "status": "WITHHELD",
-         "withheld_reason": "below_threshold"},
-        {"window_start": T0, "window_end": T0 + DAY, "shuffler_instance": 1, "channel": "b",
-         "recipe_id": "b@1", "crowd_id": "x", "status": "WITHHELD", "withheld_reason": None},
-        {"window_start": T0, "window_end": T0 + DAY, "shuffler_instance": 0, "channel": "b",
-         "recipe_id": "b@1", "crowd_id": "x", "status": "RELEASED", "withheld_reason": None},
-    ]  # fmt: skip
-    notes = withheld_notes(manifests, {(T0, "b", "b@1", "x")})
+    def crowd(instance, channel, crowd_id, status):
+        return {"window_start_ms": T0, "window_end_ms": T0 + DAY, "channel": channel,
+                "recipe_id": f"{channel}@1", "crowd_id": crowd_id, "status": status,
+                "respondents_released": None if status == "withheld" else 500,
+                "messages_released": 0, "instance": instance}  # fmt: skip
+
+    crowds = [
+        crowd(0, "a", None, "withheld"),
+        crowd(1, "a", None, "withheld"),
+        crowd(1, "b", "x", "withheld"),
+        crowd(0, "b", "x", "released"),
+    ]
+    notes = withheld_notes(crowds, {(T0, "b", "b@1", "x")})
     by_channel = {note["channel"]: note for note in notes}
-    assert by_channel["a"]["withheld_by"] == {"0": "below_threshold", "1": "below_threshold"}
+    assert by_channel["a"]["withheld_by"] == [0, 1]
     assert not by_channel["a"]["estimated"] and "no estimate" in by_channel["a"]["note"]
-    assert by_channel["b"]["estimated"] and by_channel["b"]["withheld_by"] == {"1": "withheld"}
+    assert by_channel["b"]["estimated"] and by_channel["b"]["withheld_by"] == [1]
 
 
 def test_sketch_counts_kept_sparsely_are_expanded_for_the_sketch_estimator():
@@ -542,8 +568,8 @@ def test_sketch_counts_kept_sparsely_are_expanded_for_the_sketch_estimator():
     for dense_limit in (1 << 20, 0):
         accumulator = CrowdAccumulator.empty(randomizer.message_domain_size, dense_limit)
         accumulator.add_messages(messages.bucket)
-        accumulator.add_census(0, 3000)
-        accumulator.add_census(1, 3000)
+        accumulator.set_respondents(0, 3000)
+        accumulator.set_respondents(1, 3000)
         results.append(estimate_histogram(sketch, key, accumulator))
     dense, expanded = results
     assert dense.domain_size == expanded.domain_size == 500
@@ -551,3 +577,50 @@ def test_sketch_counts_kept_sparsely_are_expanded_for_the_sketch_estimator():
     np.testing.assert_array_equal(dense.estimate, expanded.estimate)
     direct = randomizer.estimate(messages.bucket_sums(randomizer.message_domain_size), 3000)
     np.testing.assert_allclose(dense.estimate, direct.estimate)
+
+
+# ---------------------------------------------------------------------------------------------
+# n comes from the commit records only
+# ---------------------------------------------------------------------------------------------
+
+
+def _n_eff_of(partials, crowds_by_instance):
+    """n_eff of the one histogram crowd, from decoded batches plus commit records."""
+    stated = [
+        accumulator
+        for instance, crowds in crowds_by_instance.items()
+        for _, accumulator in respondent_accumulators(crowds, instance, BOOK)
+    ]
+    accumulator = merge_any([acc for p in partials for acc in p.accumulators.values()] + stated)
+    key = (HISTOGRAM, T0, T0 + DAY, "onehot", "onehot@1", None)
+    return estimate_histogram(ONE_HOT, key, accumulator).respondents
+
+
+def test_a_flood_of_messages_from_one_origin_cannot_change_n():
+    commits = {0: [_crowd(T0, "onehot", 101)], 1: [_crowd(T0, "onehot", 99)]}
+    honest = [(T0, "onehot", "onehot@1", None, _bucket(b)) for b in range(16)]
+    baseline = _n_eff_of([aggregate_batch(_batch(honest), BOOK, {1})], commits)
+    assert baseline == pytest.approx(0.5 * 101 + 0.5 * 99)
+    # One device floods the release with retired census payloads and data messages.
+    flood = honest + [(T0, "onehot", "onehot@1", None, CENSUS_BYTES)] * 10_000
+    flood += [(T0, "onehot", "onehot@1", None, _bucket(3))] * 5_000
+    flooded = aggregate_batch(_batch(flood), BOOK, {1})
+    assert flooded.counts["rejected:census_not_counted"] == 10_000
+    assert _n_eff_of([flooded], commits) == baseline
+
+
+def test_respondent_accumulators_take_released_crowds_of_known_recipes_only():
+    crowds = [
+        _crowd(T0, "onehot", 300),
+        _crowd(T0 + DAY, "onehot", None),  # withheld: no count, no accumulator
+        {**_crowd(T0, "onehot", 7), "recipe_id": "nobody@1"},  # unknown recipe: skipped
+        _crowd(T0, "tree", 40),
+    ]
+    out = dict(respondent_accumulators(crowds, 1, BOOK))
+    assert out[(HISTOGRAM, T0, T0 + DAY, "onehot", "onehot@1", None)].respondents == {1: 300}
+    assert out[(LONGITUDINAL, 0, DAY, "tree", "tree@1", None)].respondents == {(T0, 1): 40}
+    assert len(out) == 2
+    for bad in (-1, True, 2.5, None):
+        crowd = {**_crowd(T0, "onehot", 1), "respondents_released": bad}
+        with pytest.raises(ValueError, match="respondents_released"):
+            respondent_accumulators([crowd], 0, BOOK)

@@ -91,7 +91,7 @@ def test_shards_cover_the_respondents_with_independent_seeds():
     assert len(draws) == len(shards)
 
 
-def test_report_batches_split_by_instance_with_census_and_valid_crcs():
+def test_report_batches_split_by_instance_with_presence_and_valid_crcs():
     context = ShardContext(small_plan(respondents=400))
     shard = context.shards()[0]
     chunks = [item for item in simulate_shard(context, shard) if not isinstance(item, ShardSummary)]
@@ -100,15 +100,17 @@ def test_report_batches_split_by_instance_with_census_and_valid_crcs():
     per_instance = np.bincount(
         [b.shuffler_instance for b in batches], weights=[len(b) for b in batches]
     )
-    assert np.array_equal(per_instance, summary.messages + summary.census)
-    assert summary.census.tolist() == [shard.respondents] * 4
+    assert np.array_equal(per_instance, summary.messages + summary.presence)
+    assert summary.presence.tolist() == [shard.respondents] * 4
     records = [r for batch in batches for r in batch.to_records()]
     assert all(crc32c(r["payload"]) == r["payload_crc32c"] for r in records)
     assert all(r["recipe_id"] == "image_grid_onehot@1" for r in records)
-    census = [r for r in records if r["payload"] == b"\x00"]  # kind tag 0, no content
-    assert len(census) == summary.census.sum()
+    presence = [r for r in records if r["payload"] == b""]  # empty payload, CRC32C 0
+    assert len(presence) == summary.presence.sum()
+    assert all(r["payload_crc32c"] == 0 for r in presence)
+    assert not [r for r in records if r["payload"] == b"\x00"]  # no retired census payload
     for instance in range(4):
-        origins = {r["origin"] for r in census if r["shuffler_instance"] == instance}
+        origins = {r["origin"] for r in presence if r["shuffler_instance"] == instance}
         assert len(origins) == shard.respondents
 
 
@@ -124,7 +126,7 @@ def test_written_shards_are_reproducible_and_retries_overwrite(tmp_path):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
         with open(tmp_path / "a" / name, "rb") as handle:
             count = sum(1 for _ in fastavro.reader(handle))
-        assert count == first.messages[instance] + first.census[instance]
+        assert count == first.messages[instance] + first.presence[instance]
 
 
 def test_summaries_combine_the_same_sequentially_and_by_merging_partials():
@@ -161,7 +163,7 @@ def test_encode_reports_transform_yields_report_batches_and_summaries():
         totals = (
             outputs.summary
             | beam.CombineGlobally(CombineShardSummaries())
-            | beam.FlatMap(lambda s: list(enumerate((s.messages + s.census).tolist())))
+            | beam.FlatMap(lambda s: list(enumerate((s.messages + s.presence).tolist())))
         )
         respondents = (
             outputs.summary

@@ -29,6 +29,7 @@ from transforms.analyze_core.accumulate import (
 )
 from transforms.analyze_core.batches import (
     BAD_WINDOW,
+    CENSUS_NOT_COUNTED,
     CRC_MISMATCH,
     MESSAGE_COLUMNS,
     MISSING_FIELD,
@@ -38,7 +39,9 @@ from transforms.analyze_core.batches import (
     UNKNOWN_SCHEMA_VERSION,
     BatchAggregate,
     aggregate_batch,
+    crowd_key,
     payloads_subset,
+    respondent_accumulators,
     tree_node_matches_period,
 )
 from transforms.analyze_core.estimate import (
@@ -56,7 +59,6 @@ from transforms.analyze_core.estimate import (
 )
 from transforms.analyze_core.report import (
     ALGORITHM_3,
-    MANIFEST_FIELDS,
     THEOREM_3_2,
     Truth,
     amplification_respondents,
@@ -74,6 +76,7 @@ __all__ = [
     "BAD_WINDOW",
     "BatchAggregate",
     "BucketCounts",
+    "CENSUS_NOT_COUNTED",
     "CRC_MISMATCH",
     "CrowdAccumulator",
     "CrowdKey",
@@ -83,7 +86,6 @@ __all__ = [
     "LONGITUDINAL",
     "LongitudinalAccumulator",
     "LongitudinalResult",
-    "MANIFEST_FIELDS",
     "MATERIALIZE_LIMIT",
     "MESSAGE_COLUMNS",
     "MISSING_FIELD",
@@ -98,6 +100,7 @@ __all__ = [
     "UNKNOWN_SCHEMA_VERSION",
     "aggregate_batch",
     "amplification_respondents",
+    "crowd_key",
     "decode_limits",
     "effective_respondents",
     "estimate_histogram",
@@ -113,6 +116,7 @@ __all__ = [
     "node_periods",
     "payloads_subset",
     "privacy_summary",
+    "respondent_accumulators",
     "sparse_truth",
     "tree_node_matches_period",
     "values_at",

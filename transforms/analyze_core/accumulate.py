@@ -97,11 +97,21 @@ class BucketCounts:
             self.compact()
 
     def merge(self, other: BucketCounts) -> None:
-        """Adds ``other``'s sums into this accumulator (``other`` is left unchanged)."""
+        """Adds ``other``'s sums into this accumulator (``other``'s sums are left unchanged).
+
+        A sparse accumulator that meets a dense one becomes dense (so the result does not depend
+        on the order partial accumulators arrive in)."""
         if other.domain_size != self.domain_size:
             raise ValueError(
                 f"cannot merge counts over {other.domain_size} buckets into {self.domain_size}"
             )
+        if self._dense is None and other._dense is not None:
+            keys, values = self.sparse()
+            self._dense = other._dense.copy()
+            np.add.at(self._dense, keys, values)
+            self._keys = np.zeros(0, dtype=np.int64)
+            self._values = np.zeros(0, dtype=np.int64)
+            return
         if self._dense is not None and other._dense is not None:
             self._dense += other._dense
             return
@@ -113,6 +123,14 @@ class BucketCounts:
         self._pending_size += keys.size
         if self._pending_size >= max(SPARSE_PENDING_LIMIT, self._keys.size):
             self.compact()
+
+    def copy(self) -> BucketCounts:
+        """An independent accumulator with the same sums."""
+        out = BucketCounts.__new__(BucketCounts)
+        self.compact()
+        dense = None if self._dense is None else self._dense.copy()
+        out.__setstate__((self.domain_size, dense, self._keys.copy(), self._values.copy()))
+        return out
 
     def compact(self) -> None:
         """Folds pending sparse batches into the sorted keys (a no-op when dense)."""
@@ -168,18 +186,32 @@ def _bincount(indices: np.ndarray, weights: np.ndarray | None, size: int) -> np.
     return out
 
 
+def _merge_respondents(mine: dict, other: Mapping, what: str) -> None:
+    """Respondent counts are stated once per (crowd, instance) by a commit record: two partial
+    accumulators never both hold one key, so a repeated key is an error, not a sum."""
+    for key, count in other.items():
+        if key in mine:
+            raise ValueError(f"respondents of {what} {key} stated twice")
+        mine[key] = int(count)
+
+
+def _check_respondents(instance: int, count: int) -> None:
+    if int(instance) < 0 or int(count) < 0:
+        raise ValueError(f"respondents need instance >= 0 and count >= 0, got {instance}, {count}")
+
+
 @dataclass
 class CrowdAccumulator:
     """Everything the analyzer adds up for one (window, channel, recipe, crowd).
 
     ``counts`` holds the bucket sums of the decoded randomized messages of all instances;
-    ``census`` maps shuffler instance -> census messages counted in that instance's release
-    (one per surviving respondent); ``messages`` counts decoded randomized messages and
-    ``rejected`` counts messages sent to the dead-letter output, by reason.
+    ``respondents`` maps shuffler instance -> the respondents that instance's commit record says
+    it released for the crowd (never a count of messages); ``messages`` counts decoded randomized
+    messages and ``rejected`` counts messages sent to the dead-letter output, by reason.
     """
 
     counts: BucketCounts
-    census: dict[int, int]
+    respondents: dict[int, int]
     messages: int = 0
     rejected: dict[str, int] | None = None
 
@@ -191,10 +223,9 @@ class CrowdAccumulator:
         self.counts.add(buckets, weights)
         self.messages += int(np.asarray(buckets).size)
 
-    def add_census(self, instance: int, count: int) -> None:
-        if int(instance) < 0 or int(count) < 0:
-            raise ValueError(f"census needs instance >= 0 and count >= 0, got {instance}, {count}")
-        self.census[int(instance)] = self.census.get(int(instance), 0) + int(count)
+    def set_respondents(self, instance: int, count: int) -> None:
+        _check_respondents(instance, count)
+        _merge_respondents(self.respondents, {int(instance): int(count)}, "instance")
 
     def add_rejected(self, reason: str, count: int) -> None:
         if self.rejected is None:
@@ -202,20 +233,24 @@ class CrowdAccumulator:
         self.rejected[reason] = self.rejected.get(reason, 0) + int(count)
 
     def merge(self, other: CrowdAccumulator) -> None:
-        """Adds ``other`` into this accumulator."""
+        """Adds ``other`` into this accumulator (``other`` is left unchanged)."""
         self.counts.merge(other.counts)
-        for instance, count in other.census.items():
-            self.add_census(instance, count)
+        _merge_respondents(self.respondents, other.respondents, "instance")
         self.messages += other.messages
         for reason, count in (other.rejected or {}).items():
             self.add_rejected(reason, count)
 
+    def copy(self) -> CrowdAccumulator:
+        return CrowdAccumulator(
+            self.counts.copy(), dict(self.respondents), self.messages, dict(self.rejected or {})
+        )
+
 
 def merge_accumulators(accumulators: Iterable[CrowdAccumulator]) -> CrowdAccumulator:
-    """Sums accumulators; the first one is reused as the result (Beam's merge contract)."""
+    """Sums accumulators into a copy of the first one (no input is modified)."""
     iterator = iter(accumulators)
     try:
-        result = next(iterator)
+        result = next(iterator).copy()
     except StopIteration:
         raise ValueError("merge_accumulators needs at least one accumulator") from None
     for accumulator in iterator:
@@ -229,11 +264,12 @@ class LongitudinalAccumulator:
     Algorithm 1 (amplification-by-shuffling) sends the report for period t in the period's own
     window, so one round of d periods spans d consecutive windows; a message's round starts at
     ``window_start - (period - 1) * window length``. ``nodes`` maps round start (ms) to the
-    2d - 1 node sums (flat order of ``privacy.estimators.tree_node_offsets``); ``census`` maps
-    (window_start, instance) to census messages, so each period has its own respondent count.
+    2d - 1 node sums (flat order of ``privacy.estimators.tree_node_offsets``); ``respondents``
+    maps (window_start, instance) to the respondents that instance's commit record states for
+    the period's crowd, so each period has its own respondent count.
     """
 
-    __slots__ = ("node_count", "window_ms", "nodes", "census", "messages", "rejected")
+    __slots__ = ("node_count", "window_ms", "nodes", "respondents", "messages", "rejected")
 
     def __init__(self, node_count: int, window_ms: int) -> None:
         if int(node_count) < 1 or int(window_ms) < 1:
@@ -243,7 +279,7 @@ class LongitudinalAccumulator:
         self.node_count = int(node_count)
         self.window_ms = int(window_ms)
         self.nodes: dict[int, BucketCounts] = {}
-        self.census: dict[tuple[int, int], int] = {}
+        self.respondents: dict[tuple[int, int], int] = {}
         self.messages = 0
         self.rejected: dict[str, int] = {}
 
@@ -252,15 +288,20 @@ class LongitudinalAccumulator:
             self.node_count,
             self.window_ms,
             self.nodes,
-            self.census,
+            self.respondents,
             self.messages,
             self.rejected,
         )
 
     def __setstate__(self, state: tuple) -> None:
-        (self.node_count, self.window_ms, self.nodes, self.census, self.messages, self.rejected) = (
-            state
-        )
+        (
+            self.node_count,
+            self.window_ms,
+            self.nodes,
+            self.respondents,
+            self.messages,
+            self.rejected,
+        ) = state
 
     def add_messages(self, round_start: int, nodes: np.ndarray, signs: np.ndarray) -> None:
         counts = self.nodes.get(int(round_start))
@@ -269,41 +310,47 @@ class LongitudinalAccumulator:
         counts.add(nodes, signs)
         self.messages += int(np.asarray(nodes).size)
 
-    def add_census(self, window_start: int, instance: int, count: int) -> None:
-        if int(instance) < 0 or int(count) < 0:
-            raise ValueError(f"census needs instance >= 0 and count >= 0, got {instance}, {count}")
+    def set_respondents(self, window_start: int, instance: int, count: int) -> None:
+        _check_respondents(instance, count)
         key = (int(window_start), int(instance))
-        self.census[key] = self.census.get(key, 0) + int(count)
+        _merge_respondents(self.respondents, {key: int(count)}, "(window, instance)")
 
     def add_rejected(self, reason: str, count: int) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + int(count)
 
     def merge(self, other: LongitudinalAccumulator) -> None:
+        """Adds ``other`` into this accumulator (``other`` is left unchanged)."""
         if (other.node_count, other.window_ms) != (self.node_count, self.window_ms):
             raise ValueError("cannot merge longitudinal accumulators of different trees or windows")
         for round_start, counts in other.nodes.items():
             mine = self.nodes.get(round_start)
             if mine is None:
-                mine = self.nodes[round_start] = BucketCounts(self.node_count)
-            mine.merge(counts)
-        for (window_start, instance), count in other.census.items():
-            self.add_census(window_start, instance, count)
+                self.nodes[round_start] = counts.copy()
+            else:
+                mine.merge(counts)
+        _merge_respondents(self.respondents, other.respondents, "(window, instance)")
         self.messages += other.messages
         for reason, count in other.rejected.items():
             self.add_rejected(reason, count)
+
+    def copy(self) -> LongitudinalAccumulator:
+        out = LongitudinalAccumulator(self.node_count, self.window_ms)
+        out.merge(self)
+        return out
 
 
 Accumulator = CrowdAccumulator | LongitudinalAccumulator
 
 
 def merge_any(accumulators: Iterable[Accumulator | None]) -> Accumulator | None:
-    """Sums accumulators of one kind, skipping ``None`` (an empty Beam accumulator)."""
+    """Sums accumulators of one kind, skipping ``None`` (an empty Beam accumulator), into a new
+    accumulator: no input is modified."""
     result = None
     for accumulator in accumulators:
         if accumulator is None:
             continue
         if result is None:
-            result = accumulator
+            result = accumulator.copy()
         else:
             result.merge(accumulator)
     return result

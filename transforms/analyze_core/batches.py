@@ -6,8 +6,9 @@ vectorized over the batch; the only Python loop is over the crowds the batch hol
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -51,6 +52,7 @@ UNKNOWN_RECIPE = "unknown_recipe"
 RECIPE_CHANNEL_MISMATCH = "recipe_channel_mismatch"
 MISSING_FIELD = "missing_field"
 TREE_NODE_MISMATCH = "tree_node_period_mismatch"
+CENSUS_NOT_COUNTED = "census_not_counted"
 MESSAGE_COLUMNS = (
     "schema_version",
     "window_start",
@@ -68,7 +70,7 @@ class BatchAggregate:
     """What one batch of shuffled messages adds: partial accumulators per crowd, the rows to
     dead-letter (positions in the batch) with their reasons, and counters.
 
-    Counters: ``read`` = ``census`` + ``messages`` + Σ ``rejected:<reason>``.
+    Counters: ``read`` = ``messages`` + Σ ``rejected:<reason>``.
     """
 
     accumulators: dict[CrowdKey, Accumulator]
@@ -84,16 +86,16 @@ def _reject(reasons: np.ndarray, rows: np.ndarray, reason: str) -> None:
 
 def aggregate_batch(
     batch: pa.RecordBatch,
-    instance: int,
     book: RecipeBook,
     supported_versions: Iterable[int],
     dense_limit: int = DENSE_LIMIT,
 ) -> BatchAggregate:
-    """Verify, decode and count one batch of ShuffledMessage rows from shuffler ``instance``.
+    """Verify, decode and count one batch of ShuffledMessage rows of a release.
 
     Checks, in order: schema version, window bounds, payload CRC32C, a known recipe on its own
     channel, then the payload itself (``schemas.payloads.decode_payloads`` with the recipe's
-    payload kind and domain, plus census messages). Everything is vectorized over the batch; the
+    payload kind and domain; a retired census payload is dead-lettered ``census_not_counted``: n
+    comes only from the shufflers' commit records). Everything is vectorized over the batch; the
     only Python loop is over the crowds the batch holds.
     """
     rows = batch.num_rows
@@ -157,17 +159,16 @@ def aggregate_batch(
         if bad.any():
             reasons[live[bad]] = decoded.reason_names()[bad]
         census = decoded.is_kind(CENSUS)
+        if census.any():  # retired census payloads cannot move n: dead letters
+            reasons[live[census]] = CENSUS_NOT_COUNTED
         start, stop = int(window_start[first]), int(window_end[first])
         if is_longitudinal(recipe):
             key = (LONGITUDINAL, 0, stop - start, channel, recipe_id, crowd_id)
-            _add_longitudinal(
-                accumulators, recipe, key, decoded, live, reasons, census, instance, start, stop
-            )
+            _add_longitudinal(accumulators, recipe, key, decoded, live, reasons, start, stop)
         else:
             key = (HISTOGRAM, start, stop, channel, recipe_id, crowd_id)
             randomizer = recipe.build_randomizer()
             accumulator = CrowdAccumulator.empty(randomizer.message_domain_size, dense_limit)
-            accumulator.add_census(instance, int(census.sum()))
             columns = message_columns(
                 decoded,
                 recipe.payload_kind,
@@ -182,7 +183,6 @@ def aggregate_batch(
             signed = recipe.payload_kind == "signed_bucket"
             accumulator.add_messages(columns["bucket"], columns["sign"] if signed else None)
             accumulators[key] = accumulator
-        counts["census"] = counts.get("census", 0) + int(census.sum())
     return _finish(accumulators, reasons, counts)
 
 
@@ -193,8 +193,6 @@ def _add_longitudinal(
     decoded: DecodedPayloads,
     live: np.ndarray,
     reasons: np.ndarray,
-    census: np.ndarray,
-    instance: int,
     window_start: int,
     window_end: int,
 ) -> None:
@@ -205,7 +203,6 @@ def _add_longitudinal(
     if accumulator is None:
         accumulator = LongitudinalAccumulator(randomizer.message_domain_size, window_ms)
         accumulators[key] = accumulator
-    accumulator.add_census(window_start, instance, int(census.sum()))
     is_node = decoded.is_kind("tree_node")
     period = decoded.columns["period"][is_node]
     node = decoded.columns["node"][is_node]
@@ -251,5 +248,58 @@ def _finish(
     rejected_reasons = reasons[rejected].tolist()
     for reason in set(rejected_reasons):
         counts[f"rejected:{reason}"] = rejected_reasons.count(reason)
-    counts["messages"] = int(counts["read"] - rejected.size - counts.get("census", 0))
+    counts["messages"] = int(counts["read"] - rejected.size)
     return BatchAggregate(accumulators, rejected, rejected_reasons, counts)
+
+
+# ---------------------------------------------------------------------------------------------
+# Commit records -> respondent counts
+# ---------------------------------------------------------------------------------------------
+
+
+def crowd_key(recipe: Recipe, crowd: Mapping[str, Any]) -> CrowdKey:
+    """The analyzer's key of a commit record's crowd (longitudinal rounds span windows)."""
+    start, stop = int(crowd["window_start_ms"]), int(crowd["window_end_ms"])
+    channel, recipe_id, crowd_id = crowd["channel"], crowd["recipe_id"], crowd.get("crowd_id")
+    if is_longitudinal(recipe):
+        return (LONGITUDINAL, 0, stop - start, channel, recipe_id, crowd_id)
+    return (HISTOGRAM, start, stop, channel, recipe_id, crowd_id)
+
+
+def respondent_accumulators(
+    crowds: Iterable[Mapping[str, Any]],
+    instance: int,
+    book: RecipeBook,
+    dense_limit: int = DENSE_LIMIT,
+) -> list[tuple[CrowdKey, Accumulator]]:
+    """One partial accumulator per released crowd of instance ``instance``'s commit record,
+    holding only n_u = ``respondents_released`` (DESIGN.md: n comes from what the shuffler
+    counted and released, never from messages). Crowds of recipes not in ``book`` are skipped
+    (their messages are dead-lettered ``unknown_recipe``); withheld crowds add nothing.
+    Raises ValueError on a released crowd without a count >= 0 or a window that is not a window.
+    """
+    out: list[tuple[CrowdKey, Accumulator]] = []
+    for crowd in crowds:
+        if crowd.get("status") != "released":
+            continue
+        recipe = book.get(crowd.get("recipe_id"))
+        if recipe is None:
+            continue
+        count = crowd.get("respondents_released")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"released crowd without respondents_released >= 0: {dict(crowd)}")
+        start, stop = crowd.get("window_start_ms"), crowd.get("window_end_ms")
+        if not (isinstance(start, int) and isinstance(stop, int) and start < stop):
+            raise ValueError(f"crowd window must be integers start < end: {dict(crowd)}")
+        key = crowd_key(recipe, crowd)
+        randomizer = recipe.build_randomizer()
+        if is_longitudinal(recipe):
+            accumulator: Accumulator = LongitudinalAccumulator(
+                randomizer.message_domain_size, stop - start
+            )
+            accumulator.set_respondents(start, instance, count)
+        else:
+            accumulator = CrowdAccumulator.empty(randomizer.message_domain_size, dense_limit)
+            accumulator.set_respondents(instance, count)
+        out.append((key, accumulator))
+    return out

@@ -39,12 +39,14 @@ from schemas.recipes import Recipe
 from transforms.analyze_core.accumulate import CrowdAccumulator, CrowdKey, LongitudinalAccumulator
 
 
-def effective_respondents(census: Mapping[int, int], instance_weights: Iterable[float]) -> float:
+def effective_respondents(
+    respondents: Mapping[int, int], instance_weights: Iterable[float]
+) -> float:
     """``n_eff = Σ_u π_u n_u``: the respondent count the de-biasing estimators need.
 
-    ``census[u]`` is the number of census messages in instance ``u``'s release and π the
-    recipe's ``instance_weights`` (see the module docstring for why this keeps the estimators
-    unbiased when shufflers withhold crowds or delete respondents).
+    ``respondents[u]`` is ``respondents_released`` of the crowd in instance ``u``'s commit
+    record and π the recipe's ``instance_weights`` (see the module docstring for why this keeps
+    the estimators unbiased when shufflers withhold crowds or delete respondents).
     """
     weights = np.asarray(list(instance_weights), dtype=np.float64)
     if weights.ndim != 1 or weights.size == 0:
@@ -52,14 +54,14 @@ def effective_respondents(census: Mapping[int, int], instance_weights: Iterable[
     if np.any(weights < 0) or not math.isclose(float(weights.sum()), 1.0, abs_tol=1e-9):
         raise ValueError(f"instance_weights must be >= 0 and sum to 1, got {weights.tolist()}")
     n_eff = 0.0
-    for instance, count in census.items():
+    for instance, count in respondents.items():
         if not 0 <= int(instance) < weights.size:
             raise ValueError(
-                f"census from shuffler instance {instance}, but the recipe has "
+                f"respondents from shuffler instance {instance}, but the recipe has "
                 f"{weights.size} instances"
             )
         if int(count) < 0:
-            raise ValueError(f"census count for instance {instance} is negative: {count}")
+            raise ValueError(f"respondent count for instance {instance} is negative: {count}")
         n_eff += float(weights[int(instance)]) * int(count)
     return n_eff
 
@@ -92,7 +94,7 @@ class HistogramResult:
     stderr: np.ndarray
     raw_count: np.ndarray | None
     respondents: float
-    census: Mapping[int, int]
+    respondents_by_instance: Mapping[int, int]
     messages: int
     postprocessing: str = "none"
     postprocessed: np.ndarray | None = None
@@ -131,14 +133,14 @@ def estimate_histogram(
     if postprocessing not in POSTPROCESSING:
         raise ValueError(f"postprocessing must be one of {POSTPROCESSING}, got {postprocessing!r}")
     randomizer = recipe.build_randomizer()
-    n_eff = effective_respondents(accumulator.census, recipe.instance_weights)
+    n_eff = effective_respondents(accumulator.respondents, recipe.instance_weights)
     if n_eff <= 0:
-        raise ValueError(f"{key}: no census message, so no respondent count to de-bias with")
+        raise ValueError(f"{key}: no commit record states respondents, nothing to de-bias with")
     counts = accumulator.counts
     common = {
         "key": key,
         "respondents": n_eff,
-        "census": dict(sorted(accumulator.census.items())),
+        "respondents_by_instance": dict(sorted(accumulator.respondents.items())),
         "messages": accumulator.messages,
     }
     if not counts.is_dense:
@@ -300,10 +302,10 @@ def estimate_longitudinal(
 ) -> list[LongitudinalResult]:
     """Algorithm 2 (A_server, amplification-by-shuffling) for every round in ``accumulator``.
 
-    Each period's window has its own census, so its n_eff_t = Σ_u π_u n_u,t. Node sums reported in
+    Each period's window has its own respondent counts, so its n_eff_t = Σ_u π_u n_u,t. Node sums reported in
     period t are scaled by n / n_eff_t with n = max_t n_eff_t before the tree sums: randomized
     deletion removes respondents uniformly, so this keeps f̃_t unbiased for the n clients
-    (the factor is 1 when nothing was deleted). A period with no census at all (withheld
+    (the factor is 1 when nothing was deleted). A period no instance released (withheld
     everywhere) cannot be rescaled; its nodes count as 0 and a note says so.
     """
     if not 0 < failure_probability < 1:
@@ -318,7 +320,7 @@ def estimate_longitudinal(
         per_period = np.array(
             [
                 effective_respondents(
-                    {u: c for (w, u), c in accumulator.census.items() if w == window}, weights
+                    {u: c for (w, u), c in accumulator.respondents.items() if w == window}, weights
                 )
                 for window in windows.tolist()
             ]
@@ -326,12 +328,12 @@ def estimate_longitudinal(
         n = float(per_period.max())
         notes = []
         if n <= 0:
-            notes.append("no census message in any period: nothing to estimate")
+            notes.append("no respondents released in any period: nothing to estimate")
             continue
         missing = np.flatnonzero(per_period <= 0) + 1
         if missing.size:
             notes.append(
-                f"periods {missing.tolist()} have no census (withheld): their tree nodes count as 0"
+                f"periods {missing.tolist()} have no respondents (withheld): their nodes count as 0"
             )
         scale = np.where(per_period > 0, n / np.where(per_period > 0, per_period, 1.0), 0.0)
         sums = accumulator.nodes[round_start].dense().astype(np.float64) * scale[reported_at - 1]

@@ -46,25 +46,27 @@ def _finite_or_none(value: float) -> float | None:
     return None if value is None or not math.isfinite(value) else float(value)
 
 
-def amplification_respondents(census: Mapping[int, int], instance_weights: Iterable[float]) -> int:
-    """The crowd an amplification bound may count on: the smallest census among the instances
+def amplification_respondents(
+    respondents: Mapping[int, int], instance_weights: Iterable[float]
+) -> int:
+    """The crowd an amplification bound may count on: the fewest respondents among the instances
     that released the crowd and receive messages (π_u > 0).
 
     A respondent's message sits in exactly one instance's release. Per attribute j, each of the
-    n_u census respondents of instance u contributes either a message for j there or nothing:
+    n_u respondents of instance u contributes either a message for j there or nothing:
     a randomized response thinned by the routing, still ε_ℓ-DP per bit, so the per-attribute
     amplification of Section III (esa-privacy-revisited) holds among n_u respondents; the FMT
     bounds need nothing more, while Theorem III.1 is the paper's bound for its setting of one
     shuffler per attribute. The weakest instance bounds the guarantee.
     """
     weights = list(instance_weights)
-    sizes = [int(count) for u, count in census.items() if count > 0 and weights[int(u)] > 0]
+    sizes = [int(count) for u, count in respondents.items() if count > 0 and weights[int(u)] > 0]
     return min(sizes) if sizes else 0
 
 
 def privacy_summary(
     recipe: Recipe,
-    census: Mapping[int, int],
+    respondents: Mapping[int, int],
     deletion: Mapping[int, tuple[float, float]] | None = None,
 ) -> dict[str, Any]:
     """The privacy report of one released crowd (DESIGN.md "Results"; Table X).
@@ -86,13 +88,13 @@ def privacy_summary(
     """
     randomizer = recipe.build_randomizer()
     delta = float(recipe.delta)
-    n = amplification_respondents(census, recipe.instance_weights)
+    n = amplification_respondents(respondents, recipe.instance_weights)
     out: dict[str, Any] = {
         "randomizer": recipe.randomizer,
         "local_model": randomizer.ldp_kind,
         "delta": delta,
         "respondents": n,
-        "respondents_effective": effective_respondents(census, recipe.instance_weights),
+        "respondents_effective": effective_respondents(respondents, recipe.instance_weights),
         "epsilon_central_target": float(recipe.epsilon_central_target),
         "notes": [],
     }
@@ -231,12 +233,12 @@ def key_fields(key: CrowdKey) -> dict[str, Any]:
     return fields
 
 
-def missing_instance_note(recipe: Recipe, census: Mapping[int, int]) -> str | None:
+def missing_instance_note(recipe: Recipe, respondents: Mapping[int, int]) -> str | None:
     """A note when some instance that receives messages (π_u > 0) released nothing for a crowd."""
     silent = [
         u
         for u, weight in enumerate(recipe.instance_weights)
-        if weight > 0 and census.get(u, 0) == 0
+        if weight > 0 and respondents.get(u, 0) == 0
     ]
     if not silent:
         return None
@@ -257,13 +259,13 @@ def histogram_report(
     report = key_fields(result.key)
     report.update(
         respondents_effective=result.respondents,
-        census_by_instance={str(u): int(c) for u, c in result.census.items()},
+        respondents_by_instance={str(u): int(c) for u, c in result.respondents_by_instance.items()},
         messages=int(result.messages),
         rejected=dict(rejected or {}),
         domain_size=int(result.domain_size),
         buckets_reported=int(result.buckets.size),
         postprocessing=result.postprocessing,
-        privacy=privacy_summary(recipe, result.census, deletion),
+        privacy=privacy_summary(recipe, result.respondents_by_instance, deletion),
         notes=[],
     )
     if not result.dense:
@@ -273,7 +275,7 @@ def histogram_report(
             f"sparse domain: {result.buckets.size} of {result.domain_size} buckets received "
             f"messages; every other bucket's estimate is {result.unobserved_estimate:.6g}"
         )
-    note = missing_instance_note(recipe, result.census)
+    note = missing_instance_note(recipe, result.respondents_by_instance)
     if note:
         report["notes"].append(note)
     if accuracy is not None:
@@ -284,7 +286,7 @@ def histogram_report(
 def longitudinal_report(
     recipe: Recipe,
     result: LongitudinalResult,
-    census: Mapping[int, int],
+    respondents: Mapping[int, int],
     deletion: Mapping[int, tuple[float, float]] | None,
     truth: np.ndarray | None,
 ) -> dict[str, Any]:
@@ -301,7 +303,7 @@ def longitudinal_report(
         error_bound=float(result.bound),
         error_bound_failure_probability=float(result.failure_probability),
         error_bound_source="Theorem 6 (amplification-by-shuffling), explicit constants",
-        privacy=privacy_summary(recipe, census, deletion),
+        privacy=privacy_summary(recipe, respondents, deletion),
         notes=list(result.notes),
     )
     if truth is not None and np.all(np.isfinite(truth)):
@@ -315,25 +317,12 @@ def longitudinal_report(
     return report
 
 
-# The manifest fields the analyzer reads (never the respondent counts).
-MANIFEST_FIELDS = (
-    "window_start",
-    "window_end",
-    "shuffler_instance",
-    "channel",
-    "recipe_id",
-    "crowd_id",
-    "status",
-    "withheld_reason",
-)
-
-
 def withheld_notes(
-    manifests: Iterable[Mapping[str, Any]],
+    crowds: Iterable[Mapping[str, Any]],
     estimated: Iterable[tuple[int, str, str, str | None]],
 ) -> list[dict[str, Any]]:
-    """Notes for crowds a shuffler withheld, from the releases' manifests (status fields only;
-    the respondent counts there stay unused: the analyzer's n comes from census messages).
+    """Notes for crowds a shuffler withheld, from the commit records' crowd lists (status
+    "withheld"; each record also carries the ``instance`` whose commit listed it).
 
     ``estimated``: (window_start, channel, recipe_id, crowd_id) of every window that produced an
     estimate. A crowd withheld by every instance gets "no estimate"; one withheld by some
@@ -341,11 +330,11 @@ def withheld_notes(
     """
     estimated = set(estimated)
     notes: dict[tuple, dict[str, Any]] = {}
-    for record in manifests:
-        if record.get("status") != "WITHHELD":
+    for record in crowds:
+        if record.get("status") != "withheld":
             continue
         crowd = (
-            int(record["window_start"]),
+            int(record["window_start_ms"]),
             record["channel"],
             record["recipe_id"],
             record.get("crowd_id"),
@@ -354,17 +343,17 @@ def withheld_notes(
             crowd,
             {
                 "window_start": crowd[0],
-                "window_end": int(record["window_end"]),
+                "window_end": int(record["window_end_ms"]),
                 "channel": crowd[1],
                 "recipe_id": crowd[2],
                 "crowd_id": crowd[3],
-                "withheld_by": {},
+                "withheld_by": [],
             },
         )
-        reason = record.get("withheld_reason") or "withheld"
-        entry["withheld_by"][str(int(record["shuffler_instance"]))] = reason
+        entry["withheld_by"].append(int(record["instance"]))
     out = []
     for crowd, entry in sorted(notes.items(), key=lambda item: tuple(str(v) for v in item[0])):
+        entry["withheld_by"] = sorted(set(entry["withheld_by"]))
         entry["estimated"] = crowd in estimated
         entry["note"] = (
             "withheld by some shuffler instances; estimated from the others"

@@ -1,0 +1,112 @@
+"""The analyzer's combiners called directly (create / add / merge / extract), as Beam's own
+combiner tests do: results match a sequential sum and no input or merged accumulator changes."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import numpy as np
+import pytest
+
+from transforms.aggregate import CombineCrowd, metrics_summary
+from transforms.analyze_core import CrowdAccumulator, LongitudinalAccumulator
+from transforms.combiners import SumCounts
+
+
+def _histogram(buckets, respondents=None, dense_limit=1 << 20):
+    accumulator = CrowdAccumulator.empty(8, dense_limit)
+    accumulator.add_messages(np.asarray(buckets, dtype=np.int64))
+    for instance, count in (respondents or {}).items():
+        accumulator.set_respondents(instance, count)
+    return accumulator
+
+
+def _state(accumulator):
+    """A deep, comparable snapshot of an accumulator's value."""
+    if accumulator is None:
+        return None
+    if isinstance(accumulator, CrowdAccumulator):
+        return (
+            accumulator.counts.dense().tolist(),
+            dict(accumulator.respondents),
+            accumulator.messages,
+            dict(accumulator.rejected or {}),
+        )
+    return (
+        {start: counts.dense().tolist() for start, counts in accumulator.nodes.items()},
+        dict(accumulator.respondents),
+        accumulator.messages,
+    )
+
+
+@pytest.mark.parametrize("dense_limit", [1 << 20, 0])
+def test_combine_crowd_adds_without_touching_its_inputs(dense_limit):
+    combiner = CombineCrowd()
+    elements = [
+        _histogram([1, 2, 2], dense_limit=dense_limit),
+        _histogram([], {0: 50}, dense_limit=dense_limit),  # a commit record's count only
+        _histogram([7, 7], dense_limit=dense_limit),
+        _histogram([], {1: 40}, dense_limit=dense_limit),
+    ]
+    before = [_state(e) for e in elements]
+    left = combiner.create_accumulator()
+    for element in elements[:2]:
+        left = combiner.add_input(left, element)
+    right = combiner.create_accumulator()
+    for element in elements[2:]:
+        right = combiner.add_input(right, element)
+    left_before, right_before = _state(left), _state(right)
+    merged = combiner.merge_accumulators([left, right, combiner.create_accumulator()])
+    result = combiner.extract_output(combiner.compact(merged))
+    assert _state(result) == ([0, 1, 2, 0, 0, 0, 0, 2], {0: 50, 1: 40}, 5, {})
+    assert [_state(e) for e in elements] == before  # inputs unchanged
+    assert (_state(left), _state(right)) == (left_before, right_before)  # so are accumulators
+    # Adding more into the result later does not reach back into any input.
+    combiner.add_input(result, _histogram([0]))
+    assert [_state(e) for e in elements] == before
+    assert pickle.loads(pickle.dumps(result)).counts.dense().tolist() == _state(result)[0]
+
+
+def test_combine_crowd_merges_dense_and_sparse_partials_the_same_in_any_order():
+    combiner = CombineCrowd()
+    dense, sparse = _histogram([3, 3, 4], {0: 9}), _histogram([4, 5], {1: 2}, dense_limit=0)
+    one = combiner.merge_accumulators([dense, sparse])
+    other = combiner.merge_accumulators([sparse, dense])
+    assert one.counts.is_dense and other.counts.is_dense
+    assert _state(one) == _state(other) == ([0, 0, 0, 2, 2, 1, 0, 0], {0: 9, 1: 2}, 5, {})
+
+
+def test_combine_crowd_never_sums_a_respondent_count_stated_twice():
+    combiner = CombineCrowd()
+    with pytest.raises(ValueError, match="stated twice"):
+        combiner.merge_accumulators([_histogram([], {0: 50}), _histogram([], {0: 50})])
+
+
+def test_combine_crowd_handles_longitudinal_rounds_without_touching_inputs():
+    combiner = CombineCrowd()
+    first = LongitudinalAccumulator(3, 1000)
+    first.add_messages(0, np.array([0, 1]), np.array([1, -1]))
+    second = LongitudinalAccumulator(3, 1000)
+    second.add_messages(0, np.array([2]), np.array([1]))
+    second.set_respondents(0, 0, 10)
+    before = [_state(first), _state(second)]
+    accumulator = combiner.add_input(combiner.create_accumulator(), first)
+    accumulator = combiner.add_input(accumulator, second)
+    assert _state(accumulator) == ({0: [1, -1, 1]}, {(0, 0): 10}, 3)
+    assert [_state(first), _state(second)] == before
+
+
+def test_sum_counts_adds_counter_dicts_without_touching_inputs():
+    combiner = SumCounts()
+    parts = [{"read": 3, "messages": 2, "rejected:crc_mismatch": 1}, {"read": 5, "messages": 5}]
+    frozen = copy.deepcopy(parts)
+    left = combiner.add_input(combiner.create_accumulator(), parts[0])
+    right = combiner.add_input(combiner.create_accumulator(), parts[1])
+    snapshot = (dict(left), dict(right))
+    total = combiner.extract_output(combiner.merge_accumulators([left, right]))
+    assert total == {"messages": 7, "read": 8, "rejected:crc_mismatch": 1}
+    assert parts == frozen and (left, right) == snapshot
+    summary = metrics_summary(total)
+    assert summary["adds_up"] and summary["dead_lettered"] == 1
+    assert not metrics_summary({"read": 9, "messages": 7})["adds_up"]
