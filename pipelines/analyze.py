@@ -24,7 +24,9 @@ Output (DIR): ``histograms.parquet`` (window_start, window_end, channel, recipe_
 estimate [unbiased], stderr, raw_count, n, estimate_<postprocessing>, truth), ``longitudinal.parquet``
 (f̃_t per period with Theorem 6's bound), ``summary.json`` (inputs, metrics, per-crowd privacy
 report and accuracy, notes on withheld crowds), ``dead_letter/part-*.avro`` and PNG pictures
-under ``pictures/``.
+under ``pictures/`` (drawn per crowd inside the pipeline). The two tables are Parquet datasets:
+directories of ``part-SSSSS-of-NNNNN.parquet`` files, each holding whole crowds, about a million
+rows per part; ``pyarrow.parquet.read_table(DIR/histograms.parquet)`` reads one as a table.
 
 Other runners take the same flags plus their own (``--runner=FlinkRunner --flink_master=HOST:PORT``,
 or ``--runner=DataflowRunner --project P --region R --temp_location gs://... --setup_file
@@ -41,6 +43,7 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import apache_beam as beam
@@ -63,14 +66,13 @@ from transforms.analyze import (
     EstimateCrowds,
     TruthSource,
     WriteAnalysis,
+    table_parts,
 )
 from transforms.shuffle import WriteDeadLetters
 
 __all__ = ["Release", "discover_releases", "register", "run", "summary_table"]
 
-PICTURES_DIR = "pictures"
-# At most this many crowds get pictures (a run over many windows would otherwise flood DIR).
-MAX_PICTURED_CROWDS = 24
+PICTURES_DIR = pictures.PICTURES_DIR
 _INSTANCE_DIR = re.compile(r"instance=(\d+)$")
 _UNCOMPRESSED = CompressionTypes.UNCOMPRESSED
 
@@ -302,15 +304,21 @@ def run(options: PipelineOptions) -> dict[str, Any]:
     check_deletion_flags(releases, stated)
     output = _prepare_output(values.analyze_output, values.analyze_overwrite)
     book = recipe_book(values.analyze_recipe)
+    files = [path for r in releases for path in r.files]
+    crowds = [(r.instance, dict(crowd)) for r in releases for crowd in r.commit["crowds"]]
+    released = {
+        core.crowd_key(recipe, crowd): recipe
+        for _, crowd in crowds
+        if crowd["status"] == "released" and (recipe := book.get(crowd["recipe_id"])) is not None
+    }
     config = AnalysisConfig(
         book=book,
         postprocessing=values.analyze_postprocessing,
         failure_probability=values.analyze_failure_probability,
         deletion={r.instance: r.deletion for r in releases if r.deletion is not None},
         truth=truth_sources(values.analyze_truth, values.analyze_truth_recipe),
+        pictured=frozenset() if values.analyze_no_pictures else pictures.pictured_crowds(released),
     )
-    files = [path for r in releases for path in r.files]
-    crowds = [(r.instance, dict(crowd)) for r in releases for crowd in r.commit["crowds"]]
     withheld = [
         {**crowd, "instance": instance}
         for instance, crowd in crowds
@@ -351,17 +359,27 @@ def run(options: PipelineOptions) -> dict[str, Any]:
     estimates = aggregated.crowds | "EstimateCrowds" >> EstimateCrowds(config)
     _ = aggregated.dead_letters | "WriteDeadLetters" >> WriteDeadLetters(output)
     _ = (estimates, aggregated.counts) | "WriteAnalysis" >> WriteAnalysis(
-        output, config, inputs, withheld
+        output, config, inputs, withheld, parts=table_parts(_table_rows(released))
     )
+    _ = estimates.pictures | "DrawPictures" >> beam.ParDo(pictures.DrawPictures(output, book))
     pipeline.run().wait_until_finish()
     summary = _read_json(FileSystems.join(output, SUMMARY_FILE))
     if summary is None:
         raise RuntimeError(f"the pipeline finished without writing {output}/{SUMMARY_FILE}")
     summary["seconds"] = round(time.monotonic() - started, 3)
-    summary["pictures"] = (
-        [] if values.analyze_no_pictures else pictures.draw_pictures(output, summary, book)
+    summary["pictures"] = sorted(
+        str(path) for path in Path(output, pictures.PICTURES_DIR).glob("*.png")
     )
     return summary
+
+
+def _table_rows(released: Mapping[core.CrowdKey, Any]) -> int:
+    """About how many histogram rows the released crowds give (dense domains in full)."""
+    sizes: dict[str, int] = {}
+    for key, recipe in released.items():
+        if key[0] == core.HISTOGRAM and recipe.id not in sizes:
+            sizes[recipe.id] = min(recipe.build_randomizer().domain_size, core.DENSE_LIMIT)
+    return sum(sizes.get(key[4], 0) for key in released)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """PNG pictures of analyzer results (matplotlib, Agg backend, no global pyplot state).
 
-The drawing functions return PNG bytes and touch no files; :func:`draw_pictures` reads an
-analysis directory's tables (histograms.parquet, longitudinal.parquet) and writes its PNGs under
-``pictures/`` through Beam's file systems.
+The drawing functions return PNG bytes and touch no files; :class:`DrawPictures` draws one
+crowd at a time inside the analyzer pipeline (its summary entry and its own table rows, never
+the whole table) and writes the PNGs under ``pictures/`` through Beam's file systems.
 """
 
 from __future__ import annotations
@@ -11,19 +11,18 @@ import io
 import math
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from transforms.analyze import HISTOGRAMS_FILE, LONGITUDINAL_FILE
-from transforms.analyze_core import RecipeBook
+from transforms.analyze_core import HISTOGRAM, LONGITUDINAL, RecipeBook
 
 # Domains up to this size are drawn bucket by bucket; larger ones as estimate-vs-truth scatter.
 MAX_BUCKETS_DRAWN = 64
@@ -187,27 +186,13 @@ def longitudinal(
 
 
 # ---------------------------------------------------------------------------------------------
-# Pictures of an analysis directory
+# Pictures of an analysis, one crowd at a time
 # ---------------------------------------------------------------------------------------------
 
 PICTURES_DIR = "pictures"
 # At most this many crowds get pictures (a run over many windows would otherwise flood DIR).
 MAX_PICTURED_CROWDS = 24
 _UNCOMPRESSED = CompressionTypes.UNCOMPRESSED
-
-
-def _exists(path: str) -> bool:
-    try:
-        return FileSystems.exists(path)
-    except Exception:  # noqa: BLE001 - an unreachable path simply is not there
-        return False
-
-
-def _read_table(path: str) -> pa.Table | None:
-    if not _exists(path):
-        return None
-    with FileSystems.open(path, compression_type=_UNCOMPRESSED) as handle:
-        return pq.read_table(io.BytesIO(handle.read()))
 
 
 def _write_png(output: str, name: str, data: bytes) -> str:
@@ -243,106 +228,102 @@ def _grid_side(recipe: Any, domain_size: int) -> int | None:
     return side if side * side == domain_size and side >= 8 else None
 
 
-def draw_pictures(output: str, summary: Mapping[str, Any], book: RecipeBook) -> list[str]:
-    """PNGs: for square grid domains the reconstruction beside the truth; for every histogram
-    the estimate against the truth with error bars; for longitudinal rounds f̃_t against f_t."""
-    written: list[str] = []
-    histograms = _read_table(FileSystems.join(output, HISTOGRAMS_FILE))
-    crowds = [c for c in summary.get("histograms", []) if "privacy" in c][:MAX_PICTURED_CROWDS]
-    if histograms is not None and histograms.num_rows and crowds:
-        window_ms = histograms.column("window_start").cast(pa.int64()).to_numpy()
-        crowd_column = histograms.column("crowd").to_pylist()
-        channel = np.asarray(histograms.column("channel").to_pylist(), dtype=object)
-        recipe_column = np.asarray(histograms.column("recipe_id").to_pylist(), dtype=object)
-        crowd_array = np.asarray(crowd_column, dtype=object)
-        names = histograms.column_names
-        for crowd in crowds:
-            rows = np.flatnonzero(
-                (window_ms == crowd["window_start"])
-                & (channel == crowd["channel"])
-                & (recipe_column == crowd["recipe_id"])
-                & (crowd_array == crowd["crowd_id"])
-            )
-            if rows.size == 0:
-                continue
-            part = histograms.take(pa.array(rows))
-            column = {name: part.column(name).to_numpy(zero_copy_only=False) for name in names}
-            truth = column.get("truth")
-            if truth is not None and np.isnan(truth.astype(np.float64)).all():
-                truth = None
-            scale = float(crowd.get("accuracy", {}).get("truth_scale", 1.0))
-            if truth is not None and scale != 1.0:
-                truth = truth.astype(np.float64) * scale  # survivors' share, as in the RMSE
-            recipe = book.get(crowd["recipe_id"])
-            privacy = crowd.get("privacy", {})
-            eps_c = privacy.get("epsilon_central")
-            title = (
-                f"{crowd['recipe_id']} · {crowd['channel']}"
-                + (f" · crowd {crowd['crowd_id']}" if crowd["crowd_id"] else "")
-                + f" · {day(crowd['window_start'])}\n"
-                f"n = {crowd['respondents_effective']:,.0f}, "
-                f"ε_ℓ = {privacy.get('epsilon_local_all')}, "
-                + (f"ε_c = {eps_c:.3g} ({privacy.get('bound')})" if eps_c is not None else "ε_c: none")
-                + (f"; truth scaled by {scale:.3g} to n" if truth is not None and scale != 1.0 else "")
-            )  # fmt: skip
-            stem = slug(crowd["channel"], crowd["crowd_id"], day(crowd["window_start"]))
-            side = _grid_side(recipe, crowd["domain_size"])
-            order = np.argsort(column["bucket"])
-            if side is not None and column["bucket"].size == side * side:
-                post_name = f"estimate_{crowd.get('postprocessing')}"
-                post = column.get(post_name)
-                image = image_comparison(
-                    column["estimate"][order].reshape(side, side),
-                    None if truth is None else truth[order].reshape(side, side),
-                    title,
-                    postprocessed=None if post is None else post[order].reshape(side, side),
-                    postprocessing=crowd.get("postprocessing", ""),
-                )
-                written.append(_write_png(output, f"{stem}_image.png", image))
-            chart = estimate_vs_truth(
-                column["bucket"][order],
-                column["estimate"][order],
-                column["stderr"][order],
-                None if truth is None else truth[order],
-                title,
-            )
-            written.append(_write_png(output, f"{stem}_histogram.png", chart))
-    rounds_table = _read_table(FileSystems.join(output, LONGITUDINAL_FILE))
-    rounds = summary.get("longitudinal", [])[:MAX_PICTURED_CROWDS]
-    if rounds_table is not None and rounds_table.num_rows:
-        round_ms = rounds_table.column("round_start").cast(pa.int64()).to_numpy()
-        channel = np.asarray(rounds_table.column("channel").to_pylist(), dtype=object)
-        crowd_array = np.asarray(rounds_table.column("crowd").to_pylist(), dtype=object)
-        for entry in rounds:
-            rows = np.flatnonzero(
-                (round_ms == entry["round_start"])
-                & (channel == entry["channel"])
-                & (crowd_array == entry["crowd_id"])
-            )
-            if rows.size == 0:
-                continue
-            part = rounds_table.take(pa.array(rows)).sort_by("period")
-            truth = (
-                part.column("truth").to_numpy(zero_copy_only=False)
-                if "truth" in part.column_names
-                else None
-            )
-            if truth is not None and np.isnan(truth.astype(np.float64)).all():
-                truth = None
-            bound = entry["error_bound"]
-            title = (
-                f"{entry['recipe_id']} · {entry['channel']} · round from "
-                f"{day(entry['round_start'])}\nf̃_t (Algorithm 2) with Theorem 6 bound "
-                f"{bound:,.0f} (β = {entry['error_bound_failure_probability']:g}), "
-                f"n = {entry['respondents']:,.0f}"
-            )
-            image = longitudinal(
-                part.column("period").to_numpy(),
-                part.column("estimate").to_numpy(),
-                bound,
-                truth,
-                title,
-            )
-            stem = slug(entry["channel"], entry["crowd_id"], day(entry["round_start"]))
-            written.append(_write_png(output, f"{stem}_longitudinal.png", image))
+def _truth_column(table: pa.Table) -> np.ndarray | None:
+    if "truth" not in table.column_names:
+        return None
+    truth = table.column("truth").to_numpy(zero_copy_only=False).astype(np.float64)
+    return None if np.isnan(truth).all() else truth
+
+
+def histogram_pictures(
+    output: str, crowd: Mapping[str, Any], table: pa.Table, recipe: Any
+) -> list[str]:
+    """PNGs of one estimated histogram crowd (its summary entry and its own table rows): for a
+    square grid domain the reconstruction beside the truth, and the estimate against the truth
+    with error bars."""
+    table = table.sort_by("bucket")
+    column = {n: table.column(n).to_numpy(zero_copy_only=False) for n in table.column_names}
+    truth = _truth_column(table)
+    scale = float(crowd.get("accuracy", {}).get("truth_scale", 1.0))
+    if truth is not None and scale != 1.0:
+        truth = truth * scale  # survivors' share, as in the RMSE
+    privacy = crowd.get("privacy", {})
+    eps_c = privacy.get("epsilon_central")
+    title = (
+        f"{crowd['recipe_id']} · {crowd['channel']}"
+        + (f" · crowd {crowd['crowd_id']}" if crowd["crowd_id"] else "")
+        + f" · {day(crowd['window_start'])}\n"
+        f"n = {crowd['respondents_effective']:,.0f}, "
+        f"ε_ℓ = {privacy.get('epsilon_local_all')}, "
+        + (f"ε_c = {eps_c:.3g} ({privacy.get('bound')})" if eps_c is not None else "ε_c: none")
+        + (f"; truth scaled by {scale:.3g} to n" if truth is not None and scale != 1.0 else "")
+    )  # fmt: skip
+    stem = slug(crowd["channel"], crowd["crowd_id"], day(crowd["window_start"]))
+    written = []
+    side = _grid_side(recipe, crowd["domain_size"])
+    if side is not None and column["bucket"].size == side * side:
+        post = column.get(f"estimate_{crowd.get('postprocessing')}")
+        image = image_comparison(
+            column["estimate"].reshape(side, side),
+            None if truth is None else truth.reshape(side, side),
+            title,
+            postprocessed=None if post is None else post.reshape(side, side),
+            postprocessing=crowd.get("postprocessing", ""),
+        )
+        written.append(_write_png(output, f"{stem}_image.png", image))
+    chart = estimate_vs_truth(column["bucket"], column["estimate"], column["stderr"], truth, title)
+    written.append(_write_png(output, f"{stem}_histogram.png", chart))
     return written
+
+
+def longitudinal_picture(output: str, entry: Mapping[str, Any], table: pa.Table) -> str:
+    """The PNG of one longitudinal round: f̃_t against f_t with Theorem 6's bound."""
+    table = table.sort_by("period")
+    bound = entry["error_bound"]
+    title = (
+        f"{entry['recipe_id']} · {entry['channel']} · round from "
+        f"{day(entry['round_start'])}\nf̃_t (Algorithm 2) with Theorem 6 bound "
+        f"{bound:,.0f} (β = {entry['error_bound_failure_probability']:g}), "
+        f"n = {entry['respondents']:,.0f}"
+    )
+    image = longitudinal(
+        table.column("period").to_numpy(),
+        table.column("estimate").to_numpy(),
+        bound,
+        _truth_column(table),
+        title,
+    )
+    stem = slug(entry["channel"], entry["crowd_id"], day(entry["round_start"]))
+    return _write_png(output, f"{stem}_longitudinal.png", image)
+
+
+def pictured_crowds(keys: Iterable[tuple], limit: int = MAX_PICTURED_CROWDS) -> frozenset:
+    """The crowd keys that get pictures: the first ``limit`` histogram crowds and the first
+    ``limit`` longitudinal crowds in the summary's order (channel, recipe, crowd, window)."""
+
+    def order(key: tuple) -> tuple:
+        kind, start, _, channel, recipe_id, crowd_id = key
+        return (channel, recipe_id, crowd_id or "", start)
+
+    chosen: list[tuple] = []
+    for kind in (HISTOGRAM, LONGITUDINAL):
+        chosen += sorted((k for k in set(keys) if k[0] == kind), key=order)[:limit]
+    return frozenset(chosen)
+
+
+class DrawPictures(beam.DoFn):
+    """(crowd report, crowd table) -> paths of the crowd's PNGs under ``output/pictures/``:
+    each crowd is drawn by the worker that estimated it, from its own rows only."""
+
+    def __init__(self, output: str, book: RecipeBook) -> None:
+        self._output = output
+        self._book = book
+
+    def process(self, element: tuple[Mapping[str, Any], pa.Table]) -> Iterator[str]:
+        report, table = element
+        if report.get("kind") == LONGITUDINAL:
+            yield longitudinal_picture(self._output, report, table)
+        elif "privacy" in report:
+            yield from histogram_pictures(
+                self._output, report, table, self._book.get(report["recipe_id"])
+            )

@@ -6,7 +6,9 @@ each instance's commit record states it released, weighted by the recipe's insta
 optional labelled post-processing, the longitudinal marginals of Algorithm 2
 (amplification-by-shuffling) with Theorem 6's bound, the privacy report per crowd, and, when a
 simulation's truth is given, the accuracy against it. :class:`WriteAnalysis` writes
-``histograms.parquet``, ``longitudinal.parquet`` and ``summary.json``.
+``histograms.parquet/`` and ``longitudinal.parquet/`` (Parquet datasets: one part file per shard
+of crowds, so no worker or driver ever holds every crowd's table; ``pyarrow.parquet.read_table``
+reads the directory as one table) and ``summary.json``.
 
 Outputs are per crowd (one Arrow table per crowd, one report dict per crowd), never per message.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import typing
+import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -35,6 +38,9 @@ LONGITUDINAL_FILE = "longitudinal.parquet"
 SUMMARY_FILE = "summary.json"
 HISTOGRAM_TAG = "histogram"
 LONGITUDINAL_TAG = "longitudinal"
+PICTURE_TAG = "picture"
+# Crowd tables are split over part files of about this many rows each.
+ROWS_PER_PART = 1_000_000
 _TIME = pa.timestamp("ms", tz="UTC")
 
 
@@ -70,7 +76,8 @@ class AnalysisConfig:
     """Settings of the estimation step.
 
     ``deletion``: per shuffler instance, the (ε_cr, δ_cr) of its randomized deletion (Algorithm
-    3, esa-privacy-revisited) as its commit record states them, added to the privacy report; ``failure_probability``: β of the
+    3, esa-privacy-revisited) as its commit record states them, added to the privacy report;
+    ``pictured``: the crowd keys whose (report, table) go to the ``pictures`` output; ``failure_probability``: β of the
     longitudinal error bound; ``truth``: simulations' truth files, at most one per recipe.
     """
 
@@ -79,6 +86,7 @@ class AnalysisConfig:
     failure_probability: float = 0.05
     deletion: Mapping[int, tuple[float, float]] = field(default_factory=dict)
     truth: tuple[TruthSource, ...] = ()
+    pictured: frozenset = frozenset()
 
     def __post_init__(self) -> None:
         if not isinstance(self.book, core.RecipeBook) or len(self.book) == 0:
@@ -103,6 +111,7 @@ class AnalysisConfig:
         if len(set(recipes)) != len(recipes):
             raise ValueError(f"one truth per recipe, got {recipes}")
         object.__setattr__(self, "truth", truth)
+        object.__setattr__(self, "pictured", frozenset(self.pictured))
 
     @property
     def postprocessed_column(self) -> str | None:
@@ -259,8 +268,14 @@ class EstimateCrowd(beam.DoFn):
             accuracy = core.histogram_accuracy(result, buckets, counts)
             keys, values = core.sparse_truth(buckets, counts)
             truth_dense = core.values_at(result.buckets, keys, values)
-        yield beam.pvalue.TaggedOutput(HISTOGRAM_TAG, histogram_table(result, config, truth_dense))
-        yield core.histogram_report(recipe, result, config.deletion, accuracy, accumulator.rejected)
+        table = histogram_table(result, config, truth_dense)
+        report = core.histogram_report(
+            recipe, result, config.deletion, accuracy, accumulator.rejected
+        )
+        yield beam.pvalue.TaggedOutput(HISTOGRAM_TAG, (key, table))
+        if key in config.pictured:
+            yield beam.pvalue.TaggedOutput(PICTURE_TAG, (report, table))
+        yield report
 
     def _longitudinal(
         self, recipe: Any, key: core.CrowdKey, accumulator: core.LongitudinalAccumulator
@@ -277,16 +292,19 @@ class EstimateCrowd(beam.DoFn):
             for (window, instance), count in accumulator.respondents.items():
                 if window in windows:  # per-period crowds: the smallest period bounds ε_c
                     respondents[instance] = min(respondents.get(instance, count), count)
-            yield beam.pvalue.TaggedOutput(
-                LONGITUDINAL_TAG, longitudinal_table(result, config, truth)
-            )
-            yield core.longitudinal_report(recipe, result, respondents, config.deletion, truth)
+            table = longitudinal_table(result, config, truth)
+            report = core.longitudinal_report(recipe, result, respondents, config.deletion, truth)
+            yield beam.pvalue.TaggedOutput(LONGITUDINAL_TAG, (key, table))
+            if key in config.pictured:
+                yield beam.pvalue.TaggedOutput(PICTURE_TAG, (report, table))
+            yield report
 
 
 class EstimateOutputs(NamedTuple):
     reports: beam.PCollection  # one dict per crowd (per round for longitudinal)
-    histograms: beam.PCollection  # Arrow tables
-    longitudinal: beam.PCollection  # Arrow tables
+    histograms: beam.PCollection  # (crowd key, Arrow table)
+    longitudinal: beam.PCollection  # (crowd key, Arrow table)
+    pictures: beam.PCollection  # (report, Arrow table) of the crowds in config.pictured
 
 
 class EstimateCrowds(beam.PTransform):
@@ -298,9 +316,14 @@ class EstimateCrowds(beam.PTransform):
 
     def expand(self, crowds: beam.PCollection) -> EstimateOutputs:
         outputs = crowds | "Estimate" >> beam.ParDo(EstimateCrowd(self._config)).with_outputs(
-            HISTOGRAM_TAG, LONGITUDINAL_TAG, main="reports"
+            HISTOGRAM_TAG, LONGITUDINAL_TAG, PICTURE_TAG, main="reports"
         )
-        return EstimateOutputs(outputs.reports, outputs[HISTOGRAM_TAG], outputs[LONGITUDINAL_TAG])
+        return EstimateOutputs(
+            outputs.reports,
+            outputs[HISTOGRAM_TAG],
+            outputs[LONGITUDINAL_TAG],
+            outputs[PICTURE_TAG],
+        )
 
 
 def _sort_key(report: Mapping[str, Any]) -> tuple:
@@ -313,18 +336,64 @@ def _sort_key(report: Mapping[str, Any]) -> tuple:
     )
 
 
-def _write_parquet(path: str, tables: Iterable[pa.Table], schema: pa.Schema) -> str:
+_SORT_COLUMNS = ("channel", "recipe_id", "crowd", "window_start", "round_start", "bucket", "period")
+
+
+def shard_of(key: core.CrowdKey, shards: int) -> int:
+    """The part file of a crowd: a stable hash of its key (the same on every worker and run)."""
+    return zlib.crc32(repr(tuple(key)).encode()) % max(1, int(shards))
+
+
+def part_path(directory: str, shard: int, shards: int) -> str:
+    return FileSystems.join(directory, f"part-{shard:05d}-of-{shards:05d}.parquet")
+
+
+def write_part(
+    directory: str, shard: int, shards: int, tables: Iterable[pa.Table], schema: pa.Schema
+) -> str:
+    """One part file: the shard's crowd tables, sorted (an empty table with the schema if none).
+    Named by shard index, so a retried bundle overwrites its own file."""
     tables = [table for table in tables if table.num_rows]
     table = pa.concat_tables(tables) if tables else schema.empty_table()
     if table.num_rows:
-        table = table.sort_by(
-            [(name, "ascending") for name in ("channel", "recipe_id", "crowd", "window_start")
-             if name in table.column_names]
-            + [(name, "ascending") for name in ("bucket", "period") if name in table.column_names]
-        )  # fmt: skip
+        table = table.sort_by([(n, "ascending") for n in _SORT_COLUMNS if n in table.column_names])
+    path = part_path(directory, shard, shards)
     with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as sink:
         pq.write_table(table, sink)
     return path
+
+
+class WriteTableParts(beam.PTransform):
+    """(crowd key, Arrow table) -> ``directory/part-SSSSS-of-NNNNN.parquet``: crowds are grouped
+    into ``shards`` parts by :func:`shard_of`; each part is written by one worker holding only
+    its own crowds; every part exists (empty ones too), so the directory always reads as one
+    table with ``schema``."""
+
+    def __init__(self, directory: str, schema: pa.Schema, shards: int) -> None:
+        super().__init__()
+        if int(shards) < 1:
+            raise ValueError(f"shards must be >= 1, got {shards}")
+        self._directory, self._schema, self._shards = directory, schema, int(shards)
+
+    def expand(self, tables: beam.PCollection) -> beam.PCollection:
+        directory, schema, shards = self._directory, self._schema, self._shards
+        keyed = tables | "ByPart" >> beam.Map(lambda kv: (shard_of(kv[0], shards), kv[1]))
+        every = tables.pipeline | "PartIndices" >> beam.Create([(s, None) for s in range(shards)])
+        return (
+            {"tables": keyed, "part": every}
+            | "GroupParts" >> beam.CoGroupByKey()
+            | "WriteParts"
+            >> beam.MapTuple(
+                lambda shard, grouped: write_part(
+                    directory, shard, shards, grouped["tables"], schema
+                )
+            )
+        )
+
+
+def table_parts(rows: int, rows_per_part: int = ROWS_PER_PART) -> int:
+    """Part files for about ``rows`` rows (at least one)."""
+    return max(1, math.ceil(max(0, int(rows)) / max(1, int(rows_per_part))))
 
 
 def _json_ready(value: Any) -> Any:
@@ -364,10 +433,12 @@ def write_summary(
 
 
 class WriteAnalysis(beam.PTransform):
-    """Writes histograms.parquet, longitudinal.parquet and summary.json into ``output_dir``.
+    """Writes histograms.parquet/ and longitudinal.parquet/ (``parts`` part files each, see
+    :class:`WriteTableParts`) and summary.json into ``output_dir``.
 
     ``withheld`` is computed from the reports and the commit records' withheld crowds (passed in,
-    each with the ``instance`` whose commit listed it). Each file is written once, by one worker, after all crowds are estimated.
+    each with the ``instance`` whose commit listed it). summary.json is written once, by one
+    worker, after all crowds are estimated (it gathers the per-crowd report dicts, not tables).
     """
 
     def __init__(
@@ -376,8 +447,10 @@ class WriteAnalysis(beam.PTransform):
         config: AnalysisConfig,
         inputs: Mapping[str, Any],
         withheld_crowds: list[dict[str, Any]],
+        parts: int = 1,
     ) -> None:
         super().__init__()
+        self._parts = int(parts)
         self._output_dir = output_dir
         self._config = config
         self._inputs = dict(inputs)
@@ -393,15 +466,10 @@ class WriteAnalysis(beam.PTransform):
         longitudinal_columns = longitudinal_schema(config)
         written = [
             estimates.histograms
-            | "AllHistogramTables" >> beam.combiners.ToList()
-            | "WriteHistograms"
-            >> beam.Map(lambda tables: _write_parquet(histogram_path, tables, histogram_columns)),
+            | "WriteHistograms" >> WriteTableParts(histogram_path, histogram_columns, self._parts),
             estimates.longitudinal
-            | "AllLongitudinalTables" >> beam.combiners.ToList()
             | "WriteLongitudinal"
-            >> beam.Map(
-                lambda tables: _write_parquet(longitudinal_path, tables, longitudinal_columns)
-            ),
+            >> WriteTableParts(longitudinal_path, longitudinal_columns, self._parts),
         ]
         reports = estimates.reports | "AllReports" >> beam.combiners.ToList()
         inputs, withheld_crowds = self._inputs, self._withheld_crowds

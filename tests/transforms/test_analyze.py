@@ -9,6 +9,7 @@ import apache_beam as beam
 import fastavro
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
@@ -25,7 +26,10 @@ from transforms.analyze import (
     EstimateCrowds,
     TruthSource,
     WriteAnalysis,
+    WriteTableParts,
     histogram_schema,
+    shard_of,
+    table_parts,
 )
 
 DAY = 86_400_000
@@ -225,3 +229,25 @@ def test_estimate_and_write_analysis(release_files, tmp_path):
     [withheld] = summary["withheld"]
     assert withheld["window_start"] == T0 + DAY and not withheld["estimated"]
     assert summary["inputs"] == {"test": True}
+
+
+def test_crowd_tables_are_written_in_parts_without_a_whole_table_gather(tmp_path):
+    schema = pa.schema([("crowd", pa.string()), ("bucket", pa.int64())])
+    keys = [(core.HISTOGRAM, T0 + d * DAY, T0 + (d + 1) * DAY, "grid", "grid@1", None)
+            for d in range(12)]  # fmt: skip
+    tables = [
+        (key, pa.table({"crowd": [f"day{d}"] * 3, "bucket": [2, 0, 1]}, schema=schema))
+        for d, key in enumerate(keys)
+    ]
+    directory = tmp_path / "histograms.parquet"
+    with beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner"])) as pipeline:
+        _ = pipeline | beam.Create(tables) | WriteTableParts(str(directory), schema, shards=5)
+    parts = sorted(p.name for p in directory.iterdir())
+    assert parts == [f"part-{s:05d}-of-00005.parquet" for s in range(5)]  # empty parts too
+    table = pq.read_table(directory)
+    assert table.num_rows == 36 and table.schema == schema
+    for key, crowd in tables:  # each crowd sits whole, sorted, in the part its key hashes to
+        part = pq.read_table(directory / parts[shard_of(key, 5)])
+        rows = part.filter(pc.equal(part.column("crowd"), crowd.column("crowd")[0]))
+        assert rows.column("bucket").to_pylist() == [0, 1, 2]
+    assert table_parts(0) == 1 and table_parts(2_500_000) == 3
