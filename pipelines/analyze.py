@@ -58,6 +58,7 @@ from schemas import SUPPORTED_SCHEMA_VERSIONS, release
 from schemas.recipes import load_recipe, shipped_recipes
 from transforms import analyze_core as core
 from transforms.aggregate import AggregateReleases
+from transforms.analysis_tables import table_parts
 from transforms.analyze import (
     HISTOGRAMS_FILE,
     LONGITUDINAL_FILE,
@@ -66,7 +67,6 @@ from transforms.analyze import (
     EstimateCrowds,
     TruthSource,
     WriteAnalysis,
-    table_parts,
 )
 from transforms.shuffle import WriteDeadLetters
 

@@ -2,13 +2,12 @@
 
 :class:`EstimateCrowds` de-biases each crowd's count arrays with its recipe's estimator at the
 effective respondent count n_eff = Σ_u π_u n_u (``transforms.analyze_core``: the respondents
-each instance's commit record states it released, weighted by the recipe's instance weights), adds standard errors, the
-optional labelled post-processing, the longitudinal marginals of Algorithm 2
+each instance's commit record states it released, weighted by the recipe's instance weights),
+adds standard errors, the optional labelled post-processing, the longitudinal marginals of Algorithm 2
 (amplification-by-shuffling) with Theorem 6's bound, the privacy report per crowd, and, when a
 simulation's truth is given, the accuracy against it. :class:`WriteAnalysis` writes
-``histograms.parquet/`` and ``longitudinal.parquet/`` (Parquet datasets: one part file per shard
-of crowds, so no worker or driver ever holds every crowd's table; ``pyarrow.parquet.read_table``
-reads the directory as one table) and ``summary.json``.
+``histograms.parquet/`` and ``longitudinal.parquet/`` (Parquet datasets written part by part,
+``transforms.analysis_tables``) and ``summary.json``.
 
 Outputs are per crowd (one Arrow table per crowd, one report dict per crowd), never per message.
 """
@@ -18,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 import typing
-import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -32,6 +30,13 @@ from apache_beam.io.filesystems import FileSystems
 
 from transforms import analyze_core as core
 from transforms.aggregate import metrics_summary
+from transforms.analysis_tables import (
+    WriteTableParts,
+    histogram_schema,
+    histogram_table,
+    longitudinal_schema,
+    longitudinal_table,
+)
 
 HISTOGRAMS_FILE = "histograms.parquet"
 LONGITUDINAL_FILE = "longitudinal.parquet"
@@ -39,9 +44,6 @@ SUMMARY_FILE = "summary.json"
 HISTOGRAM_TAG = "histogram"
 LONGITUDINAL_TAG = "longitudinal"
 PICTURE_TAG = "picture"
-# Crowd tables are split over part files of about this many rows each.
-ROWS_PER_PART = 1_000_000
-_TIME = pa.timestamp("ms", tz="UTC")
 
 
 @dataclass(frozen=True)
@@ -116,109 +118,6 @@ class AnalysisConfig:
     @property
     def postprocessed_column(self) -> str | None:
         return None if self.postprocessing == "none" else f"estimate_{self.postprocessing}"
-
-
-def histogram_schema(config: AnalysisConfig) -> pa.Schema:
-    """Columns of histograms.parquet (``truth`` only when the simulation's truth is known)."""
-    fields = [
-        pa.field("window_start", _TIME),
-        pa.field("window_end", _TIME),
-        pa.field("channel", pa.string()),
-        pa.field("recipe_id", pa.string()),
-        pa.field("crowd", pa.string()),
-        pa.field("bucket", pa.int64()),
-        pa.field("estimate", pa.float64()),
-        pa.field("stderr", pa.float64()),
-        pa.field("raw_count", pa.int64()),
-        pa.field("n", pa.float64()),
-    ]
-    if config.postprocessed_column:
-        fields.append(pa.field(config.postprocessed_column, pa.float64()))
-    if config.truth:
-        fields.append(pa.field("truth", pa.float64()))
-    return pa.schema(fields)
-
-
-def longitudinal_schema(config: AnalysisConfig) -> pa.Schema:
-    """Columns of longitudinal.parquet."""
-    fields = [
-        pa.field("channel", pa.string()),
-        pa.field("recipe_id", pa.string()),
-        pa.field("crowd", pa.string()),
-        pa.field("round_start", _TIME),
-        pa.field("period", pa.int32()),
-        pa.field("window_start", _TIME),
-        pa.field("window_end", _TIME),
-        pa.field("estimate", pa.float64()),
-        pa.field("stderr", pa.float64()),
-        pa.field("error_bound", pa.float64()),
-        pa.field("n", pa.float64()),
-        pa.field("n_period", pa.float64()),
-    ]
-    if config.truth:
-        fields.append(pa.field("truth", pa.float64()))
-    return pa.schema(fields)
-
-
-def histogram_table(
-    result: core.HistogramResult, config: AnalysisConfig, truth: np.ndarray | None
-) -> pa.Table:
-    """histograms.parquet rows of one crowd."""
-    rows = result.buckets.size
-    _, start, end, channel, recipe_id, crowd_id = result.key
-    columns: dict[str, Any] = {
-        "window_start": pa.array(np.full(rows, start, dtype=np.int64)).cast(_TIME),
-        "window_end": pa.array(np.full(rows, end, dtype=np.int64)).cast(_TIME),
-        "channel": pa.array([channel] * rows, pa.string()),
-        "recipe_id": pa.array([recipe_id] * rows, pa.string()),
-        "crowd": pa.array([crowd_id] * rows, pa.string()),
-        "bucket": pa.array(result.buckets, pa.int64()),
-        "estimate": pa.array(result.estimate, pa.float64()),
-        "stderr": pa.array(result.stderr, pa.float64()),
-        "raw_count": pa.array(result.raw_count, pa.int64())
-        if result.raw_count is not None
-        else pa.nulls(rows, pa.int64()),
-        "n": pa.array(np.full(rows, result.respondents), pa.float64()),
-    }
-    if config.postprocessed_column:
-        columns[config.postprocessed_column] = (
-            pa.array(result.postprocessed, pa.float64())
-            if result.postprocessed is not None
-            else pa.nulls(rows, pa.float64())
-        )
-    if config.truth:
-        columns["truth"] = (
-            pa.array(truth, pa.float64()) if truth is not None else pa.nulls(rows, pa.float64())
-        )
-    return pa.table(columns, schema=histogram_schema(config))
-
-
-def longitudinal_table(
-    result: core.LongitudinalResult, config: AnalysisConfig, truth: np.ndarray | None
-) -> pa.Table:
-    """longitudinal.parquet rows of one round: one per period t = 1..d."""
-    rows = result.periods
-    _, _, _, channel, recipe_id, crowd_id = result.key
-    starts = result.window_starts()
-    columns: dict[str, Any] = {
-        "channel": pa.array([channel] * rows, pa.string()),
-        "recipe_id": pa.array([recipe_id] * rows, pa.string()),
-        "crowd": pa.array([crowd_id] * rows, pa.string()),
-        "round_start": pa.array(np.full(rows, result.round_start, dtype=np.int64)).cast(_TIME),
-        "period": pa.array(np.arange(1, rows + 1, dtype=np.int32)),
-        "window_start": pa.array(starts).cast(_TIME),
-        "window_end": pa.array(starts + result.window_ms).cast(_TIME),
-        "estimate": pa.array(result.estimate, pa.float64()),
-        "stderr": pa.array(result.stderr, pa.float64()),
-        "error_bound": pa.array(np.full(rows, result.bound), pa.float64()),
-        "n": pa.array(np.full(rows, result.respondents), pa.float64()),
-        "n_period": pa.array(result.respondents_per_period, pa.float64()),
-    }
-    if config.truth:
-        columns["truth"] = (
-            pa.array(truth, pa.float64()) if truth is not None else pa.nulls(rows, pa.float64())
-        )
-    return pa.table(columns, schema=longitudinal_schema(config))
 
 
 @beam.typehints.with_output_types(typing.Any)
@@ -334,66 +233,6 @@ def _sort_key(report: Mapping[str, Any]) -> tuple:
         report.get("crowd_id") or "",
         report.get("window_start", report.get("round_start", 0)),
     )
-
-
-_SORT_COLUMNS = ("channel", "recipe_id", "crowd", "window_start", "round_start", "bucket", "period")
-
-
-def shard_of(key: core.CrowdKey, shards: int) -> int:
-    """The part file of a crowd: a stable hash of its key (the same on every worker and run)."""
-    return zlib.crc32(repr(tuple(key)).encode()) % max(1, int(shards))
-
-
-def part_path(directory: str, shard: int, shards: int) -> str:
-    return FileSystems.join(directory, f"part-{shard:05d}-of-{shards:05d}.parquet")
-
-
-def write_part(
-    directory: str, shard: int, shards: int, tables: Iterable[pa.Table], schema: pa.Schema
-) -> str:
-    """One part file: the shard's crowd tables, sorted (an empty table with the schema if none).
-    Named by shard index, so a retried bundle overwrites its own file."""
-    tables = [table for table in tables if table.num_rows]
-    table = pa.concat_tables(tables) if tables else schema.empty_table()
-    if table.num_rows:
-        table = table.sort_by([(n, "ascending") for n in _SORT_COLUMNS if n in table.column_names])
-    path = part_path(directory, shard, shards)
-    with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as sink:
-        pq.write_table(table, sink)
-    return path
-
-
-class WriteTableParts(beam.PTransform):
-    """(crowd key, Arrow table) -> ``directory/part-SSSSS-of-NNNNN.parquet``: crowds are grouped
-    into ``shards`` parts by :func:`shard_of`; each part is written by one worker holding only
-    its own crowds; every part exists (empty ones too), so the directory always reads as one
-    table with ``schema``."""
-
-    def __init__(self, directory: str, schema: pa.Schema, shards: int) -> None:
-        super().__init__()
-        if int(shards) < 1:
-            raise ValueError(f"shards must be >= 1, got {shards}")
-        self._directory, self._schema, self._shards = directory, schema, int(shards)
-
-    def expand(self, tables: beam.PCollection) -> beam.PCollection:
-        directory, schema, shards = self._directory, self._schema, self._shards
-        keyed = tables | "ByPart" >> beam.Map(lambda kv: (shard_of(kv[0], shards), kv[1]))
-        every = tables.pipeline | "PartIndices" >> beam.Create([(s, None) for s in range(shards)])
-        return (
-            {"tables": keyed, "part": every}
-            | "GroupParts" >> beam.CoGroupByKey()
-            | "WriteParts"
-            >> beam.MapTuple(
-                lambda shard, grouped: write_part(
-                    directory, shard, shards, grouped["tables"], schema
-                )
-            )
-        )
-
-
-def table_parts(rows: int, rows_per_part: int = ROWS_PER_PART) -> int:
-    """Part files for about ``rows`` rows (at least one)."""
-    return max(1, math.ceil(max(0, int(rows)) / max(1, int(rows_per_part))))
 
 
 def _json_ready(value: Any) -> Any:

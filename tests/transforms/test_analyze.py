@@ -21,15 +21,12 @@ from schemas.payloads import CENSUS, encode_payloads
 from schemas.recipes import recipe_from_dict
 from transforms import analyze_core as core
 from transforms.aggregate import AggregateReleases, CombineCrowd, SumCounts, metrics_summary
+from transforms.analysis_tables import WriteTableParts, histogram_schema, shard_of, table_parts
 from transforms.analyze import (
     AnalysisConfig,
     EstimateCrowds,
     TruthSource,
     WriteAnalysis,
-    WriteTableParts,
-    histogram_schema,
-    shard_of,
-    table_parts,
 )
 
 DAY = 86_400_000
