@@ -189,15 +189,21 @@ def open_release(directory: str) -> Release:
     try:
         verified = release.verify_release(directory)
     except release.ReleaseError as error:
-        raise UsageError(f"refusing release: {error}") from None
+        message = str(error)
+        if directory not in message:
+            message = f"{directory}: {message}"
+        raise UsageError(f"refusing release: {message}") from None
     commit = verified.commit
     path = os.path.join(directory, release.COMMIT_FILE)
     if commit.get("format") != release.RELEASE_FORMAT:
         raise UsageError(f"{path}: format {commit.get('format')!r} is not a shuffler release")
+    instance = commit.get("instance")
+    if not isinstance(instance, int) or isinstance(instance, bool) or instance < 0:
+        raise UsageError(f"{path}: states no shuffler instance (an int >= 0)")
     _check_crowds(path, commit["crowds"])
     parameters = commit["parameters"]
     return Release(
-        instance=int(commit["instance"]),
+        instance=instance,
         path=directory,
         commit=commit,
         files=tuple(verified.files),
