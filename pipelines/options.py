@@ -340,9 +340,9 @@ class AnalyzeOptions(StageFlags, PipelineOptions):
     FLAGS = (
         Flag(
             "input",
-            "A shuffler release (DIR with messages/, manifest.avro, metrics.json; its instance "
-            "from a name instance=<u>, the manifest or metrics.json) or a directory of "
-            "instance=<u>/ releases. Repeatable: one release per shuffler instance.",
+            "A committed shuffler release (DIR with messages/ and _COMMIT.json, which states its "
+            "instance) or a directory of instance=<u>/ releases. Repeatable: one release per "
+            "shuffler instance.",
             repeat=True,
         ),
         Flag("output", "Output directory for the analysis."),
@@ -376,8 +376,8 @@ class AnalyzeOptions(StageFlags, PipelineOptions):
         ),
         Flag(
             "deletion_epsilon",
-            "eps_cr of every instance's randomized deletion, when its metrics.json does not say "
-            "(with --deletion-delta).",
+            "eps_cr of randomized deletion (with --deletion-delta): optional, must agree with "
+            "what every release's _COMMIT.json states.",
             type=float,
         ),
         Flag("deletion_delta", "delta_cr, see above.", type=float),
