@@ -2,8 +2,10 @@
 
 Subcommands (each prints text, or JSON with ``--json``):
 
-* ``amplify``: eps_c of n shuffled eps_l-DP reports and the bound used (all candidates listed);
-* ``solve``: the largest eps_l meeting a target eps_c (the paper's tables);
+* ``amplify``: eps_c of n shuffled eps_l-DP reports and the bound used (all candidates listed;
+  the tight variation-ratio bound with its upper and lower bound);
+* ``solve``: the largest eps_l meeting a target eps_c (tight bound by default; ``--bound paper``
+  reproduces the paper's tables);
 * ``crowd``: the smallest crowd meeting a target eps_c (samplable-anonymous-aggregation Check 3);
 * ``fragments``: local epsilon of t of tau report fragments (Theorem IV.1);
 * ``deletion``: Laplace scale, offset and deletions of randomized report deletion (Algorithm 3);
@@ -35,11 +37,18 @@ def _number(text: str, flag: str) -> float:
     return value
 
 
-def _integer(text: str, flag: str) -> int:
+def _integer(text: str, flag: str, maximum: int | None = None) -> int:
     value = _number(text, flag)
     if value != math.floor(value):
         raise UsageError(f"{flag} must be a whole number, got {text!r}")
+    if maximum is not None and not 1 <= value <= maximum:
+        raise UsageError(f"{flag} must be between 1 and {maximum:.0e}, got {text!r}")
     return int(value)
+
+
+def _respondents(text: str) -> int:
+    # Refused before any work: the bounds are evaluated in bounded time up to this size.
+    return _integer(text, "--respondents", accounting.MAX_RESPONDENTS)
 
 
 def _emit(payload: dict[str, Any], as_json: bool, lines: list[str]) -> int:
@@ -63,10 +72,23 @@ def _candidate_lines(candidates: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _tight_lines(tight: Any) -> list[str]:
+    """The variation-ratio bound's upper and lower bounds, or why it does not apply."""
+    if not isinstance(tight, dict):
+        return [f"variation-ratio bound: {tight}"]
+    lower = tight["lower"]
+    shown = "none" if lower is None else f"{lower:.6g}"
+    return [
+        f"tight bound (variation-ratio reduction, Wang et al. VLDB 2024): upper = "
+        f"{tight['upper']:.6g}, lower = {shown} ({tight['lower_pair']})",
+        f"  reduction's own eps lies in [{tight['reduction_lower']:.6g}, {tight['upper']:.6g}]",
+    ]
+
+
 def _amplify(args: argparse.Namespace) -> int:
     guarantee = accounting.amplify(
         _number(args.epsilon_local, "--epsilon-local"),
-        _integer(args.respondents, "--respondents"),
+        _respondents(args.respondents),
         _number(args.delta, "--delta"),
         args.mechanism,
         local_model=args.local_model,
@@ -75,9 +97,12 @@ def _amplify(args: argparse.Namespace) -> int:
     candidates = payload["details"]["candidates"]
     payload["candidates"] = candidates
     payload["fmt_numerical"] = candidates.get(accounting.FMT_NUMERICAL)
+    tight = payload["details"].get("tight")
+    payload["tight"] = tight
     lines = [
         f"epsilon_central = {guarantee.epsilon:.6g} at delta = {guarantee.delta:.6g}",
         _bound_line(guarantee),
+        *_tight_lines(tight),
         f"epsilon_local = {guarantee.epsilon_local:.6g}, respondents = {guarantee.respondents}, "
         f"mechanism = {args.mechanism}",
         "candidates:",
@@ -89,10 +114,10 @@ def _amplify(args: argparse.Namespace) -> int:
 def _solve(args: argparse.Namespace) -> int:
     guarantee = accounting.solve_epsilon_local(
         _number(args.epsilon_central, "--epsilon-central"),
-        _integer(args.respondents, "--respondents"),
+        _respondents(args.respondents),
         _number(args.delta, "--delta"),
         args.mechanism,
-        bound=args.bound,
+        bound=_chosen_bound(args),
         local_model=args.local_model,
     )
     payload = guarantee.to_dict()
@@ -116,7 +141,7 @@ def _crowd(args: argparse.Namespace) -> int:
         _number(args.epsilon_local, "--epsilon-local"),
         _number(args.delta, "--delta"),
         args.mechanism,
-        bound=args.bound,
+        bound=_chosen_bound(args),
         local_model=args.local_model,
     )
     payload = guarantee.to_dict()
@@ -171,7 +196,7 @@ def _fragments(args: argparse.Namespace) -> int:
     if args.respondents is not None:
         report = accounting.privacy_report(
             backstop,
-            _integer(args.respondents, "--respondents"),
+            _respondents(args.respondents),
             _number(args.delta, "--delta"),
             fragments=fragments,
             epsilon_fragment=local.epsilon_fragment,
@@ -273,10 +298,15 @@ def _add_bound(parser: argparse.ArgumentParser) -> None:
     names = sorted({name for m in accounting.MECHANISMS for name in accounting.mechanism_bounds(m)})
     parser.add_argument(
         "--bound",
-        choices=[*names, accounting.TIGHTEST],
-        default=None,
-        help="bound to solve with (default: the paper's bound for the mechanism)",
+        choices=[*names, accounting.TIGHTEST, "paper"],
+        default=accounting.VARIATION_RATIO,
+        help="bound to solve with (default variation_ratio, the tightest; 'paper': the bound "
+        "behind the paper's tables for the mechanism)",
     )
+
+
+def _chosen_bound(args: argparse.Namespace) -> str | None:
+    return None if args.bound == "paper" else args.bound
 
 
 # Help of the required arguments that amplify, solve and crowd share.

@@ -18,6 +18,7 @@ __all__ = [
     "THEOREM_III1_SIMPLIFIED",
     "FMT_CLOSED_FORM",
     "FMT_NUMERICAL",
+    "VARIATION_RATIO",
     "THEOREM_IV2",
     "LOCAL",
     "BASIC_COMPOSITION",
@@ -31,6 +32,7 @@ THEOREM_III1_EXACT = "theorem_iii1_exact"
 THEOREM_III1_SIMPLIFIED = "theorem_iii1_simplified"
 FMT_CLOSED_FORM = "fmt_closed_form"
 FMT_NUMERICAL = "fmt_numerical"
+VARIATION_RATIO = "variation_ratio"
 THEOREM_IV2 = "theorem_iv2"
 LOCAL = "local"
 BASIC_COMPOSITION = "basic_composition"
@@ -47,6 +49,8 @@ BOUND_DESCRIPTIONS: Mapping[str, str] = MappingProxyType(
         "Theorem 3.1)",
         FMT_NUMERICAL: "Feldman-McMillan-Talwar numerical bound (hockey-stick divergence of the "
         "clone reduction, binomial window plus dropped mass)",
+        VARIATION_RATIO: "variation-ratio reduction (Wang et al., VLDB 2024), numerical: "
+        "hockey-stick divergence of the reduced pair, binomial window plus dropped mass",
         THEOREM_IV2: "Theorem IV.2 (esa-privacy-revisited): report fragments of attribute-"
         "fragmented k-RAPPOR",
         LOCAL: "the local guarantee itself (no amplification)",
