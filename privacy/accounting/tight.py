@@ -52,7 +52,7 @@ RANDOMIZERS = ("generic", "binary_rr", "k_rr", "ldp_sgd", "cheu", "balls_into_bi
 
 # Share of delta given to the binomial mass left outside the evaluated window.
 WINDOW_SHARE = 1e-4
-_TOLERANCE = 1e-7
+_TOLERANCE = 1e-9
 
 
 @dataclass(frozen=True)

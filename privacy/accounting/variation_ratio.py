@@ -169,10 +169,16 @@ def hockey_stick_shifted_binomial(
     # Neighbouring thresholds: term(x) = P(x) - e^eps Q(x) at x = first-1 and x = first.
     below = stats.binom.pmf(first - 2.0, c_safe, rho_a)
     here = stats.binom.pmf(first, c_safe, rho_a)
-    term_before = high * below + (1 - high) * point - e * (low * below + (1 - low) * point)
-    term_at = high * point + (1 - high) * here - e * (low * point + (1 - low) * here)
-    value = np.maximum(value, np.maximum(value + term_before, value - term_at))
-    magnitude = np.abs(den_l) * point + math.expm1(epsilon) * tail + (1 + e) * (below + here)
+    before_p = high * below + (1 - high) * point
+    before_q = e * (low * below + (1 - low) * point)
+    at_p = high * point + (1 - high) * here
+    at_q = e * (low * point + (1 - low) * here)
+    base = np.abs(den_l) * point + math.expm1(epsilon) * tail
+    options = np.stack([value, value + before_p - before_q, value - at_p + at_q])
+    sizes = np.stack([base, base + before_p + before_q, base + at_p + at_q])
+    best = np.argmax(options, axis=0)
+    value = np.take_along_axis(options, best[None], axis=0)[0]
+    magnitude = np.take_along_axis(sizes, best[None], axis=0)[0]
     return np.where(live, np.maximum(value, 0.0), 0.0), np.where(live, magnitude, 0.0)
 
 
@@ -259,29 +265,37 @@ class ReducedPair:
         lam = 1.0 / (1.0 + odds)
         return np.where(t <= 0, 0.0, np.where(t >= self.n, 1.0, lam))
 
-    def _conditional(self, args: tuple[np.ndarray, np.ndarray], epsilon: float):
+    def _directions(self, args: tuple[np.ndarray, np.ndarray], epsilon: float) -> list:
+        """Per direction (x0 vs x1, and x1 vs x0 when q0 != q1): the conditional divergences
+        D_t and the sizes of their terms."""
         clones, lam = args
         informative = 1.0 - self.w if self.w < 1.0 else 1.0
         pi0 = lam * self.a0 / informative + (1.0 - lam) * self.rho
         pi1 = lam * self.a1 / informative + (1.0 - lam) * self.rho
-        value, magnitude = hockey_stick_shifted_binomial(clones, self.rho, pi0, pi1, epsilon)
+        found = [hockey_stick_shifted_binomial(clones, self.rho, pi0, pi1, epsilon)]
         if not self.symmetric:  # the other direction: x -> t - x swaps the roles
-            other, other_mag = hockey_stick_shifted_binomial(
-                clones, 1.0 - self.rho, 1.0 - pi1, 1.0 - pi0, epsilon
+            found.append(
+                hockey_stick_shifted_binomial(clones, 1.0 - self.rho, 1.0 - pi1, 1.0 - pi0, epsilon)
             )
-            value, magnitude = np.maximum(value, other), np.maximum(magnitude, other_mag)
-        return value, magnitude
+        return found
+
+    def _sum(self, args: tuple[np.ndarray, np.ndarray], epsilon: float) -> tuple[float, float]:
+        """The larger direction's sum over t of Pr[T in block] D, and its term size."""
+        sums = [
+            (float(self.masses @ value), float(self.masses @ size))
+            for value, size in self._directions(args, epsilon)
+        ]
+        return max(sums)
 
     def delta(self, epsilon: float) -> tuple[float, float]:
-        """(lower, upper) bracket on the reduction's delta(eps)."""
-        up, up_mag = self._conditional(self.upper_args, epsilon)
-        upper = float(self.masses @ up)
+        """(lower, upper) bracket on the reduction's delta(eps) (the larger of both directions:
+        the hockey-stick divergence of a mixture over T, which both inputs share, is the sum of
+        the conditional ones, per direction)."""
+        upper, magnitude = self._sum(self.upper_args, epsilon)
         if self.exact:
-            lower, low_mag = upper, float(self.masses @ up_mag)
+            lower, low_mag = upper, magnitude
         else:
-            low, low_sizes = self._conditional(self.lower_args, epsilon)
-            lower, low_mag = float(self.masses @ low), float(self.masses @ low_sizes)
-        magnitude = float(self.masses @ up_mag)
+            lower, low_mag = self._sum(self.lower_args, epsilon)
         upper += self.tail + ROUNDING * (magnitude + upper) + 1e-300
         lower -= ROUNDING * (low_mag + lower)
         return max(lower, 0.0), min(upper, 1.0)
