@@ -9,7 +9,9 @@ VLDB 2024) and a lower bound from an explicit pair of neighbouring datasets.
   - binary randomized response (and the generic and LDP-SGD randomizers, whose worst case is at
     least that of binary RR, which is eps_0-LDP and is Duchi et al.'s randomizer for d = 1): the
     victim holds 0 or 1 and every other respondent holds 0; the shuffled output is the count of
-    ones, Bin(n-1, 1/(1+e^eps_0)) plus the victim's bit.
+    ones, Bin(n-1, 1/(1+e^eps_0)) plus the victim's bit. For the generic randomizer also 3-RR's
+    pair below (3-RR is eps_0-LDP), whichever is larger: within 1 % of the upper bound at
+    eps_0 >= 4 (0.1493 against 0.1507 at eps_0 = 4, n = 1e5, delta = 1e-8).
   - k-RR with k >= 3: the victim holds x0 or x1 and every other respondent a third value. The
     shuffled histogram is then exactly the reduction's pair (the likelihood ratio depends only on
     the counts of x0 and x1, distributed as the reduction's counts), so the lower end of the
@@ -235,6 +237,12 @@ def tight_bound(
     if with_lower and randomizer in ("generic", "binary_rr", "ldp_sgd"):
         lower = binary_rr_pair_epsilon(epsilon_local, n, d)
         pair = "binary RR: victim 0 vs 1, every other respondent 0"
+        if randomizer == "generic":  # 3-RR is eps_0-LDP too, and its pair is the reduction's
+            three = variation_ratio_parameters("k_rr", epsilon_local, categories=3)
+            three_lower = variation_ratio_epsilon(three, n, d)[0]
+            if three_lower > lower:
+                lower = three_lower
+                pair = "3-RR: victim x0 vs x1, every other respondent a third value"
     elif with_lower and randomizer == "k_rr" and categories >= 3:
         lower = reduction_lower
         pair = "k-RR: victim x0 vs x1, every other respondent a third value (reduction exact)"

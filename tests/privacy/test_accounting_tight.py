@@ -238,3 +238,11 @@ def test_composition_uses_privacy_loss_distributions_where_they_win():
     # PLD composition of k copies of (eps, 0) cannot beat the optimal composition theorem's
     # value at k = 2: (2 eps, 0) with delta 0 is exact for two RR steps, so eps <= 2 * 0.1.
     assert acc.compose([acc.PrivacyLoss(0.1, 0.0, "x")] * 2, 1e-9).epsilon <= 0.2 + 1e-3
+
+
+def test_generic_lower_bound_from_three_value_rr_nearly_matches():
+    bound = acc.tight_bound("generic", 4.0, 100_000, 1e-8)
+    assert "3-RR" in bound.lower_pair
+    assert bound.upper * 0.99 < bound.lower <= bound.upper  # 0.1493 against 0.1507
+    binary = acc.tight_bound("binary_rr", 4.0, 100_000, 1e-8)
+    assert binary.lower == pytest.approx(0.1097, abs=5e-4) and binary.upper == bound.upper
