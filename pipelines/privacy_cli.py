@@ -7,6 +7,8 @@ Subcommands (each prints text, or JSON with ``--json``):
 * ``solve``: the largest eps_l meeting a target eps_c (tight bound by default; ``--bound paper``
   reproduces the paper's tables);
 * ``crowd``: the smallest crowd meeting a target eps_c (samplable-anonymous-aggregation Check 3);
+* ``tight``: upper and lower bounds of the variation-ratio reduction for any shipped randomizer
+  (k-RR, LDP-SGD, multi-message ones), and the PLD composition of several such releases;
 * ``fragments``: local epsilon of t of tau report fragments (Theorem IV.1);
 * ``deletion``: Laplace scale, offset and deletions of randomized report deletion (Algorithm 3);
 * ``gaussian``: the Gaussian baseline sigma, as the paper computes it and exactly.
@@ -152,6 +154,48 @@ def _crowd(args: argparse.Namespace) -> int:
         f"for epsilon_local = {guarantee.epsilon_local:.6g}",
         _bound_line(guarantee),
     ]
+    return _emit(payload, args.json, lines)
+
+
+def _tight(args: argparse.Namespace) -> int:
+    epsilon_local = (
+        None if args.epsilon_local is None else _number(args.epsilon_local, "--epsilon-local")
+    )
+    if epsilon_local is None and args.randomizer not in ("cheu", "balls_into_bins"):
+        raise UsageError(f"--epsilon-local is required for --randomizer {args.randomizer}")
+    n = _respondents(args.respondents)
+    delta = _number(args.delta, "--delta")
+    options: dict[str, Any] = {"categories": _integer(args.categories, "--categories")}
+    if args.flip is not None:
+        options["flip"] = _number(args.flip, "--flip")
+    if args.bins is not None:
+        options["bins"] = _integer(args.bins, "--bins")
+        options["special_bins"] = _integer(args.special_bins, "--special-bins")
+    releases = _integer(args.releases, "--releases", 10**6)
+    bound = accounting.tight_bound(args.randomizer, epsilon_local or 1.0, n, delta, **options)
+    payload: dict[str, Any] = {
+        "epsilon_central": bound.upper,
+        "bound": accounting.VARIATION_RATIO,
+        "bound_description": accounting.BOUND_DESCRIPTIONS[accounting.VARIATION_RATIO],
+        **bound.to_dict(),
+    }
+    lower = "none" if bound.lower is None else f"{bound.lower:.6g}"
+    lines = [
+        f"epsilon_central <= {bound.upper:.6g} at delta = {delta:.6g} "
+        f"({args.randomizer}, n = {n}; variation-ratio reduction, Wang et al. VLDB 2024)",
+        f"lower bound: {lower} ({bound.lower_pair})",
+        f"the reduction's own eps lies in [{bound.reduction_lower:.6g}, {bound.upper:.6g}]",
+    ]
+    if releases > 1:
+        curve = accounting.tight_curve(
+            args.randomizer, epsilon_local or 1.0, n, delta / (10.0 * releases), **options
+        )
+        composed = accounting.compose([curve] * releases, delta)
+        payload["composed"] = composed.to_dict()
+        lines.append(
+            f"{releases} such releases: epsilon = {composed.epsilon:.6g} at delta = {delta:.6g} "
+            f"({composed.method})"
+        )
     return _emit(payload, args.json, lines)
 
 
@@ -351,6 +395,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_bound(crowd)
     _add_json(crowd)
     crowd.set_defaults(handler=_crowd)
+
+    tight = commands.add_parser(
+        "tight", help="tight upper and lower bounds for a randomizer (variation-ratio reduction)"
+    )
+    tight.add_argument(
+        "--randomizer", choices=accounting.RANDOMIZERS, default="generic",
+        help="local randomizer (default generic eps_0-LDP)",
+    )  # fmt: skip
+    tight.add_argument("--epsilon-local", default=None, help="local epsilon eps_0")
+    _add_required(tight, "--respondents", "--delta")
+    tight.add_argument("--categories", default="2", help="k of k_rr (default 2)")
+    tight.add_argument("--flip", default=None, help="flip probability of cheu")
+    tight.add_argument("--bins", default=None, help="bins of balls_into_bins")
+    tight.add_argument("--special-bins", default="1", help="special bins of balls_into_bins")
+    tight.add_argument(
+        "--releases", default="1", help="compose this many such releases (PLD composition)"
+    )
+    _add_json(tight)
+    tight.set_defaults(handler=_tight)
 
     fragments = commands.add_parser("fragments", help="local epsilon of report fragments")
     fragments.add_argument("--epsilon-backstop", required=True, help="backstop epsilon eps_b")

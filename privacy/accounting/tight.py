@@ -233,8 +233,11 @@ def tight_bound(
     )
     reduction_lower, upper = variation_ratio_epsilon(parameters, n, d)
     lower: float | None = None
-    pair = "none (no explicit pair for this randomizer)"
-    if with_lower and randomizer in ("generic", "binary_rr", "ldp_sgd"):
+    pair = "no explicit pair for this randomizer"
+    binary = randomizer in ("generic", "binary_rr", "ldp_sgd") or (
+        randomizer == "k_rr" and categories == 2
+    )
+    if with_lower and binary:
         lower = binary_rr_pair_epsilon(epsilon_local, n, d)
         pair = "binary RR: victim 0 vs 1, every other respondent 0"
         if randomizer == "generic":  # 3-RR is eps_0-LDP too, and its pair is the reduction's

@@ -80,6 +80,22 @@ def test_solve_with_another_bound_and_mechanism(capsys):
     assert acc.fmt_numerical_epsilon(payload["epsilon_local"], 1_000_000, 1e-8) <= 0.5 * (1 + 1e-7)
 
 
+def test_tight_bounds_for_other_randomizers_and_composition(capsys):
+    payload = run_json(
+        capsys, "tight", "--randomizer", "k_rr", "--categories", "4", "--epsilon-local", "2",
+        "--respondents", "100000", "--delta", "1e-8",
+    )  # fmt: skip
+    assert payload["bound"] == acc.VARIATION_RATIO
+    assert payload["lower"] <= payload["upper"] <= payload["lower"] * 1.005
+    payload = run_json(
+        capsys, "tight", "--randomizer", "ldp_sgd", "--epsilon-local", "1",
+        "--respondents", "1e6", "--delta", "1e-8", "--releases", "20",
+    )  # fmt: skip
+    composed = payload["composed"]
+    assert composed["method"] == acc.PLD_COMPOSITION
+    assert payload["upper"] < composed["epsilon"] < 20 * payload["upper"]
+
+
 def test_crowd(capsys):
     payload = run_json(
         capsys, "crowd", "--epsilon-central", "1", "--epsilon-local", "4", "--delta", "1e-6"
