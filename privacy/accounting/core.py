@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
+
+from scipy import optimize
 
 __all__ = [
     "BoundOutOfRange",
@@ -177,3 +179,48 @@ def to_plain(value: Any) -> Any:
     if isinstance(value, CentralGuarantee | PrivacyLoss):
         return value.to_dict() if isinstance(value, CentralGuarantee) else vars(value).copy()
     return value
+
+
+def first_nonpositive(
+    excess: Callable[[float], float], low: float, high: float, tolerance: float
+) -> float:
+    """Smallest x in [low, high], to relative ``tolerance`` and on the safe side, with
+    excess(x) <= 0 for a non-increasing ``excess`` with excess(high) <= 0. Brent's method finds
+    the root; when rounding puts its answer on the wrong side, bisection (at most 200 steps)
+    closes in while keeping excess(answer) <= 0, so the search always ends."""
+    if excess(low) <= 0.0:
+        return low
+    root = optimize.brentq(
+        excess, low, high, xtol=1e-300, rtol=max(tolerance, 4e-16), maxiter=200, disp=False
+    )
+    answer = min(root + tolerance * abs(root) + 1e-300, high)
+    if excess(answer) <= 0.0:
+        return answer
+    bad, good = answer, high
+    for _ in range(200):
+        if good - bad <= tolerance * abs(good):
+            break
+        middle = 0.5 * (bad + good)
+        bad, good = (bad, middle) if excess(middle) <= 0.0 else (middle, good)
+    return good
+
+
+def last_positive(
+    excess: Callable[[float], float], low: float, high: float, tolerance: float
+) -> float:
+    """Largest x in [low, high], to relative ``tolerance`` and on the safe side, with
+    excess(x) > 0 for a non-increasing ``excess`` with excess(low) > 0 >= excess(high)
+    (bounded like :func:`first_nonpositive`)."""
+    root = optimize.brentq(
+        excess, low, high, xtol=1e-300, rtol=max(tolerance, 4e-16), maxiter=200, disp=False
+    )
+    answer = max(root - tolerance * abs(root) - 1e-300, low)
+    if excess(answer) > 0.0:
+        return answer
+    good, bad = low, answer
+    for _ in range(200):
+        if bad - good <= tolerance * abs(bad):
+            break
+        middle = 0.5 * (good + bad)
+        good, bad = (middle, bad) if excess(middle) > 0.0 else (good, middle)
+    return good

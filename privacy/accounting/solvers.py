@@ -8,8 +8,6 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from scipy import optimize
-
 from privacy.accounting.core import (
     FMT_CLOSED_FORM,
     FMT_NUMERICAL,
@@ -23,6 +21,7 @@ from privacy.accounting.core import (
     check_count,
     check_delta,
     check_epsilon,
+    last_positive,
 )
 from privacy.accounting.shuffle import (
     fmt_closed_form_epsilon,
@@ -33,6 +32,9 @@ from privacy.accounting.shuffle import (
     theorem_iii1_range,
 )
 from privacy.accounting.tight import WINDOW_SHARE, tight_bound
+from privacy.accounting.variation_ratio import (
+    LARGEST_EPSILON as VR_LARGEST_EPSILON,
+)
 from privacy.accounting.variation_ratio import (
     MAX_RESPONDENTS,
     ReducedPair,
@@ -299,10 +301,11 @@ def _epsilon_local_range(
     if bound == FMT_CLOSED_FORM:
         return 1e-9, fmt_closed_form_max_epsilon_local(n, d) / factor
     margin = _tight_margin if bound == VARIATION_RATIO else _fmt_margin
-    high = max(target, 1.0)
-    while high < _LARGEST_EPSILON and margin(high, mechanism, local_model, n, d, target) <= 0:
-        high *= 2.0
-    return 1e-9, min(high, _LARGEST_EPSILON)
+    cap = (VR_LARGEST_EPSILON if bound == VARIATION_RATIO else _LARGEST_EPSILON) / factor
+    high = min(max(target, 1.0), cap)
+    while high < cap and margin(high, mechanism, local_model, n, d, target) <= 0:
+        high = min(2.0 * high, cap)
+    return 1e-9, high
 
 
 _LARGEST_EPSILON = 700.0  # e^eps overflows past ~709
@@ -317,10 +320,8 @@ def _largest_below(
         return high, True
     if margin(low) > 0:
         return None
-    root = optimize.brentq(margin, low, high, xtol=step)
-    answer = max(root - step, low)
-    while margin(answer) > 0 and answer > low:
-        answer = max(answer - step, low)
+    # Largest x with margin(x) <= 0 is the last point where -margin is >= 0; bounded search.
+    answer = last_positive(lambda x: -margin(x) + 1e-300, low, high, step / max(high, 1e-9))
     return answer, False
 
 

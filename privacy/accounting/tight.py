@@ -29,9 +29,14 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from scipy import optimize
-
-from privacy.accounting.core import BoundOutOfRange, check_count, check_delta, check_epsilon
+from privacy.accounting.core import (
+    BoundOutOfRange,
+    check_count,
+    check_delta,
+    check_epsilon,
+    first_nonpositive,
+    last_positive,
+)
 from privacy.accounting.variation_ratio import (
     LARGEST_EPSILON,
     ReducedPair,
@@ -104,19 +109,6 @@ def _largest_epsilon(parameters: VariationRatio) -> float:
     return min(math.log(parameters.p), LARGEST_EPSILON)
 
 
-def _root(excess, low: float, high: float, tolerance: float) -> float:
-    """Smallest x in [low, high] (to ``tolerance``, rounded up) with excess(x) <= 0 for a
-    decreasing ``excess`` with excess(high) <= 0."""
-    if excess(low) <= 0.0:
-        return low
-    root = optimize.brentq(excess, low, high, xtol=1e-12, rtol=tolerance)
-    step = tolerance * root + 1e-12
-    answer = min(root + step, high)
-    while excess(answer) > 0.0 and answer < high:
-        answer = min(answer + step, high)
-    return answer
-
-
 def variation_ratio_epsilon(
     parameters: VariationRatio, respondents: int, delta: float, tolerance: float = _TOLERANCE
 ) -> tuple[float, float]:
@@ -142,24 +134,25 @@ def variation_ratio_epsilon(
             high = min(2.0 * high, LARGEST_EPSILON)
     if upper_excess(high) > 0.0:
         return high, high  # delta below the rounding allowance: no amplification certified
-    upper = _root(upper_excess, 0.0, high, tolerance)
+    upper = first_nonpositive(upper_excess, 0.0, high, tolerance)
+
+    return _reduction_lower(bracket, d, upper, tolerance), upper
+
+
+def _reduction_lower(bracket, d: float, upper: float, tolerance: float) -> float:
+    """Largest eps (rounded down) whose certain delta, bracket(eps)[0], exceeds d, searched below
+    ``upper`` (where it does not); 0 if none."""
 
     def lower_excess(eps: float) -> float:  # > 0 where the reduction is certainly not (eps, d)
         return math.log(max(bracket(eps)[0], 1e-300)) - math.log(d)
 
-    if upper == 0.0:
-        return 0.0, 0.0
-    start = upper
+    if upper == 0.0 or lower_excess(upper) > 0.0:
+        return 0.0 if upper == 0.0 else upper
     for shrink in (1e-4, 1e-3, 1e-2, 0.1, 1.0):
         start = upper * (1.0 - shrink)
         if lower_excess(start) > 0.0:
-            break
-    else:
-        return 0.0, upper
-    if start <= 0.0 and lower_excess(0.0) <= 0.0:
-        return 0.0, upper
-    lower = optimize.brentq(lower_excess, start, upper, xtol=1e-12, rtol=tolerance)
-    return max(lower - tolerance * lower, 0.0), upper
+            return last_positive(lower_excess, start, upper, tolerance)
+    return 0.0
 
 
 def binary_rr_pair_delta(epsilon_local: float, respondents: int, epsilon: float) -> float:
@@ -198,11 +191,7 @@ def binary_rr_pair_epsilon(
     top = min(eps0, LARGEST_EPSILON)
     if excess(top) > 0.0:
         return top
-    root = optimize.brentq(excess, 0.0, top, xtol=1e-12, rtol=tolerance)
-    answer = max(root - tolerance * root - 1e-12, 0.0)
-    while answer > 0.0 and excess(answer) <= 0.0:
-        answer = max(answer - tolerance * root - 1e-12, 0.0)
-    return answer
+    return last_positive(excess, 0.0, top, tolerance)
 
 
 def tight_bound(
@@ -241,8 +230,9 @@ def tight_bound(
         lower = binary_rr_pair_epsilon(epsilon_local, n, d)
         pair = "binary RR: victim 0 vs 1, every other respondent 0"
         if randomizer == "generic":  # 3-RR is eps_0-LDP too, and its pair is the reduction's
-            three = variation_ratio_parameters("k_rr", epsilon_local, categories=3)
-            three_lower = variation_ratio_epsilon(three, n, d)[0]
+            three = _pair(variation_ratio_parameters("k_rr", epsilon_local, categories=3), n, d)
+            # 3-RR's reduction is dominated by the generic one: its eps is at most ``upper``.
+            three_lower = _reduction_lower(three.delta, d, upper, _TOLERANCE)
             if three_lower > lower:
                 lower = three_lower
                 pair = "3-RR: victim x0 vs x1, every other respondent a third value"

@@ -136,8 +136,9 @@ def variation_ratio_parameters(
     raise ValueError(f"unknown randomizer {randomizer!r}")
 
 
-# e^eps must stay finite (and e^eps * mass well inside double range).
-LARGEST_EPSILON = 700.0
+# Beyond this the clone rate 2/(1+e^eps_0) is below 1e-130 and no crowd we accept amplifies;
+# keeping it far from underflow keeps scipy's binomial functions in range.
+LARGEST_EPSILON = 300.0
 
 
 def hockey_stick_shifted_binomial(
@@ -290,7 +291,10 @@ class ReducedPair:
     def delta(self, epsilon: float) -> tuple[float, float]:
         """(lower, upper) bracket on the reduction's delta(eps) (the larger of both directions:
         the hockey-stick divergence of a mixture over T, which both inputs share, is the sum of
-        the conditional ones, per direction)."""
+        the conditional ones, per direction). Above eps = 700 (e^eps overflows) the curve's value
+        at 700 is returned as the upper end (delta(eps) does not increase) and 0 as the lower."""
+        if epsilon > 700.0:
+            return 0.0, self.delta(700.0)[1]
         upper, magnitude = self._sum(self.upper_args, epsilon)
         if self.exact:
             lower, low_mag = upper, magnitude
