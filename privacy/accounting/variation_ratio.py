@@ -112,8 +112,8 @@ def variation_ratio_parameters(
     """
     if randomizer == "cheu":
         f = float(flip) if flip is not None else math.nan
-        if not 0.0 < f < 0.5:
-            raise ValueError(f"cheu needs a flip probability in (0, 0.5), got {flip!r}")
+        if not 1e-12 <= f < 0.5:
+            raise ValueError(f"cheu needs a flip probability in [1e-12, 0.5), got {flip!r}")
         return VariationRatio((1 - f) ** 2 / f**2, 1 - 2 * f, (1 - f) / f, (1 - f) / f, "cheu")
     if randomizer == "balls_into_bins":
         d = check_count(bins, "bins", minimum=2)
@@ -128,6 +128,11 @@ def variation_ratio_parameters(
             f"got {eps:.6g}"
         )
     p = math.exp(eps)
+    if p <= 1.0 + 1e-12:
+        raise BoundOutOfRange(
+            f"the variation-ratio bound needs epsilon_local >= 1e-12; got {eps:.6g} (the local "
+            "guarantee itself is the better statement there)"
+        )
     if randomizer in ("generic", "binary_rr", "ldp_sgd"):
         return VariationRatio(p, math.tanh(eps / 2.0), p, p, randomizer)
     if randomizer == "k_rr":

@@ -269,3 +269,37 @@ def test_blocks_bracket_the_every_clone_count_sum(parameters):
         low, up = blocks.delta(epsilon)
         assert low <= exact_low * (1 + 1e-9) and exact_up <= up * (1 + 1e-9)
         assert up - low <= 0.05 * up + 2 * tail  # the dropped mass is charged in full
+
+
+def test_searches_end_on_functions_rounding_fools():
+    from privacy.accounting.core import first_nonpositive, last_positive
+
+    calls = []
+
+    def stubborn(x: float) -> float:  # negative only at the very end: Brent's answer fails
+        calls.append(x)
+        return -1.0 if x >= 1.0 else 1e-300
+
+    assert first_nonpositive(stubborn, 0.0, 1.0, 1e-9) == 1.0
+    assert len(calls) < 300
+    assert last_positive(lambda x: 1.0 if x <= 0.0 else -1.0, 0.0, 1.0, 1e-9) < 1e-6
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: acc.deletion_bounds(1e-300, 1e-300, 1),
+        lambda: acc.variation_ratio_parameters("cheu", 1.0, flip=1e-300),
+        lambda: acc.tight_bound("generic", 1.0, 10**11, 1e-8),
+    ],
+)
+def test_unrepresentable_parameters_are_refused(call):
+    with pytest.raises(ValueError):
+        call()
+
+
+def test_extreme_but_valid_parameters_give_numbers():
+    assert acc.amplify(1e-300, 10**10, 1e-8, acc.GENERIC).epsilon <= 1e-300
+    assert acc.amplify(1e300, 100, 1e-8, acc.GENERIC).epsilon == 1e300  # nothing amplifies
+    solved = acc.solve_epsilon_local(1e6, 5, 0.9, acc.ONE_HOT_RAPPOR, bound=acc.VARIATION_RATIO)
+    assert solved.details["limited_by_validity_range"]
