@@ -303,3 +303,19 @@ def test_extreme_but_valid_parameters_give_numbers():
     assert acc.amplify(1e300, 100, 1e-8, acc.GENERIC).epsilon == 1e300  # nothing amplifies
     solved = acc.solve_epsilon_local(1e6, 5, 0.9, acc.ONE_HOT_RAPPOR, bound=acc.VARIATION_RATIO)
     assert solved.details["limited_by_validity_range"]
+
+
+def test_composed_curve_is_never_below_the_exact_composition():
+    # Two releases of the reduced pair (generic eps_0 = 1, n = 30), enumerated outright: the
+    # PLD of the connect-the-dots curve must give at least the exact delta of the product pair.
+    n, eps0 = 30, 1.0
+    parameters = acc.variation_ratio_parameters("generic", eps0)
+    first, second = (x.ravel() for x in reduced_pair_by_enumeration(parameters, n))
+    keep = (first > 0) | (second > 0)
+    first, second = first[keep], second[keep]
+    both_first, both_second = np.outer(first, first).ravel(), np.outer(second, second).ravel()
+    curve = acc.tight_curve("generic", eps0, n, 1e-12)
+    for delta in (1e-2, 1e-4):
+        composed = acc.compose([curve, curve], delta)
+        assert divergence(both_first, both_second, composed.epsilon) <= delta * (1 + 1e-9)
+        assert composed.epsilon <= 2 * curve.epsilon_for(delta / 2) + 1e-9  # never worse
