@@ -21,6 +21,7 @@ from experiments.scenarios import (
     GAUSSIAN,
     ONE_HOT,
     SKETCH,
+    TIGHT_BOUND,
     ExperimentConfig,
     Scenario,
     quick_datasets,
@@ -246,6 +247,22 @@ def test_bad_configurations_are_refused():
         ExperimentConfig(budget_splits=(2, 5))
     with pytest.raises(ValueError, match="grid"):
         Dataset("x", "X", 10, 12, 1e-6, grid=(3, 3), image="disc")
+
+
+def test_tight_scenario_solves_a_larger_epsilon_local_and_a_smaller_rmse():
+    # Horse at eps_c = 1 (1e6 respondents): the tight bound allows eps_l ~ 9.7 against Theorem
+    # III.1's ~ 7.8; the RMSE falls by about 3x, far beyond its ~1.5 % run-to-run spread.
+    lab = ExperimentLab(_test_config(central_epsilons=(1.0,)), _test_datasets())
+    paper = lab.outcome(Scenario("horse", ONE_HOT, central_epsilon=1.0))
+    tight = lab.outcome(Scenario("horse", ONE_HOT, central_epsilon=1.0, bound=TIGHT_BOUND))
+    assert tight.privacy.bound == TIGHT_BOUND and tight.privacy.epsilon_central <= 1.0
+    assert tight.privacy.epsilon_local > paper.privacy.epsilon_local + 1.0
+    assert tight.rmse < 0.6 * paper.rmse
+    assert Scenario("horse", ONE_HOT, central_epsilon=1.0, bound=TIGHT_BOUND).name.endswith(
+        "/bound=variation_ratio"
+    )
+    with pytest.raises(ValueError, match="bound"):
+        Scenario("horse", GAUSSIAN, central_epsilon=1.0, bound=TIGHT_BOUND)
 
 
 def test_unreachable_target_is_reported_not_run():
