@@ -68,6 +68,7 @@ from privacy.accounting.pld import (
     ComposedGuarantee,
     PrivacyCurve,
     compose,
+    compose_prefixes,
     tight_curve,
 )
 from privacy.accounting.report import PrivacyReport, privacy_report
@@ -126,6 +127,7 @@ __all__ = [
     "VariationRatio",
     "binary_rr_pair_delta",
     "binary_rr_pair_epsilon",
+    "compose_prefixes",
     "compose_repeated",
     "tight_bound",
     "tight_curve",

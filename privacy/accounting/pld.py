@@ -29,7 +29,14 @@ from privacy.accounting.core import (
     check_epsilon,
 )
 
-__all__ = ["PLD_COMPOSITION", "PrivacyCurve", "ComposedGuarantee", "compose", "tight_curve"]
+__all__ = [
+    "PLD_COMPOSITION",
+    "PrivacyCurve",
+    "ComposedGuarantee",
+    "compose",
+    "compose_prefixes",
+    "tight_curve",
+]
 
 PLD_COMPOSITION = "pld_composition"
 
@@ -193,3 +200,19 @@ def compose(guarantees: Sequence[PrivacyLoss | PrivacyCurve], delta: float) -> C
         method=best,
         details={"candidates": candidates, "releases": len(items)},
     )
+
+
+def compose_prefixes(item: PrivacyLoss | PrivacyCurve, count: int, delta: float) -> list[float]:
+    """PLD composition of k copies of one release for k = 1..count (one convolution per k): the
+    eps at ``delta`` after each release, e.g. per epoch of LDP-SGD or per analysis round."""
+    from privacy.accounting.core import check_count
+
+    k = check_count(count, "count")
+    d = check_delta(delta)
+    single = _pld_of(item)
+    total, values = single, []
+    for index in range(k):
+        if index:
+            total = total.compose(single)
+        values.append(float(total.get_epsilon_for_delta(d)))
+    return values
