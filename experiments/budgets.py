@@ -86,7 +86,9 @@ def scenario_privacy(scenario: Scenario, dataset: Dataset) -> ScenarioPrivacy:
             certified, bound = None, f"out of range: {error}"
     else:
         try:
-            solved = solve_epsilon_local(scenario.central_epsilon, n, delta, ONE_HOT_RAPPOR)
+            solved = solve_epsilon_local(
+                scenario.central_epsilon, n, delta, ONE_HOT_RAPPOR, bound=scenario.bound
+            )
         except BoundOutOfRange as error:
             return ScenarioPrivacy(reason=str(error))
         total, certified, bound = solved.epsilon_local, solved.epsilon, solved.bound

@@ -189,10 +189,25 @@ def timed(builder: Callable[[ExperimentLab], Table]) -> Callable[[ExperimentLab]
 
 
 def by_key(outcomes: dict[Scenario, Outcome]) -> dict[tuple, Outcome]:
+    """Outcomes by (mechanism, eps_c, eps_l, fragments, splits), plus the solving bound as a
+    sixth element for scenarios solved with another bound than the paper's."""
     return {
-        (s.mechanism, s.central_epsilon, s.local_epsilon, s.fragments, s.splits): o
+        (s.mechanism, s.central_epsilon, s.local_epsilon, s.fragments, s.splits)
+        + (() if s.bound is None else (s.bound,)): o
         for s, o in outcomes.items()
     }
+
+
+def tight_text(tight: Outcome, paper: Outcome) -> str:
+    """The "tight" cell: eps_l solved with the tight bound at the row's eps_c and its RMSE,
+    beside the paper's eps_l (Theorem III.1) and RMSE."""
+    if not tight.privacy.applicable:
+        return f"not run: {tight.privacy.reason}"
+    return (
+        f"ε_ℓ = {fmt(tight.privacy.epsilon_local)} (Theorem III.1: "
+        f"{fmt(paper.privacy.epsilon_local)})<br>{rmse_text(tight)}"
+        f"<br>Theorem III.1's RMSE = {fmt(paper.rmse)}"
+    )
 
 
 def roman_value(key: str) -> int:

@@ -2,9 +2,13 @@
 
 Subcommands (each prints text, or JSON with ``--json``):
 
-* ``amplify``: eps_c of n shuffled eps_l-DP reports and the bound used (all candidates listed);
-* ``solve``: the largest eps_l meeting a target eps_c (the paper's tables);
+* ``amplify``: eps_c of n shuffled eps_l-DP reports and the bound used (all candidates listed;
+  the tight variation-ratio bound with its upper and lower bound);
+* ``solve``: the largest eps_l meeting a target eps_c (tight bound by default; ``--bound paper``
+  reproduces the paper's tables);
 * ``crowd``: the smallest crowd meeting a target eps_c (samplable-anonymous-aggregation Check 3);
+* ``tight``: upper and lower bounds of the variation-ratio reduction for any shipped randomizer
+  (k-RR, LDP-SGD, multi-message ones), and the PLD composition of several such releases;
 * ``fragments``: local epsilon of t of tau report fragments (Theorem IV.1);
 * ``deletion``: Laplace scale, offset and deletions of randomized report deletion (Algorithm 3);
 * ``gaussian``: the Gaussian baseline sigma, as the paper computes it and exactly.
@@ -35,11 +39,18 @@ def _number(text: str, flag: str) -> float:
     return value
 
 
-def _integer(text: str, flag: str) -> int:
+def _integer(text: str, flag: str, maximum: int | None = None) -> int:
     value = _number(text, flag)
     if value != math.floor(value):
         raise UsageError(f"{flag} must be a whole number, got {text!r}")
+    if maximum is not None and not 1 <= value <= maximum:
+        raise UsageError(f"{flag} must be between 1 and {maximum:.0e}, got {text!r}")
     return int(value)
+
+
+def _respondents(text: str) -> int:
+    # Refused before any work: the bounds are evaluated in bounded time up to this size.
+    return _integer(text, "--respondents", accounting.MAX_RESPONDENTS)
 
 
 def _emit(payload: dict[str, Any], as_json: bool, lines: list[str]) -> int:
@@ -63,10 +74,23 @@ def _candidate_lines(candidates: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _tight_lines(tight: Any) -> list[str]:
+    """The variation-ratio bound's upper and lower bounds, or why it does not apply."""
+    if not isinstance(tight, dict):
+        return [f"variation-ratio bound: {tight}"]
+    lower = tight["lower"]
+    shown = "none" if lower is None else f"{lower:.6g}"
+    return [
+        f"tight bound (variation-ratio reduction, Wang et al. VLDB 2024): upper = "
+        f"{tight['upper']:.6g}, lower = {shown} ({tight['lower_pair']})",
+        f"  reduction's own eps lies in [{tight['reduction_lower']:.6g}, {tight['upper']:.6g}]",
+    ]
+
+
 def _amplify(args: argparse.Namespace) -> int:
     guarantee = accounting.amplify(
         _number(args.epsilon_local, "--epsilon-local"),
-        _integer(args.respondents, "--respondents"),
+        _respondents(args.respondents),
         _number(args.delta, "--delta"),
         args.mechanism,
         local_model=args.local_model,
@@ -75,9 +99,12 @@ def _amplify(args: argparse.Namespace) -> int:
     candidates = payload["details"]["candidates"]
     payload["candidates"] = candidates
     payload["fmt_numerical"] = candidates.get(accounting.FMT_NUMERICAL)
+    tight = payload["details"].get("tight")
+    payload["tight"] = tight
     lines = [
         f"epsilon_central = {guarantee.epsilon:.6g} at delta = {guarantee.delta:.6g}",
         _bound_line(guarantee),
+        *_tight_lines(tight),
         f"epsilon_local = {guarantee.epsilon_local:.6g}, respondents = {guarantee.respondents}, "
         f"mechanism = {args.mechanism}",
         "candidates:",
@@ -89,10 +116,10 @@ def _amplify(args: argparse.Namespace) -> int:
 def _solve(args: argparse.Namespace) -> int:
     guarantee = accounting.solve_epsilon_local(
         _number(args.epsilon_central, "--epsilon-central"),
-        _integer(args.respondents, "--respondents"),
+        _respondents(args.respondents),
         _number(args.delta, "--delta"),
         args.mechanism,
-        bound=args.bound,
+        bound=_chosen_bound(args),
         local_model=args.local_model,
     )
     payload = guarantee.to_dict()
@@ -116,7 +143,7 @@ def _crowd(args: argparse.Namespace) -> int:
         _number(args.epsilon_local, "--epsilon-local"),
         _number(args.delta, "--delta"),
         args.mechanism,
-        bound=args.bound,
+        bound=_chosen_bound(args),
         local_model=args.local_model,
     )
     payload = guarantee.to_dict()
@@ -127,6 +154,48 @@ def _crowd(args: argparse.Namespace) -> int:
         f"for epsilon_local = {guarantee.epsilon_local:.6g}",
         _bound_line(guarantee),
     ]
+    return _emit(payload, args.json, lines)
+
+
+def _tight(args: argparse.Namespace) -> int:
+    epsilon_local = (
+        None if args.epsilon_local is None else _number(args.epsilon_local, "--epsilon-local")
+    )
+    if epsilon_local is None and args.randomizer not in ("cheu", "balls_into_bins"):
+        raise UsageError(f"--epsilon-local is required for --randomizer {args.randomizer}")
+    n = _respondents(args.respondents)
+    delta = _number(args.delta, "--delta")
+    options: dict[str, Any] = {"categories": _integer(args.categories, "--categories")}
+    if args.flip is not None:
+        options["flip"] = _number(args.flip, "--flip")
+    if args.bins is not None:
+        options["bins"] = _integer(args.bins, "--bins")
+        options["special_bins"] = _integer(args.special_bins, "--special-bins")
+    releases = _integer(args.releases, "--releases", 10**6)
+    bound = accounting.tight_bound(args.randomizer, epsilon_local or 1.0, n, delta, **options)
+    payload: dict[str, Any] = {
+        "epsilon_central": bound.upper,
+        "bound": accounting.VARIATION_RATIO,
+        "bound_description": accounting.BOUND_DESCRIPTIONS[accounting.VARIATION_RATIO],
+        **bound.to_dict(),
+    }
+    lower = "none" if bound.lower is None else f"{bound.lower:.6g}"
+    lines = [
+        f"epsilon_central <= {bound.upper:.6g} at delta = {delta:.6g} "
+        f"({args.randomizer}, n = {n}; variation-ratio reduction, Wang et al. VLDB 2024)",
+        f"lower bound: {lower} ({bound.lower_pair})",
+        f"the reduction's own eps lies in [{bound.reduction_lower:.6g}, {bound.upper:.6g}]",
+    ]
+    if releases > 1:
+        curve = accounting.tight_curve(
+            args.randomizer, epsilon_local or 1.0, n, delta / (10.0 * releases), **options
+        )
+        composed = accounting.compose([curve] * releases, delta)
+        payload["composed"] = composed.to_dict()
+        lines.append(
+            f"{releases} such releases: epsilon = {composed.epsilon:.6g} at delta = {delta:.6g} "
+            f"({composed.method})"
+        )
     return _emit(payload, args.json, lines)
 
 
@@ -171,7 +240,7 @@ def _fragments(args: argparse.Namespace) -> int:
     if args.respondents is not None:
         report = accounting.privacy_report(
             backstop,
-            _integer(args.respondents, "--respondents"),
+            _respondents(args.respondents),
             _number(args.delta, "--delta"),
             fragments=fragments,
             epsilon_fragment=local.epsilon_fragment,
@@ -273,10 +342,15 @@ def _add_bound(parser: argparse.ArgumentParser) -> None:
     names = sorted({name for m in accounting.MECHANISMS for name in accounting.mechanism_bounds(m)})
     parser.add_argument(
         "--bound",
-        choices=[*names, accounting.TIGHTEST],
-        default=None,
-        help="bound to solve with (default: the paper's bound for the mechanism)",
+        choices=[*names, accounting.TIGHTEST, "paper"],
+        default=accounting.VARIATION_RATIO,
+        help="bound to solve with (default variation_ratio, the tightest; 'paper': the bound "
+        "behind the paper's tables for the mechanism)",
     )
+
+
+def _chosen_bound(args: argparse.Namespace) -> str | None:
+    return None if args.bound == "paper" else args.bound
 
 
 # Help of the required arguments that amplify, solve and crowd share.
@@ -321,6 +395,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_bound(crowd)
     _add_json(crowd)
     crowd.set_defaults(handler=_crowd)
+
+    tight = commands.add_parser(
+        "tight", help="tight upper and lower bounds for a randomizer (variation-ratio reduction)"
+    )
+    tight.add_argument(
+        "--randomizer", choices=accounting.RANDOMIZERS, default="generic",
+        help="local randomizer (default generic eps_0-LDP)",
+    )  # fmt: skip
+    tight.add_argument("--epsilon-local", default=None, help="local epsilon eps_0")
+    _add_required(tight, "--respondents", "--delta")
+    tight.add_argument("--categories", default="2", help="k of k_rr (default 2)")
+    tight.add_argument("--flip", default=None, help="flip probability of cheu")
+    tight.add_argument("--bins", default=None, help="bins of balls_into_bins")
+    tight.add_argument("--special-bins", default="1", help="special bins of balls_into_bins")
+    tight.add_argument(
+        "--releases", default="1", help="compose this many such releases (PLD composition)"
+    )
+    _add_json(tight)
+    tight.set_defaults(handler=_tight)
 
     fragments = commands.add_parser("fragments", help="local epsilon of report fragments")
     fragments.add_argument("--epsilon-backstop", required=True, help="backstop epsilon eps_b")

@@ -7,8 +7,11 @@ Every bound refuses parameters outside its validity range with :class:`BoundOutO
 hold: outside their conditions closed forms can fall below the true epsilon.
 
 * ``shuffle``: Lemma II.6, Theorem III.1 (exact and simplified), FMT closed form and FMT numerical.
+* ``variation_ratio`` and ``tight``: the variation-ratio reduction of Wang et al. (VLDB 2024), the
+  default tightest bound, with a lower bound from an explicit pair of neighbouring datasets.
+* ``pld``: :func:`compose` of several releases (PLDs from dp-accounting, basic, advanced).
 * ``fragments``: Theorem IV.1 (t of tau fragments), Theorem IV.2, the equal-variance eps_f rule.
-* ``composition``: basic and advanced (Theorem II.7) composition.
+* ``composition``: basic and advanced (Theorem II.7) composition of plain guarantees.
 * ``deletion``: Algorithm 3, Theorems V.1 and V.2 (Laplace scale and offset for the shuffler).
 * ``gaussian``: the "No LDP" baseline sigma, as the paper computes it and exactly.
 * ``solvers``: :func:`amplify` (tightest valid guarantee), :func:`solve_epsilon_local` (the tables'
@@ -23,7 +26,7 @@ printed with two significant digits) is within 5% of the FMT numerical bound app
 term, as printed, does not hold and is not used (see :func:`theorem_iv2_epsilon`).
 """
 
-from privacy.accounting.composition import compose, compose_advanced, compose_basic
+from privacy.accounting.composition import compose_advanced, compose_basic, compose_repeated
 from privacy.accounting.core import (
     ADVANCED_COMPOSITION,
     BASIC_COMPOSITION,
@@ -35,6 +38,7 @@ from privacy.accounting.core import (
     THEOREM_III1_EXACT,
     THEOREM_III1_SIMPLIFIED,
     THEOREM_IV2,
+    VARIATION_RATIO,
     BoundOutOfRange,
     CentralGuarantee,
     PrivacyLoss,
@@ -59,6 +63,15 @@ from privacy.accounting.gaussian import (
     gaussian_sigma_exact,
     gaussian_sigma_paper,
 )
+from privacy.accounting.pld import (
+    PLD_COMPOSITION,
+    ComposedGuarantee,
+    PrivacyCurve,
+    compose,
+    compose_prefixes,
+    tight_curve,
+)
+from privacy.accounting.report import PrivacyReport, privacy_report
 from privacy.accounting.shuffle import (
     DeltaBracket,
     binary_rr_lambda,
@@ -79,17 +92,48 @@ from privacy.accounting.solvers import (
     REMOVAL,
     REPLACEMENT,
     TIGHTEST,
-    PrivacyReport,
     amplify,
     central_epsilon,
     cohort_epsilon,
     mechanism_bounds,
     min_respondents,
-    privacy_report,
     solve_epsilon_local,
+)
+from privacy.accounting.tight import (
+    RANDOMIZERS,
+    TightBound,
+    binary_rr_pair_delta,
+    binary_rr_pair_epsilon,
+    tight_bound,
+    variation_ratio_delta,
+    variation_ratio_epsilon,
+)
+from privacy.accounting.variation_ratio import (
+    MAX_RESPONDENTS,
+    ReducedPair,
+    VariationRatio,
+    variation_ratio_parameters,
 )
 
 __all__ = [
+    "MAX_RESPONDENTS",
+    "PLD_COMPOSITION",
+    "RANDOMIZERS",
+    "VARIATION_RATIO",
+    "ComposedGuarantee",
+    "PrivacyCurve",
+    "ReducedPair",
+    "TightBound",
+    "VariationRatio",
+    "binary_rr_pair_delta",
+    "binary_rr_pair_epsilon",
+    "compose_prefixes",
+    "compose_repeated",
+    "tight_bound",
+    "tight_curve",
+    "variation_ratio_delta",
+    "variation_ratio_epsilon",
+    "variation_ratio_parameters",
     "ADVANCED_COMPOSITION",
     "BASIC_COMPOSITION",
     "BINARY_RR",

@@ -15,7 +15,7 @@ from privacy.accounting.core import (
     check_epsilon,
 )
 
-__all__ = ["compose_basic", "compose_advanced", "compose"]
+__all__ = ["compose_basic", "compose_advanced", "compose_repeated"]
 
 
 def compose_basic(losses: Iterable[PrivacyLoss]) -> PrivacyLoss:
@@ -56,7 +56,7 @@ def compose_advanced(epsilon: float, delta: float, count: int, delta_slack: floa
     return PrivacyLoss(epsilon=composed, delta=total_delta, bound=ADVANCED_COMPOSITION)
 
 
-def compose(epsilon: float, delta: float, count: int, delta_slack: float) -> PrivacyLoss:
+def compose_repeated(epsilon: float, delta: float, count: int, delta_slack: float) -> PrivacyLoss:
     """The tighter of basic composition (k eps, k delta) and Theorem II.7 (eps', delta' + k delta)
     for k copies of one (eps, delta) guarantee; the result names the one used. Basic composition
     wins ties (it spends no extra delta)."""

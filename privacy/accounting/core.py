@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
+
+from scipy import optimize
 
 __all__ = [
     "BoundOutOfRange",
@@ -18,6 +20,7 @@ __all__ = [
     "THEOREM_III1_SIMPLIFIED",
     "FMT_CLOSED_FORM",
     "FMT_NUMERICAL",
+    "VARIATION_RATIO",
     "THEOREM_IV2",
     "LOCAL",
     "BASIC_COMPOSITION",
@@ -31,6 +34,7 @@ THEOREM_III1_EXACT = "theorem_iii1_exact"
 THEOREM_III1_SIMPLIFIED = "theorem_iii1_simplified"
 FMT_CLOSED_FORM = "fmt_closed_form"
 FMT_NUMERICAL = "fmt_numerical"
+VARIATION_RATIO = "variation_ratio"
 THEOREM_IV2 = "theorem_iv2"
 LOCAL = "local"
 BASIC_COMPOSITION = "basic_composition"
@@ -47,6 +51,8 @@ BOUND_DESCRIPTIONS: Mapping[str, str] = MappingProxyType(
         "Theorem 3.1)",
         FMT_NUMERICAL: "Feldman-McMillan-Talwar numerical bound (hockey-stick divergence of the "
         "clone reduction, binomial window plus dropped mass)",
+        VARIATION_RATIO: "variation-ratio reduction (Wang et al., VLDB 2024), numerical: "
+        "hockey-stick divergence of the reduced pair, binomial window plus dropped mass",
         THEOREM_IV2: "Theorem IV.2 (esa-privacy-revisited): report fragments of attribute-"
         "fragmented k-RAPPOR",
         LOCAL: "the local guarantee itself (no amplification)",
@@ -173,3 +179,48 @@ def to_plain(value: Any) -> Any:
     if isinstance(value, CentralGuarantee | PrivacyLoss):
         return value.to_dict() if isinstance(value, CentralGuarantee) else vars(value).copy()
     return value
+
+
+def first_nonpositive(
+    excess: Callable[[float], float], low: float, high: float, tolerance: float
+) -> float:
+    """Smallest x in [low, high], to relative ``tolerance`` and on the safe side, with
+    excess(x) <= 0 for a non-increasing ``excess`` with excess(high) <= 0. Brent's method finds
+    the root; when rounding puts its answer on the wrong side, bisection (at most 200 steps)
+    closes in while keeping excess(answer) <= 0, so the search always ends."""
+    if excess(low) <= 0.0:
+        return low
+    root = optimize.brentq(
+        excess, low, high, xtol=1e-300, rtol=max(tolerance, 4e-16), maxiter=200, disp=False
+    )
+    answer = min(root + tolerance * abs(root) + 1e-300, high)
+    if excess(answer) <= 0.0:
+        return answer
+    bad, good = answer, high
+    for _ in range(200):
+        if good - bad <= tolerance * abs(good):
+            break
+        middle = 0.5 * (bad + good)
+        bad, good = (bad, middle) if excess(middle) <= 0.0 else (middle, good)
+    return good
+
+
+def last_positive(
+    excess: Callable[[float], float], low: float, high: float, tolerance: float
+) -> float:
+    """Largest x in [low, high], to relative ``tolerance`` and on the safe side, with
+    excess(x) > 0 for a non-increasing ``excess`` with excess(low) > 0 >= excess(high)
+    (bounded like :func:`first_nonpositive`)."""
+    root = optimize.brentq(
+        excess, low, high, xtol=1e-300, rtol=max(tolerance, 4e-16), maxiter=200, disp=False
+    )
+    answer = max(root - tolerance * abs(root) - 1e-300, low)
+    if excess(answer) > 0.0:
+        return answer
+    good, bad = low, answer
+    for _ in range(200):
+        if bad - good <= tolerance * abs(bad):
+            break
+        middle = 0.5 * (good + bad)
+        good, bad = (middle, bad) if excess(middle) > 0.0 else (good, middle)
+    return good

@@ -99,13 +99,20 @@ def deletion_bounds(epsilon_deletion: float, delta_deletion: float, crowds: int)
     # E[K; K > m] = q^(m+1) ((m+1) - m q) / ((1+q)(1-q)).
     m = noise.offset_records
     q = math.exp(-1.0 / b)
+    one_minus_q = -math.expm1(-1.0 / b)
+    if one_minus_q <= 1e-12:  # the discrete noise would be flat over 1e12 records
+        raise ValueError(
+            f"epsilon_deletion must be >= 1e-12 (a Laplace scale below 1e12), got {noise.epsilon!r}"
+        )
     abort_discrete = q ** (m + 1) / (1.0 + q)
-    excess = q ** (m + 1) * ((m + 1) - m * q) / ((1.0 + q) * (1.0 - q))
+    excess = q ** (m + 1) * ((m + 1) - m * q) / ((1.0 + q) * one_minus_q)
     expected_discrete = m + excess / (1.0 - abort_discrete)
     # Deletions m - K exceed m + s when K < -s, probability q^(s+1)/(1+q) per crowd.
     needed = b * math.log(count / (d * (1.0 + q))) - 1.0
     extra = max(math.ceil(needed - 1e-12), 0)
-    while count * q ** (extra + 1) / (1.0 + q) > d:  # guard the rounding in `needed`
+    for _ in range(1000):  # guard the rounding in `needed` (a step or two at most)
+        if count * q ** (extra + 1) / (1.0 + q) <= d:
+            break
         extra += 1
     return DeletionBounds(
         crowds=count,

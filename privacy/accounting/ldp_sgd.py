@@ -7,10 +7,14 @@ The proof of Theorem VI.1 (Appendix D) has two steps, and so does this module:
    randomizer, whose tightest valid bound is Feldman-McMillan-Talwar's, numerical or closed form,
    at a per-epoch delta_e);
 2. composition over the T epochs (each epoch is its own shuffler run): the tighter of basic and
-   advanced composition (Theorem II.7), with slack delta'.
+   advanced composition (Theorem II.7), with slack delta', and the composition of the epochs'
+   privacy curves (the tight variation-ratio bound's, at every eps) through privacy-loss
+   distributions (:func:`privacy.accounting.pld.compose_prefixes`, dp-accounting), which needs
+   no split of delta and is much tighter over many epochs.
 
-The total delta is split as delta' = delta/2 and delta_e = delta/(2T), so delta' + T delta_e =
-delta. Theorem VI.1 itself is an O(.) statement, eps_c = O((e^eps_le - 1)/sqrt(n)
+For basic and advanced composition the total delta is split as delta' = delta/2 and
+delta_e = delta/(2T), so delta' + T delta_e = delta; ``epoch`` is the per-epoch guarantee at
+delta_e. Theorem VI.1 itself is an O(.) statement, eps_c = O((e^eps_le - 1)/sqrt(n)
 sqrt(T log^2(T/delta))) for eps_le <= log(n)/4; its expression without the constant is reported
 as ``theorem_vi1_order`` for comparison, never as a guarantee.
 
@@ -27,8 +31,15 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from privacy.accounting.composition import compose
-from privacy.accounting.core import CentralGuarantee, check_count, check_delta, check_epsilon
+from privacy.accounting.composition import compose_repeated
+from privacy.accounting.core import (
+    BoundOutOfRange,
+    CentralGuarantee,
+    check_count,
+    check_delta,
+    check_epsilon,
+)
+from privacy.accounting.pld import PLD_COMPOSITION, compose_prefixes, tight_curve
 from privacy.accounting.solvers import GENERIC, REPLACEMENT, amplify
 
 __all__ = ["LdpSgdGuarantee", "ldp_sgd_guarantee", "theorem_vi1_order"]
@@ -103,12 +114,21 @@ def ldp_sgd_guarantee(
     d = check_delta(delta)
     tau = check_count(reports_per_device, "reports_per_device")
     per_epoch = amplify(tau * eps, n, d / (2.0 * t), GENERIC, local_model=REPLACEMENT)
+    try:
+        curve = tight_curve("ldp_sgd", tau * eps, n, d / (10.0 * t))
+        by_pld = compose_prefixes(curve, t, d)
+    except (BoundOutOfRange, ValueError, ArithmeticError):
+        by_pld = [math.inf] * t
     so_far = []
     bound = ""
     for k in range(1, t + 1):
-        loss = compose(per_epoch.epsilon, per_epoch.delta, k, d / 2.0)
-        so_far.append(loss.epsilon)
-        bound = loss.bound
+        loss = compose_repeated(per_epoch.epsilon, per_epoch.delta, k, d / 2.0)
+        if by_pld[k - 1] < loss.epsilon:
+            so_far.append(by_pld[k - 1])
+            bound = PLD_COMPOSITION
+        else:
+            so_far.append(loss.epsilon)
+            bound = loss.bound
     return LdpSgdGuarantee(
         epsilon_local_epoch=eps,
         reports_per_device=tau,

@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
-
-from scipy import optimize
 
 from privacy.accounting.core import (
     FMT_CLOSED_FORM,
@@ -18,14 +15,14 @@ from privacy.accounting.core import (
     LOCAL,
     THEOREM_III1_EXACT,
     THEOREM_III1_SIMPLIFIED,
+    VARIATION_RATIO,
     BoundOutOfRange,
     CentralGuarantee,
     check_count,
     check_delta,
     check_epsilon,
-    to_plain,
+    last_positive,
 )
-from privacy.accounting.fragments import LocalGuarantee, report_fragment_local_guarantee
 from privacy.accounting.shuffle import (
     fmt_closed_form_epsilon,
     fmt_closed_form_max_epsilon_local,
@@ -33,6 +30,15 @@ from privacy.accounting.shuffle import (
     fmt_numerical_epsilon,
     theorem_iii1_epsilon,
     theorem_iii1_range,
+)
+from privacy.accounting.tight import WINDOW_SHARE, tight_bound
+from privacy.accounting.variation_ratio import (
+    LARGEST_EPSILON as VR_LARGEST_EPSILON,
+)
+from privacy.accounting.variation_ratio import (
+    MAX_RESPONDENTS,
+    ReducedPair,
+    variation_ratio_parameters,
 )
 
 __all__ = [
@@ -50,8 +56,7 @@ __all__ = [
     "cohort_epsilon",
     "solve_epsilon_local",
     "min_respondents",
-    "PrivacyReport",
-    "privacy_report",
+    "check_respondents",
 ]
 
 ONE_HOT_RAPPOR = "one_hot_rappor"
@@ -72,13 +77,14 @@ PAPER_BOUNDS: Mapping[str, str] = MappingProxyType(
 _MECHANISM_BOUNDS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
         ONE_HOT_RAPPOR: (
+            VARIATION_RATIO,
             THEOREM_III1_EXACT,
             THEOREM_III1_SIMPLIFIED,
             FMT_NUMERICAL,
             FMT_CLOSED_FORM,
         ),
-        BINARY_RR: (LEMMA_II6, FMT_NUMERICAL, FMT_CLOSED_FORM),
-        GENERIC: (FMT_NUMERICAL, FMT_CLOSED_FORM),
+        BINARY_RR: (VARIATION_RATIO, LEMMA_II6, FMT_NUMERICAL, FMT_CLOSED_FORM),
+        GENERIC: (VARIATION_RATIO, FMT_NUMERICAL, FMT_CLOSED_FORM),
     }
 )
 
@@ -111,6 +117,30 @@ def _fmt_epsilon0(epsilon_local: float, mechanism: str, local_model: str) -> flo
     return epsilon_local
 
 
+def _randomizer(mechanism: str) -> str:
+    """The variation-ratio randomizer of a mechanism: one attribute of attribute-fragmented
+    k-RAPPOR is binary randomized response (Theorem III.1's setting); any other randomizer gets
+    the generic eps_0-LDP parameters (removal eps_l as replacement 2 eps_l, as for FMT)."""
+    return "generic" if mechanism == GENERIC else "binary_rr"
+
+
+def check_respondents(respondents: object) -> int:
+    """A crowd size the bounds are evaluated for in bounded time (1 <= n <= MAX_RESPONDENTS)."""
+    n = check_count(respondents, "respondents")
+    if n > MAX_RESPONDENTS:
+        raise ValueError(f"respondents must be <= {MAX_RESPONDENTS:.0e}, got {respondents!r}")
+    return n
+
+
+def _tight_delta(
+    eps: float, mechanism: str, local_model: str, n: int, d: float, target: float
+) -> float:
+    """Certified delta of the variation-ratio bound at ``target`` for eps_l."""
+    eps0 = _fmt_epsilon0(eps, mechanism, local_model)
+    parameters = variation_ratio_parameters(_randomizer(mechanism), eps0)
+    return ReducedPair(parameters, n, WINDOW_SHARE * d).delta(target)[1]
+
+
 def central_epsilon(
     bound: str,
     epsilon_local: float,
@@ -129,8 +159,11 @@ def central_epsilon(
             f"use one of {', '.join(_MECHANISM_BOUNDS[mechanism])}"
         )
     eps = check_epsilon(epsilon_local, "epsilon_local")
-    n = check_count(respondents, "respondents")
+    n = check_respondents(respondents)
     d = check_delta(delta)
+    if bound == VARIATION_RATIO:
+        eps0 = _fmt_epsilon0(eps, mechanism, local_model)
+        return tight_bound(_randomizer(mechanism), eps0, n, d, with_lower=False).upper
     if bound == THEOREM_III1_EXACT:
         return theorem_iii1_epsilon(eps, n, d, "exact")
     if bound == THEOREM_III1_SIMPLIFIED:
@@ -171,10 +204,22 @@ def amplify(
     mechanism = _check_mechanism(mechanism)
     local_model = _check_local_model(local_model)
     eps = check_epsilon(epsilon_local, "epsilon_local")
-    n = check_count(respondents, "respondents")
+    n = check_respondents(respondents)
     d = check_delta(delta)
     candidates: dict[str, float | str] = {}
+    tight: dict[str, Any] | str
+    try:
+        found = tight_bound(
+            _randomizer(mechanism), _fmt_epsilon0(eps, mechanism, local_model), n, d
+        )
+        tight = found.to_dict()
+        candidates[VARIATION_RATIO] = found.upper
+    except BoundOutOfRange as error:
+        tight = f"not applicable: {error}"
     for bound in _MECHANISM_BOUNDS[mechanism]:
+        if bound == VARIATION_RATIO:
+            candidates.setdefault(bound, str(tight))
+            continue
         try:
             candidates[bound] = central_epsilon(bound, eps, n, d, mechanism, local_model)
         except BoundOutOfRange as error:
@@ -186,6 +231,7 @@ def amplify(
         "local_model": REMOVAL if mechanism == ONE_HOT_RAPPOR else local_model,
         "fmt_epsilon_0": _fmt_epsilon0(eps, mechanism, local_model),
         "candidates": candidates,
+        "tight": tight,
     }
     return CentralGuarantee(
         epsilon=float(candidates[best]),
@@ -234,6 +280,14 @@ def _fmt_margin(
     return math.log(max(upper, 1e-300)) - math.log(d)
 
 
+def _tight_margin(
+    eps: float, mechanism: str, local_model: str, n: int, d: float, target: float
+) -> float:
+    """log(delta(target)) - log(delta) of the variation-ratio bound at eps_l (<= 0: certified)."""
+    upper = _tight_delta(eps, mechanism, local_model, n, d, target)
+    return math.log(max(upper, 1e-300)) - math.log(d)
+
+
 def _epsilon_local_range(
     bound: str, mechanism: str, local_model: str, n: int, d: float, target: float
 ) -> tuple[float, float]:
@@ -246,10 +300,12 @@ def _epsilon_local_range(
     factor = 2.0 if (mechanism == GENERIC and local_model == REMOVAL) else 1.0
     if bound == FMT_CLOSED_FORM:
         return 1e-9, fmt_closed_form_max_epsilon_local(n, d) / factor
-    high = max(target, 1.0)
-    while high < _LARGEST_EPSILON and _fmt_margin(high, mechanism, local_model, n, d, target) <= 0:
-        high *= 2.0
-    return 1e-9, min(high, _LARGEST_EPSILON)
+    margin = _tight_margin if bound == VARIATION_RATIO else _fmt_margin
+    cap = (VR_LARGEST_EPSILON if bound == VARIATION_RATIO else _LARGEST_EPSILON) / factor
+    high = min(max(target, 1.0), cap)
+    while high < cap and margin(high, mechanism, local_model, n, d, target) <= 0:
+        high = min(2.0 * high, cap)
+    return 1e-9, high
 
 
 _LARGEST_EPSILON = 700.0  # e^eps overflows past ~709
@@ -264,10 +320,8 @@ def _largest_below(
         return high, True
     if margin(low) > 0:
         return None
-    root = optimize.brentq(margin, low, high, xtol=step)
-    answer = max(root - step, low)
-    while margin(answer) > 0 and answer > low:
-        answer = max(answer - step, low)
+    # Largest x with margin(x) <= 0 is the last point where -margin is >= 0; bounded search.
+    answer = last_positive(lambda x: -margin(x) + 1e-300, low, high, step / max(high, 1e-9))
     return answer, False
 
 
@@ -326,7 +380,7 @@ def solve_epsilon_local(
     mechanism = _check_mechanism(mechanism)
     local_model = _check_local_model(local_model)
     target = check_epsilon(epsilon_central, "epsilon_central")
-    n = check_count(respondents, "respondents")
+    n = check_respondents(respondents)
     d = check_delta(delta)
     if bound == TIGHTEST:
         solutions = _solve_with_each_bound(
@@ -345,6 +399,8 @@ def solve_epsilon_local(
     def margin(eps: float) -> float:
         if name == FMT_NUMERICAL:
             return _fmt_margin(max(eps, 1e-12), mechanism, local_model, n, d, target)
+        if name == VARIATION_RATIO:
+            return _tight_margin(max(eps, 1e-12), mechanism, local_model, n, d, target)
         return certified(eps) - target
 
     found = _largest_below(margin, low, high, step=1e-7)
@@ -377,13 +433,15 @@ def _meets(
 ) -> bool:
     if bound == FMT_NUMERICAL:
         return _fmt_delta(eps, mechanism, local_model, n, d, target) <= d
+    if bound == VARIATION_RATIO:
+        return _tight_delta(eps, mechanism, local_model, n, d, target) <= d
     try:
         return central_epsilon(bound, eps, n, d, mechanism, local_model) <= target
     except BoundOutOfRange:
         return False
 
 
-_MAX_RESPONDENTS = 2**50
+_MAX_RESPONDENTS = 2**33  # the largest power of two below MAX_RESPONDENTS
 
 
 def min_respondents(
@@ -422,7 +480,7 @@ def min_respondents(
     while not meets(high):
         if high >= _MAX_RESPONDENTS:
             raise BoundOutOfRange(
-                f"{name}: no crowd of up to 2^50 respondents gives epsilon_central <= {target:.6g} "
+                f"{name}: no crowd of up to 2^33 respondents gives epsilon_central <= {target:.6g} "
                 f"for epsilon_local = {eps:.6g}, delta = {d:.6g}"
             )
         high *= 2
@@ -440,91 +498,4 @@ def min_respondents(
         epsilon_local=eps,
         respondents=high,
         details={"target_epsilon_central": target, "mechanism": mechanism},
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# The analyzer's privacy report
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PrivacyReport:
-    """What the analyzer states about one crowd (DESIGN.md, Results).
-
-    ``local``: eps_l_inf and eps_l1 (Theorem IV.1 with t = tau and t = 1; both eps_l without
-    report fragmentation). ``central``: eps_c of the attribute-fragmented reports (tightest valid
-    bound for the backstop eps_l, see :func:`amplify`: report fragments are a post-processing of
-    the shuffled backstop reports). ``central_without_attribute_
-    fragmentation``: Table X's comparison, the minimum of the local guarantee and a generic
-    amplification bound for the whole report (removal eps_l, so eps_0 = 2 eps_l). Table X used
-    Balle et al.'s bound; the FMT numerical bound used here is tighter.
-    """
-
-    local: LocalGuarantee
-    central: CentralGuarantee
-    central_without_attribute_fragmentation: CentralGuarantee
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "epsilon_local": self.local.epsilon_backstop,
-            "epsilon_local_all": self.local.epsilon_all,
-            "epsilon_local_one": self.local.epsilon_one,
-            "epsilon_fragment": self.local.epsilon_fragment,
-            "fragments": self.local.fragments,
-            "epsilon_central": self.central.epsilon,
-            "delta": self.central.delta,
-            "bound": self.central.bound,
-            "respondents": self.central.respondents,
-            "central": self.central.to_dict(),
-            "central_without_attribute_fragmentation": (
-                self.central_without_attribute_fragmentation.to_dict()
-            ),
-        }
-
-
-def privacy_report(
-    epsilon_local: float,
-    respondents: int,
-    delta: float,
-    *,
-    fragments: int = 1,
-    epsilon_fragment: float | None = None,
-) -> PrivacyReport:
-    """The privacy report of one crowd of n respondents using attribute-fragmented one-hot
-    randomized response with backstop eps_l and, optionally, tau report fragments of eps_f each
-    (the paper's equal-variance eps_f when not given)."""
-    eps_b = check_epsilon(epsilon_local, "epsilon_local")
-    n = check_count(respondents, "respondents")
-    d = check_delta(delta)
-    local = report_fragment_local_guarantee(eps_b, fragments, epsilon_fragment)
-
-    # Report fragments are a post-processing of the shuffled backstop reports (proof of Theorem
-    # IV.2), so the backstop's guarantee holds for them; Theorem IV.2's own backstop term is
-    # Theorem III.1's simplified form, already among the candidates.
-    central = _with_local_candidate(amplify(eps_b, n, d, ONE_HOT_RAPPOR), local.epsilon_all)
-    without = _with_local_candidate(
-        amplify(eps_b, n, d, GENERIC, local_model=REMOVAL), local.epsilon_all
-    )
-    return PrivacyReport(
-        local=local, central=central, central_without_attribute_fragmentation=without
-    )
-
-
-def _with_local_candidate(base: CentralGuarantee, epsilon_local_all: float) -> CentralGuarantee:
-    """``base`` (an :func:`amplify` result) with eps_l_inf of the report fragments as the local
-    candidate instead of the backstop's eps_l."""
-    candidates = dict(base.details["candidates"])
-    candidates[LOCAL] = epsilon_local_all
-    best = _smallest_candidate(candidates)
-    details = dict(to_plain(base.details))
-    details["candidates"] = candidates
-    details["epsilon_local_all"] = epsilon_local_all
-    return CentralGuarantee(
-        epsilon=float(candidates[best]),
-        delta=base.delta,
-        bound=best,
-        epsilon_local=base.epsilon_local,
-        respondents=base.respondents,
-        details=details,
     )

@@ -20,10 +20,20 @@ def run_json(capsys, *argv: str) -> dict:
     return json.loads(captured.out)
 
 
-def test_solve_reproduces_the_horse_table(capsys):
+def test_solve_defaults_to_the_tight_bound(capsys):
     payload = run_json(
         capsys, "solve", "--epsilon-central", "1.0", "--respondents", "1914589", "--delta", "5e-8"
     )
+    assert payload["bound"] == acc.VARIATION_RATIO
+    assert 10.4 < payload["epsilon_local"] < 10.5  # Horse row: 9.76 with the FMT numerical bound
+    assert payload["epsilon_central"] <= 1.0
+
+
+def test_solve_reproduces_the_horse_table(capsys):
+    payload = run_json(
+        capsys, "solve", "--epsilon-central", "1.0", "--respondents", "1914589", "--delta", "5e-8",
+        "--bound", "paper",
+    )  # fmt: skip
     assert round(payload["epsilon_local"], 2) == 8.55
     assert payload["bound"] == acc.THEOREM_III1_EXACT
     assert payload["epsilon_central"] <= 1.0
@@ -35,8 +45,9 @@ def test_amplify_includes_the_numerical_bound(capsys):
         capsys, "amplify", "--epsilon-local", "4", "--respondents", "100000", "--delta", "1e-6"
     )
     assert payload["fmt_numerical"] == pytest.approx(0.17, abs=0.003)
-    assert payload["epsilon_central"] == payload["fmt_numerical"]
-    assert payload["bound"] == acc.FMT_NUMERICAL
+    assert payload["epsilon_central"] == payload["tight"]["upper"] < payload["fmt_numerical"]
+    assert payload["tight"]["lower"] <= payload["tight"]["upper"]
+    assert payload["bound"] == acc.VARIATION_RATIO
     assert payload["epsilon_local"] == 4.0
     assert payload["candidates"][acc.FMT_CLOSED_FORM] > payload["fmt_numerical"]
 
@@ -63,16 +74,34 @@ def test_solve_with_another_bound_and_mechanism(capsys):
         "--respondents", "1000000",
         "--delta", "1e-8",
         "--mechanism", "generic",
+        "--bound", "fmt_numerical",
     )  # fmt: skip
     assert payload["bound"] == acc.FMT_NUMERICAL
     assert acc.fmt_numerical_epsilon(payload["epsilon_local"], 1_000_000, 1e-8) <= 0.5 * (1 + 1e-7)
+
+
+def test_tight_bounds_for_other_randomizers_and_composition(capsys):
+    payload = run_json(
+        capsys, "tight", "--randomizer", "k_rr", "--categories", "4", "--epsilon-local", "2",
+        "--respondents", "100000", "--delta", "1e-8",
+    )  # fmt: skip
+    assert payload["bound"] == acc.VARIATION_RATIO
+    assert payload["lower"] <= payload["upper"] <= payload["lower"] * 1.005
+    payload = run_json(
+        capsys, "tight", "--randomizer", "ldp_sgd", "--epsilon-local", "1",
+        "--respondents", "1e6", "--delta", "1e-8", "--releases", "20",
+    )  # fmt: skip
+    composed = payload["composed"]
+    assert composed["method"] == acc.PLD_COMPOSITION
+    assert payload["upper"] < composed["epsilon"] < 20 * payload["upper"]
 
 
 def test_crowd(capsys):
     payload = run_json(
         capsys, "crowd", "--epsilon-central", "1", "--epsilon-local", "4", "--delta", "1e-6"
     )
-    assert payload["respondents"] == acc.min_respondents(1.0, 4.0, 1e-6).respondents
+    expected = acc.min_respondents(1.0, 4.0, 1e-6, bound=acc.VARIATION_RATIO)
+    assert payload["respondents"] == expected.respondents
     assert payload["epsilon_central"] <= 1.0
 
 
@@ -127,7 +156,8 @@ def test_text_output(capsys):
     argv = ["privacy", "amplify", "--epsilon-local", "4", "--respondents", "100000"]
     assert cli.main([*argv, "--delta", "1e-6"]) == 0
     out = capsys.readouterr().out
-    assert "epsilon_central = 0.16" in out and "fmt_numerical" in out
+    assert "epsilon_central = 0.118" in out and "fmt_numerical" in out
+    assert "upper = 0.118" in out and "lower = " in out
 
 
 @pytest.mark.parametrize(
@@ -137,6 +167,11 @@ def test_text_output(capsys):
         (["amplify", "--epsilon-local", "x", "--respondents", "10", "--delta", "0.1"], "number"),
         (["amplify", "--epsilon-local", "4", "--respondents", "1e3.5", "--delta", "0.1"], "number"),
         (["amplify", "--epsilon-local", "4", "--respondents", "10.5", "--delta", "0.1"], "whole"),
+        (["amplify", "--epsilon-local", "1", "--respondents", "1e300", "--delta", "1e-8"], "1e+10"),
+        (
+            ["amplify", "--epsilon-local", "1", "--respondents", str(2**63), "--delta", "1e-8"],
+            "--respondents",
+        ),
         (
             [
                 "solve",
@@ -196,4 +231,4 @@ def test_installed_esa_script():
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert round(json.loads(done.stdout)["epsilon_local"], 2) == 8.55
+    assert round(json.loads(done.stdout)["epsilon_local"], 2) == 10.45

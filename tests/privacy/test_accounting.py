@@ -511,8 +511,8 @@ def test_advanced_composition():
     assert grows == sorted(grows) and grows[2] / grows[1] < 2.2  # ~ sqrt(k), not k
     with pytest.raises(acc.BoundOutOfRange, match="non-negative logarithm"):
         acc.compose_advanced(1e-9, 0, 1, 0.5)
-    assert acc.compose(0.1, 1e-8, 100, 1e-6).bound == acc.ADVANCED_COMPOSITION
-    assert acc.compose(2.0, 1e-8, 2, 1e-6).bound == acc.BASIC_COMPOSITION
+    assert acc.compose_repeated(0.1, 1e-8, 100, 1e-6).bound == acc.ADVANCED_COMPOSITION
+    assert acc.compose_repeated(2.0, 1e-8, 2, 1e-6).bound == acc.BASIC_COMPOSITION
 
 
 # ---------------------------------------------------------------------------------------------
@@ -634,7 +634,8 @@ def test_amplify_takes_the_smallest_valid_candidate():
     numbers = {k: v for k, v in candidates.items() if isinstance(v, float)}
     assert result.epsilon == min(numbers.values()) and candidates[result.bound] == result.epsilon
     assert candidates[acc.THEOREM_III1_EXACT] == pytest.approx(1.0, abs=0.005)
-    assert result.bound == acc.FMT_NUMERICAL  # the numerical bound per attribute is tighter
+    assert result.bound == acc.VARIATION_RATIO  # the variation-ratio bound is the tightest
+    assert candidates[acc.VARIATION_RATIO] < candidates[acc.FMT_NUMERICAL]
 
 
 def test_amplify_names_inapplicable_bounds_and_falls_back():
@@ -642,7 +643,8 @@ def test_amplify_names_inapplicable_bounds_and_falls_back():
     candidates = result.details["candidates"]
     assert candidates[acc.LEMMA_II6].startswith("not applicable:")
     assert candidates[acc.FMT_CLOSED_FORM].startswith("not applicable:")
-    assert result.bound == acc.FMT_NUMERICAL
+    assert result.bound == acc.VARIATION_RATIO
+    assert candidates[acc.VARIATION_RATIO] < candidates[acc.FMT_NUMERICAL]
     assert shuffled_rr_delta(1000, 6.0, result.epsilon) <= 1e-6
 
 
