@@ -51,6 +51,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from pipelines import keys as keys_cli
 from pipelines import pictures
 from pipelines.cli import UsageError
 from pipelines.options import AnalyzeOptions, with_default_runner
@@ -317,6 +318,7 @@ def run(options: PipelineOptions) -> dict[str, Any]:
         for _, crowd in crowds
         if crowd["status"] == "released" and (recipe := book.get(crowd["recipe_id"])) is not None
     }
+    keys_cli.check_key_ring(values.analyze_key_ring)  # one-line error before the pipeline
     config = AnalysisConfig(
         book=book,
         postprocessing=values.analyze_postprocessing,
@@ -361,6 +363,7 @@ def run(options: PipelineOptions) -> dict[str, Any]:
         SUPPORTED_SCHEMA_VERSIONS,
         batch_records=values.analyze_batch_records,
         dense_limit=values.analyze_dense_limit,
+        key_ring=values.analyze_key_ring,  # a path: workers read the keys (sealed payloads)
     )
     estimates = aggregated.crowds | "EstimateCrowds" >> EstimateCrowds(config)
     _ = aggregated.dead_letters | "WriteDeadLetters" >> WriteDeadLetters(output)

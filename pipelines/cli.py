@@ -26,6 +26,7 @@ COMMANDS = {
     "run": "pipelines.run",
     "experiment": "pipelines.experiment",
     "train": "pipelines.train",
+    "keys": "pipelines.keys",
 }
 COMMAND_MODULES = list(dict.fromkeys(COMMANDS.values()))
 # command -> its options class in pipelines/options.py (validated before the handler runs).

@@ -16,6 +16,7 @@ from typing import Any
 
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
+from pipelines import keys as keys_cli
 from pipelines.flags import (
     DEFAULT_BATCH_RUNNER,
     INT64_MAX,
@@ -304,7 +305,7 @@ class SimulateOptions(StageFlags, PipelineOptions):
             default=False,
             switch=True,
         ),
-    )
+    ) + keys_cli.SIMULATE_FLAGS  # --public-key (sealed payloads)
 
     def validate(self, validator: Any = None) -> list[str]:
         value = self.value
@@ -395,7 +396,7 @@ class AnalyzeOptions(StageFlags, PipelineOptions):
         ),
         Flag("no_pictures", "Skip the PNGs.", default=False, switch=True),
         Flag("overwrite", "Replace results already in --output.", default=False, switch=True),
-    )
+    ) + keys_cli.ANALYZE_FLAGS  # --key-ring (sealed payloads)
 
     def validate(self, validator: Any = None) -> list[str]:
         value = self.value
@@ -473,7 +474,7 @@ class RunOptions(StageFlags, PipelineOptions):
             choices=POSTPROCESSING,
         ),
         Flag("overwrite", "Replace an existing --output directory.", default=False, switch=True),
-    )
+    ) + keys_cli.RUN_FLAGS  # --keys, --unsealed (sealed payloads)
 
     def validate(self, validator: Any = None) -> list[str]:
         value = self.value

@@ -41,6 +41,7 @@ from typing import Any
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines import analyze as analyze_pipeline
+from pipelines import keys as keys_cli
 from pipelines import shuffle as shuffle_pipeline
 from pipelines import simulate as simulate_pipeline
 from pipelines.cli import UsageError
@@ -174,6 +175,8 @@ def run(
     recipe_path.write_text(recipe.to_json())
     population = values.run_population or default_population(recipe)
     seconds: dict[str, float] = {}
+    # Sealed by default: devices seal to the newest public key, the analyzer opens with the ring.
+    keys = None if values.run_unsealed else keys_cli.run_keys(output, values.run_keys)
 
     def say(text: str) -> None:
         if echo:
@@ -195,6 +198,7 @@ def run(
             simulate_seed=values.run_seed,
             # A recipe without local privacy (zero-sum) cannot pass an on-device accountant.
             simulate_no_device_budget=not math.isfinite(recipe.epsilon_local),
+            simulate_public_key=keys and str(keys_cli.newest_public_key(keys)),
         )
     )
     seconds["simulate"] = round(time.monotonic() - started, 2)
@@ -250,6 +254,7 @@ def run(
             analyze_postprocessing=values.run_postprocessing,
             analyze_deletion_epsilon=values.run_deletion_epsilon,
             analyze_deletion_delta=values.run_deletion_delta,
+            analyze_key_ring=keys and str(keys),
         )
     )
     seconds["analyze"] = round(time.monotonic() - began, 2)

@@ -48,6 +48,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from pipelines import keys as keys_cli
 from pipelines.cli import UsageError
 from pipelines.options import SimulateOptions, with_default_runner
 from schemas import SCHEMA_VERSION, release
@@ -161,6 +162,7 @@ def plan_from_options(options: PipelineOptions) -> SimulationPlan:
         compression_level=values.simulate_compression_level,
         messages_per_shard=values.simulate_messages_per_shard,
         messages_per_chunk=values.simulate_messages_per_chunk,
+        public_key_json=keys_cli.public_key_json(values.simulate_public_key),  # sealed payloads
     )
 
 

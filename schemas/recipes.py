@@ -94,6 +94,7 @@ class Recipe:
     shuffler_instances: int = 1
     instance_weights: tuple[float, ...] = ()
     window: str = "1d"
+    chaff_rate: float = 0.0  # sealed cover messages per device, crowd and instance (issue 12)
     description: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -163,6 +164,8 @@ class Recipe:
             raise self._fail(
                 "window", f"must look like '1d', '6h', '15m' or '30s', got {self.window!r}"
             )
+        if not _is_number(self.chaff_rate) or not 0 <= self.chaff_rate <= 16:
+            raise self._fail("chaff_rate", f"must be a number in [0, 16], got {self.chaff_rate!r}")
         if not isinstance(self.description, str):
             raise self._fail("description", "must be a string")
         target = self.epsilon_central_target

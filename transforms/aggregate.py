@@ -15,6 +15,7 @@ their reason; counters account for every record read.
 
 from __future__ import annotations
 
+import dataclasses
 import typing
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
@@ -26,6 +27,7 @@ from schemas import schema_json
 from schemas.records import dead_letter
 from transforms import analyze_core as core
 from transforms import avro_io
+from transforms import sealed as sealed_payloads
 from transforms.combiners import SumCounts
 
 METRICS_NAMESPACE = "esa.analyze"
@@ -54,11 +56,19 @@ class DecodeReleaseFile(beam.DoFn):
         supported_versions: Iterable[int],
         batch_records: int = avro_io.DEFAULT_BATCH_RECORDS,
         dense_limit: int = core.DENSE_LIMIT,
+        key_ring: str | None = None,
     ) -> None:
         self._book = book
         self._versions = tuple(sorted(supported_versions))
         self._batch_records = batch_records
         self._dense_limit = dense_limit
+        self._key_ring = key_ring  # sealed payloads: the key ring's PATH, never key bytes
+        self._opener: sealed_payloads.ReleaseOpener | None = None
+
+    def setup(self) -> None:
+        if self._key_ring:  # private keys are read here, on the worker (transforms/sealed.py)
+            recipes = {recipe_id: self._book.get(recipe_id) for recipe_id in self._book.ids()}
+            self._opener = sealed_payloads.ReleaseOpener.load(self._key_ring, recipes)
 
     def process(self, path: str) -> Iterator[Any]:
         counts: dict[str, int] = {"files": 1}
@@ -72,9 +82,21 @@ class DecodeReleaseFile(beam.DoFn):
                 letter = item.dead_letter(STAGE_READ)
                 yield beam.pvalue.TaggedOutput(DEAD_LETTER_TAG, [letter])
                 continue
+            columns, opened = item.columns, None
+            if self._opener is not None:  # -- sealed payloads: open before decoding --
+                opened = self._opener.open_batch(columns)
+                columns = opened.columns
+                for name, value in opened.counts.items():
+                    _inc(counts, name, value)
+                if opened.rejected_rows.size:
+                    yield from self._dead_letters(item, opened)
             result = core.aggregate_batch(
-                item.columns, self._book, self._versions, self._dense_limit
+                columns, self._book, self._versions, self._dense_limit
             )
+            if opened is not None:  # rejected rows as positions in the sealed batch
+                result = dataclasses.replace(
+                    result, rejected_rows=opened.kept_rows[result.rejected_rows]
+                )
             for name, value in result.counts.items():
                 _inc(counts, name, value)
             if result.rejected_rows.size:
@@ -83,7 +105,7 @@ class DecodeReleaseFile(beam.DoFn):
         yield beam.pvalue.TaggedOutput(COUNTS_TAG, counts)
 
     @staticmethod
-    def _dead_letters(item: avro_io.ColumnBatch, result: core.BatchAggregate) -> Iterator[Any]:
+    def _dead_letters(item: avro_io.ColumnBatch, result: Any) -> Iterator[Any]:
         rejected = item.columns.take(result.rejected_rows)
         records = rejected.to_pylist()
         letters = [
@@ -152,9 +174,12 @@ class AggregateReleases(beam.PTransform):
         supported_versions: Iterable[int],
         batch_records: int = avro_io.DEFAULT_BATCH_RECORDS,
         dense_limit: int = core.DENSE_LIMIT,
+        key_ring: str | None = None,
     ) -> None:
         super().__init__()
-        self._decode = DecodeReleaseFile(book, supported_versions, batch_records, dense_limit)
+        self._decode = DecodeReleaseFile(
+            book, supported_versions, batch_records, dense_limit, key_ring=key_ring
+        )
         self._book = book
         self._dense_limit = dense_limit
 
@@ -177,9 +202,9 @@ class AggregateReleases(beam.PTransform):
 
 
 def metrics_summary(counts: Mapping[str, int]) -> dict[str, Any]:
-    """The analyzer's counters with the balance check read = messages + rejected, in records
-    (DESIGN.md invariant 5); it fails when some unreadable chunk held an unknown number of
-    records."""
+    """The analyzer's counters with the balance check read = messages + chaff + rejected, in
+    records (DESIGN.md invariant 5); it fails when some unreadable chunk held an unknown number
+    of records."""
     rejected = {
         name.split(":", 1)[1]: int(value)
         for name, value in sorted(counts.items())
@@ -192,13 +217,15 @@ def metrics_summary(counts: Mapping[str, int]) -> dict[str, Any]:
     }
     read = int(counts.get("read", 0))
     messages = int(counts.get("messages", 0))
+    chaff = int(counts.get("chaff", 0))  # sealed cover messages, discarded (transforms/sealed.py)
     dead_lettered = sum(rejected.values())
     return {
         "files": int(counts.get("files", 0)),
         "read": read,
         "messages": messages,
+        "chaff": chaff,
         "rejected_by_reason": rejected,
         "dead_lettered": dead_lettered,
         "chunks_of_unknown_records": unknown,
-        "adds_up": read == messages + dead_lettered and not unknown,
+        "adds_up": read == messages + chaff + dead_lettered and not unknown,
     }

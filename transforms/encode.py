@@ -53,6 +53,7 @@ from simulators.fleet import (
     format_origins,
 )
 from simulators.populations import Population, PopulationContext, build_population
+from transforms.sealed import sealing_for
 
 DEFAULT_MESSAGES_PER_SHARD = 2_000_000
 DEFAULT_MESSAGES_PER_CHUNK = 250_000
@@ -246,6 +247,8 @@ class SimulationPlan:
     compression_level: int = DEFAULT_COMPRESSION_LEVEL
     messages_per_shard: int = DEFAULT_MESSAGES_PER_SHARD
     messages_per_chunk: int = DEFAULT_MESSAGES_PER_CHUNK
+    # Sealed payloads (transforms/sealed.py): the analyzer's PUBLIC key file's JSON, or None.
+    public_key_json: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.seed, int) or not 0 <= self.seed < 2**128:
@@ -365,6 +368,7 @@ class ShardContext:
             config=plan.fleet_config(),
         )
         self.sketch_width = getattr(self.randomizer, "width", None)
+        self.sealing = sealing_for(self.recipe, plan.public_key_json, self.fleet.window_ms)
 
     @property
     def device_budget(self) -> float:
@@ -430,13 +434,16 @@ class ShardContext:
 
     def report_batches(self, batch: FleetBatch) -> list[ReportBatch]:
         """One ReportBatch per shuffler instance: its data messages, then its presence messages."""
-        return report_batches_for(
+        batches = report_batches_for(
             batch,
             self.recipe,
             self.randomizer.payload_kind,
             self.fleet.num_instances,
             self.sketch_width,
         )
+        if self.sealing is not None:  # -- sealed payloads and chaff (transforms/sealed.py) --
+            batches = [self.sealing.seal_batch(report_batch) for report_batch in batches]
+        return batches
 
 
 def _respondents_for(messages: int, per_respondent: float) -> int:

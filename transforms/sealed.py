@@ -1,0 +1,244 @@
+"""Sealing on the device and opening in the analyzer, on whole batches (``schemas.sealing``).
+
+Device side, :class:`DeviceSealing` turns a ``ReportBatch`` of plaintext payloads into one with
+sealed payloads: every non-empty payload padded to the recipe's one length and sealed to the
+analyzer's public key, bound to recipe, channel, window and crowd id; empty payloads (presence)
+left alone; chaff added at the recipe's ``chaff_rate`` (per device, crowd and instance:
+``floor(rate)`` cover messages plus one more with probability ``rate - floor(rate)``, each with
+its own event time drawn uniformly in the window like a data message's); rows permuted so that
+position in the batch says nothing about which rows are chaff. CRC32C is recomputed over the
+sealed bytes (what the shuffler checks and forwards).
+
+Analyzer side, :class:`ReleaseOpener` opens a batch of ShuffledMessage rows before payload
+decoding: it returns the batch with opened (unpadded) payloads and their CRC32C for the rows that
+opened, drops chaff (counted as ``chaff``) and returns the rows that failed with their reason
+(``schemas.sealing.OPEN_REASONS``). Rows whose stored CRC32C does not match their sealed bytes,
+and empty payloads, pass through untouched so the decoder keeps its own verdict on them. The key
+ring is loaded from its path by :meth:`ReleaseOpener.load` on the worker (``DoFn.setup``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from schemas import sealing
+from schemas.keys import KeyRing, PublicKeyInfo
+from schemas.payloads import EncodedPayloads, crc32c_many, payload_limits
+from schemas.recipes import Recipe
+
+__all__ = [
+    "recipe_pad_length",
+    "chaff_rate",
+    "DeviceSealing",
+    "sealing_for",
+    "OpenedBatch",
+    "ReleaseOpener",
+]
+
+
+def recipe_pad_length(recipe: Recipe) -> int:
+    """The one plaintext length every sealed message of ``recipe`` is padded to."""
+    return sealing.padded_length(recipe.payload_kind, payload_limits(recipe.build_randomizer()))
+
+
+def chaff_rate(recipe: Recipe) -> float:
+    """Cover messages per device, crowd and instance (the recipe's ``chaff_rate``, default 0)."""
+    return float(getattr(recipe, "chaff_rate", 0.0) or 0.0)
+
+
+def chaff_allowance(recipe: Recipe) -> int:
+    """The most chaff messages one device sends per crowd and instance: ``ceil(chaff_rate)``
+    (what a shuffler's per-origin cap must allow on top of the data messages)."""
+    return math.ceil(chaff_rate(recipe))
+
+
+def _census_payload() -> bytes | None:
+    try:  # the census kind is being replaced by presence messages (empty payloads)
+        from schemas.payloads import encode_census
+    except ImportError:  # pragma: no cover
+        return None
+    return encode_census(1).to_list()[0]
+
+
+class DeviceSealing:
+    """Seals ``ReportBatch`` payloads of one recipe for one analyzer key (device side)."""
+
+    def __init__(
+        self,
+        recipe: Recipe,
+        public: PublicKeyInfo,
+        window_ms: int,
+        rng: np.random.Generator | None = None,
+    ) -> None:
+        self.recipe = recipe
+        self.sealer = sealing.Sealer(public)
+        self.window_ms = int(window_ms)
+        self.pad_to = recipe_pad_length(recipe)
+        self.chaff_rate = chaff_rate(recipe)
+        # Chaff counts, chaff times and row order: cryptographic randomness unless injected.
+        self.rng = rng if rng is not None else np.random.default_rng(secrets.randbits(128))
+        self._census = _census_payload()
+
+    def _device_rows(self, payloads: list[bytes]) -> np.ndarray:
+        """One row per device, crowd and instance: presence (empty) or census messages."""
+        return np.fromiter(
+            (not p or p == self._census for p in payloads), dtype=bool, count=len(payloads)
+        )
+
+    def seal_batch(self, batch: Any) -> Any:
+        """A ``ReportBatch`` with sealed payloads and chaff (``dataclasses.replace``)."""
+        payloads = batch.payloads.to_list()
+        times = np.asarray(batch.event_time_ms, dtype=np.int64)
+        origin = batch.origin
+        anchors = np.flatnonzero(self._device_rows(payloads))
+        whole = math.floor(self.chaff_rate)
+        chaff_counts = np.full(anchors.size, whole, dtype=np.int64)
+        if self.chaff_rate > whole:
+            chaff_counts += self.rng.random(anchors.size) < self.chaff_rate - whole
+        chaff_rows = np.repeat(anchors, chaff_counts)
+        window_of = (times // self.window_ms) * self.window_ms
+        chaff_times = window_of[chaff_rows] + self.rng.integers(
+            0, self.window_ms, size=chaff_rows.size, dtype=np.int64
+        )
+        all_times = np.concatenate([times, chaff_times])
+        starts = (all_times // self.window_ms) * self.window_ms
+        infos = self._infos(starts, batch.channel, batch.recipe_id, batch.crowd_id)
+        n = len(payloads)
+        sealed: list[bytes] = [b""] * n
+        to_seal = [row for row in range(n) if payloads[row]]
+        for row, message in zip(
+            to_seal,
+            self.sealer.seal_many(
+                [payloads[r] for r in to_seal], [infos[r] for r in to_seal], self.pad_to
+            ),
+            strict=True,
+        ):
+            sealed[row] = message
+        sealed += self.sealer.chaff(infos[n:], self.pad_to)
+        order = self.rng.permutation(len(sealed))
+        sealed = [sealed[i] for i in order.tolist()]
+        encoded = EncodedPayloads.from_list(sealed)
+        return dataclasses.replace(
+            batch,
+            origin=np.concatenate([origin, origin[chaff_rows]])[order],
+            event_time_ms=all_times[order],
+            payloads=encoded,
+            payload_crc32c=crc32c_many(encoded),
+        )
+
+    def _infos(
+        self, starts: np.ndarray, channel: str, recipe_id: str, crowd_id: str | None
+    ) -> list[bytes]:
+        unique, inverse = np.unique(starts, return_inverse=True)
+        by_window = [
+            self.sealer.info(recipe_id, channel, int(s), int(s) + self.window_ms, crowd_id)
+            for s in unique.tolist()
+        ]
+        return [by_window[i] for i in inverse.tolist()]
+
+
+def sealing_for(
+    recipe: Recipe, public_key_json: str | None, window_ms: int
+) -> DeviceSealing | None:
+    """The device-side sealing of a simulation plan (None: payloads stay plaintext)."""
+    if public_key_json is None:
+        return None
+    public = PublicKeyInfo.from_json(public_key_json, "simulation plan public key")
+    return DeviceSealing(recipe, public, window_ms)
+
+
+@dataclass(frozen=True)
+class OpenedBatch:
+    """A batch after opening: ``columns`` (opened and pass-through rows, in input order) and the
+    rejected rows of the input with their reasons; ``counts`` has read/chaff/rejected:<reason>."""
+
+    columns: pa.RecordBatch
+    kept_rows: np.ndarray
+    rejected_rows: np.ndarray
+    rejected_reasons: list[str]
+    counts: Mapping[str, int]
+
+
+class ReleaseOpener:
+    """Opens sealed ShuffledMessage payloads with the analyzer's key ring (worker side)."""
+
+    def __init__(self, ring: KeyRing, recipes: Mapping[str, Recipe]) -> None:
+        self.ring = ring
+        self._pads = {recipe_id: recipe_pad_length(r) for recipe_id, r in recipes.items()}
+
+    @classmethod
+    def load(cls, key_ring_path: str, recipes: Mapping[str, Recipe]) -> ReleaseOpener:
+        """Read the private keys from their path (call this on the worker, in DoFn.setup)."""
+        return cls(KeyRing.load(key_ring_path), recipes)
+
+    def open_batch(self, batch: pa.RecordBatch) -> OpenedBatch:
+        rows = batch.num_rows
+        payload_column = batch.column("payload")
+        payloads = payload_column.to_pylist()
+        stored = batch.column("payload_crc32c").fill_null(-1).to_numpy(zero_copy_only=False)
+        encoded = EncodedPayloads.from_arrow(payload_column)
+        actual = crc32c_many(encoded).astype(np.int64)
+        lengths = encoded.lengths
+        # Rows left to the decoder as they are: empty payloads, CRC mismatches, unknown recipes.
+        candidate = (lengths > 0) & (actual == stored)
+        status = np.zeros(rows, dtype=np.uint8)
+        opened: list[bytes | None] = list(payloads)
+        keys = ["window_start", "window_end", "channel", "recipe_id", "crowd_id"]
+        table = pa.table({**{k: batch.column(k) for k in keys}, "_row": np.arange(rows)})
+        table = table.filter(pa.array(candidate))
+        groups = table.group_by(keys, use_threads=False).aggregate([("_row", "list")])
+        for group in groups.to_pylist():
+            pad_to = self._pads.get(group["recipe_id"])
+            if pad_to is None:
+                continue  # unknown recipe: the decoder dead-letters it
+            members = group["_row_list"]
+            result = sealing.open_sealed(
+                self.ring,
+                [payloads[r] for r in members],
+                pad_to,
+                group["recipe_id"],
+                group["channel"],
+                int(group["window_start"]),
+                int(group["window_end"]),
+                group["crowd_id"],
+            )
+            status[members] = result.status
+            for row, plaintext in zip(members, result.payloads, strict=True):
+                opened[row] = plaintext
+        keep = status == sealing.OK
+        rejected = np.flatnonzero(status > sealing.CHAFF)
+        reasons = np.asarray(sealing.OPEN_REASONS, dtype=object)[status[rejected]]
+        counts: dict[str, int] = {}
+        chaff = int(np.count_nonzero(status == sealing.CHAFF))
+        removed = rows - int(keep.sum())
+        if removed:
+            counts["read"] = removed
+        if chaff:
+            counts["chaff"] = chaff
+        for reason, count in zip(*np.unique(reasons.astype(str), return_counts=True), strict=True):
+            counts[f"rejected:{reason}"] = int(count)
+        kept_rows = np.flatnonzero(keep)
+        kept_payloads = EncodedPayloads.from_list([opened[r] for r in kept_rows.tolist()])
+        crc = crc32c_many(kept_payloads).astype(np.int64)
+        passed = ~candidate[kept_rows]  # untouched rows keep their stored CRC32C
+        crc[passed] = stored[kept_rows][passed]
+        columns = batch.take(pa.array(kept_rows))
+        columns = columns.set_column(
+            columns.schema.get_field_index("payload"),
+            "payload",
+            kept_payloads.to_arrow().cast(payload_column.type),
+        )
+        columns = columns.set_column(
+            columns.schema.get_field_index("payload_crc32c"),
+            "payload_crc32c",
+            pa.array(crc, type=batch.column("payload_crc32c").type),
+        )
+        return OpenedBatch(columns, kept_rows, rejected, list(reasons), counts)
