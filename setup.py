@@ -29,6 +29,8 @@ setup(
         # Privacy-loss distributions and their composition (connect-the-dots, FFT convolution):
         # a maintained, peer-reviewed accountant beats re-deriving discretization error bounds.
         "dp-accounting",
+        # RFC 9180 HPKE and X25519 for sealed reports: vetted crypto, never our own primitives.
+        "cryptography>=46",
     ],
     extras_require={
         "images": ["scikit-image"],
