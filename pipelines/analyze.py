@@ -462,5 +462,6 @@ def summary_table(summary: Mapping[str, Any]) -> str:
     lines.append(
         f"messages read {metrics.get('read', 0):,}: randomized {metrics.get('messages', 0):,}, "
         f"dead-lettered {metrics.get('dead_lettered', 0):,}"
+        + (f", chaff discarded {metrics['chaff']:,}" if metrics.get("chaff") else "")
     )
     return "\n".join(lines)

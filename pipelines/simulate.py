@@ -61,6 +61,7 @@ from transforms.encode import (
     WriteReportShards,
     shard_file_name,
 )
+from transforms.sealed import sealing_metadata
 
 __all__ = ["register", "run", "plan_from_options"]
 
@@ -292,6 +293,7 @@ def run(options: PipelineOptions) -> dict[str, Any]:
         "schema_version": SCHEMA_VERSION,
         "layout": "instance=<u>/reports-<shard>.avro",
         "truth": TRUTH_FILE,
+        "sealing": sealing_metadata(context.recipe, context.sealing),  # transforms/sealed.py
     }
     output.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_staging(output)

@@ -28,9 +28,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from apache_beam.metrics import Metrics
 
 from schemas import sealing
-from schemas.keys import KeyRing, PublicKeyInfo
+from schemas.keys import SUITE_NAME, KeyRing, PublicKeyInfo
 from schemas.payloads import EncodedPayloads, crc32c_many, payload_limits
 from schemas.recipes import Recipe
 
@@ -38,6 +39,8 @@ __all__ = [
     "recipe_pad_length",
     "chaff_rate",
     "DeviceSealing",
+    "chaff_allowance",
+    "sealing_metadata",
     "sealing_for",
     "OpenedBatch",
     "ReleaseOpener",
@@ -123,6 +126,7 @@ class DeviceSealing:
         ):
             sealed[row] = message
         sealed += self.sealer.chaff(infos[n:], self.pad_to)
+        Metrics.counter("esa.simulate", "chaff_messages").inc(int(chaff_rows.size))
         order = self.rng.permutation(len(sealed))
         sealed = [sealed[i] for i in order.tolist()]
         encoded = EncodedPayloads.from_list(sealed)
@@ -153,6 +157,21 @@ def sealing_for(
         return None
     public = PublicKeyInfo.from_json(public_key_json, "simulation plan public key")
     return DeviceSealing(recipe, public, window_ms)
+
+
+def sealing_metadata(recipe: Recipe, device: DeviceSealing | None) -> dict[str, Any] | None:
+    """What simulation.json states about sealing: suite, key id, lengths and the chaff sent
+    (rate per device, crowd and instance; the count is the ``chaff_messages`` counter)."""
+    if device is None:
+        return None
+    return {
+        "suite": SUITE_NAME,
+        "key_id": device.sealer.public.key_id,
+        "padded_length": device.pad_to,
+        "sealed_length": sealing.sealed_length(device.pad_to),
+        "chaff_rate": device.chaff_rate,
+        "chaff_allowance": chaff_allowance(recipe),
+    }
 
 
 @dataclass(frozen=True)

@@ -110,6 +110,9 @@ def test_sealed_payloads_have_one_length_and_the_release_carries_them_byte_for_b
     pad_to = recipe_pad_length(load_recipe(recipe))
     assert {len(p) for p in sent} == {sealing.sealed_length(pad_to)}
     assert collections.Counter(released) == collections.Counter(sent)
+    stated = json.loads((root / "simulation" / "simulation.json").read_text())["sealing"]
+    assert stated["sealed_length"] == sealing.sealed_length(pad_to)
+    assert stated["chaff_rate"] == CHAFF_RATE and stated["chaff_allowance"] == 1
 
 
 def test_sealed_estimates_match_their_standard_error_and_chaff_is_counted(world):
