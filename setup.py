@@ -39,7 +39,10 @@ setup(
         "train": ["scikit-learn"],
         # polars: only the baseline our Avro reader is measured against in `make bench`.
         # scikit-learn: the esa train tests read its bundled digits.
-        "test": ["pytest", "pytest-xdist", "avro", "mpmath", "ruff", "polars", "scikit-learn"],
+        # pynacl: benchmarks/bench_sealing.py measures libsodium sealed boxes beside HPKE.
+        "test": [
+            "pytest", "pytest-xdist", "avro", "mpmath", "ruff", "polars", "scikit-learn", "pynacl",
+        ],  # fmt: skip
     },
     entry_points={"console_scripts": ["esa=pipelines.cli:main"]},
 )
