@@ -281,6 +281,11 @@ class Recipe:
         return 1
 
     @property
+    def chaff_allowance(self) -> int:
+        """Most sealed chaff messages a device sends per crowd and instance: ceil(chaff_rate)."""
+        return math.ceil(self.chaff_rate)
+
+    @property
     def window_seconds(self) -> int:
         match = _WINDOW.match(self.window)
         assert match is not None  # validated in __post_init__

@@ -54,13 +54,13 @@ def recipe_pad_length(recipe: Recipe) -> int:
 
 def chaff_rate(recipe: Recipe) -> float:
     """Cover messages per device, crowd and instance (the recipe's ``chaff_rate``, default 0)."""
-    return float(getattr(recipe, "chaff_rate", 0.0) or 0.0)
+    return float(recipe.chaff_rate)
 
 
 def chaff_allowance(recipe: Recipe) -> int:
     """The most chaff messages one device sends per crowd and instance: ``ceil(chaff_rate)``
     (what a shuffler's per-origin cap must allow on top of the data messages)."""
-    return math.ceil(chaff_rate(recipe))
+    return int(recipe.chaff_allowance)
 
 
 def _census_payload() -> bytes | None:

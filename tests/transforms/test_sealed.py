@@ -1,0 +1,91 @@
+"""Device sealing and analyzer opening of whole batches (transforms/sealed.py), without Beam."""
+
+from __future__ import annotations
+
+import collections
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from schemas import sealing
+from schemas.keys import KeyRing, generate_key
+from schemas.payloads import EncodedPayloads, crc32c_many, encode_census
+from schemas.recipes import RecipeError, load_recipe, recipe_from_dict
+from transforms.encode import ReportBatch
+from transforms.sealed import DeviceSealing, ReleaseOpener, recipe_pad_length
+
+DAY = 86_400_000
+T0 = 1_704_067_200_000
+
+
+def _recipe(chaff_rate: float):
+    data = json.loads(load_recipe("image_grid_sealed").to_json())
+    data["chaff_rate"] = chaff_rate
+    return recipe_from_dict(data)
+
+
+def _batch(recipe, data: list[bytes], devices: int, presence: bool) -> ReportBatch:
+    marker = b"" if presence else encode_census(1).to_list()[0]
+    payloads = data + [marker] * devices
+    n = len(payloads)
+    origin = np.frombuffer(b"".join(f"d{i % devices:07d}".encode() for i in range(n)), np.uint8)
+    return ReportBatch(
+        shuffler_instance=0,
+        channel=recipe.channel,
+        recipe_id=recipe.id,
+        min_crowd_size=recipe.min_crowd_size,
+        origin=origin.reshape(n, 8),
+        event_time_ms=T0 + np.arange(n, dtype=np.int64) * 1000,
+        payloads=EncodedPayloads.from_list(payloads),
+        payload_crc32c=crc32c_many(payloads),
+    )
+
+
+def _released(batch: ReportBatch) -> pa.RecordBatch:
+    n = len(batch)
+    return pa.RecordBatch.from_pydict(
+        {
+            "schema_version": pa.array(np.ones(n, np.int32)),
+            "window_start": pa.array(np.full(n, T0, np.int64)),
+            "window_end": pa.array(np.full(n, T0 + DAY, np.int64)),
+            "channel": pa.array([batch.channel] * n),
+            "recipe_id": pa.array([batch.recipe_id] * n),
+            "crowd_id": pa.nulls(n, pa.string()),
+            "payload": batch.payloads.to_arrow().cast(pa.binary()),
+            "payload_crc32c": pa.array(batch.payload_crc32c.astype(np.int64)),
+        }
+    )
+
+
+@pytest.mark.parametrize("presence", [True, False])
+def test_seal_then_open_gives_back_every_payload_and_counts_chaff(presence):
+    recipe = _recipe(1.5)
+    key = generate_key()
+    data = [bytes([2, 2 * b]) for b in range(40)]  # bucket payloads
+    batch = _batch(recipe, data, devices=200, presence=presence)
+    device = DeviceSealing(recipe, key.public, DAY, rng=np.random.default_rng(7))
+    sealed = device.seal_batch(batch)
+    lengths = sealed.payloads.lengths
+    expected = sealing.sealed_length(recipe_pad_length(recipe))
+    assert set(lengths[lengths > 0]) == {expected}
+    assert int((lengths == 0).sum()) == (200 if presence else 0)  # presence is never sealed
+    chaff = len(sealed) - len(batch)
+    # 200 devices x (1 + Bernoulli(0.5)): 300 +- 7.1; 6 sd bounds (false failure < 1e-8).
+    assert 300 - 43 <= chaff <= 300 + 43
+    assert np.array_equal(sealed.payload_crc32c, crc32c_many(sealed.payloads))
+    assert (sealed.event_time_ms // DAY == T0 // DAY).all()  # chaff stays in its window
+    opened = ReleaseOpener(KeyRing([key]), {recipe.id: recipe}).open_batch(_released(sealed))
+    assert opened.counts["chaff"] == chaff and opened.rejected_rows.size == 0
+    plain = opened.columns.column("payload").to_pylist()
+    assert collections.Counter(plain) == collections.Counter(batch.payloads.to_list())
+    assert np.array_equal(
+        opened.columns.column("payload_crc32c").to_numpy(), crc32c_many(plain).astype(np.int64)
+    )
+
+
+def test_chaff_rate_is_validated_and_bounds_the_allowance():
+    assert _recipe(1.5).chaff_allowance == 2 and _recipe(0).chaff_allowance == 0
+    with pytest.raises(RecipeError, match="chaff_rate"):
+        _recipe(-0.1)
