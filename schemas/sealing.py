@@ -58,7 +58,7 @@ __all__ = [
     "Sealer",
     "OpenedPayloads",
     "open_sealed",
-    "is_envelope",
+    "looks_sealed",
 ]
 
 SUITE = Suite(KEM.X25519, KDF.HKDF_SHA256, AEAD.AES_128_GCM)
@@ -81,8 +81,10 @@ OPEN_REASONS: tuple[str, ...] = (
     "sealed_retired_key",  # the key's validity does not cover the message's window
     "sealed_open_failed",  # authentication failed: flipped byte, wrong key, moved to another crowd
     "sealed_bad_padding",  # opened, but the padding is not the canonical one
+    "sealed_without_key_ring",  # a sealed payload reached an analyzer given no key ring
 )
 OK, CHAFF, BAD_LENGTH, BAD_VERSION, UNKNOWN_KEY, RETIRED_KEY, OPEN_FAILED, BAD_PADDING = range(8)
+NO_KEY_RING = 8
 
 
 def padded_length(payload_kind: str, limits: dict[str, int]) -> int:
@@ -194,9 +196,13 @@ class Sealer:
         return [self.header + SUITE.encrypt(plaintext, self._key, info) for info in infos]
 
 
-def is_envelope(payload: bytes) -> bool:
-    """True if ``payload`` starts like a sealed envelope (length and version only)."""
-    return len(payload) > OVERHEAD and payload[0] == ENVELOPE_VERSION
+def looks_sealed(first_bytes: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Which payloads start like an envelope, from their first bytes and lengths (vectorized).
+
+    Unambiguous for canonical plaintexts: a payload starts with its Avro kind tag, a zigzag
+    varint of a non-negative int, whose first byte is even; the envelope version byte is odd.
+    """
+    return (lengths > OVERHEAD) & (first_bytes == ENVELOPE_VERSION)
 
 
 @dataclass(frozen=True)

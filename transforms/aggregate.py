@@ -66,9 +66,9 @@ class DecodeReleaseFile(beam.DoFn):
         self._opener: sealed_payloads.ReleaseOpener | None = None
 
     def setup(self) -> None:
-        if self._key_ring:  # private keys are read here, on the worker (transforms/sealed.py)
-            recipes = {recipe_id: self._book.get(recipe_id) for recipe_id in self._book.ids()}
-            self._opener = sealed_payloads.ReleaseOpener.load(self._key_ring, recipes)
+        # Private keys are read here, on the worker; without a ring, sealed payloads are refused.
+        recipes = {recipe_id: self._book.get(recipe_id) for recipe_id in self._book.ids()}
+        self._opener = sealed_payloads.ReleaseOpener.load(self._key_ring, recipes)
 
     def process(self, path: str) -> Iterator[Any]:
         counts: dict[str, int] = {"files": 1}

@@ -187,21 +187,24 @@ class OpenedBatch:
 
 
 class ReleaseOpener:
-    """Opens sealed ShuffledMessage payloads with the analyzer's key ring (worker side)."""
+    """Opens sealed ShuffledMessage payloads with the analyzer's key ring (worker side).
 
-    def __init__(self, ring: KeyRing, recipes: Mapping[str, Recipe]) -> None:
+    Without a ring (``ring=None``, payloads expected in the clear) it only refuses payloads that
+    look sealed (``schemas.sealing.looks_sealed``), as ``sealed_without_key_ring``.
+    """
+
+    def __init__(self, ring: KeyRing | None, recipes: Mapping[str, Recipe]) -> None:
         self.ring = ring
         self._pads = {recipe_id: recipe_pad_length(r) for recipe_id, r in recipes.items()}
 
     @classmethod
-    def load(cls, key_ring_path: str, recipes: Mapping[str, Recipe]) -> ReleaseOpener:
+    def load(cls, key_ring_path: str | None, recipes: Mapping[str, Recipe]) -> ReleaseOpener:
         """Read the private keys from their path (call this on the worker, in DoFn.setup)."""
-        return cls(KeyRing.load(key_ring_path), recipes)
+        return cls(KeyRing.load(key_ring_path) if key_ring_path else None, recipes)
 
     def open_batch(self, batch: pa.RecordBatch) -> OpenedBatch:
         rows = batch.num_rows
         payload_column = batch.column("payload")
-        payloads = payload_column.to_pylist()
         stored = batch.column("payload_crc32c").fill_null(-1).to_numpy(zero_copy_only=False)
         encoded = EncodedPayloads.from_arrow(payload_column)
         actual = crc32c_many(encoded).astype(np.int64)
@@ -209,7 +212,13 @@ class ReleaseOpener:
         # Rows left to the decoder as they are: empty payloads, CRC mismatches, unknown recipes.
         candidate = (lengths > 0) & (actual == stored)
         status = np.zeros(rows, dtype=np.uint8)
-        opened: list[bytes | None] = list(payloads)
+        if self.ring is None:
+            first = np.zeros(rows, dtype=np.uint8)
+            first[lengths > 0] = encoded.data[encoded.offsets[:-1][lengths > 0]]
+            status[candidate & sealing.looks_sealed(first, lengths)] = sealing.NO_KEY_RING
+            return _finish(batch, status, None, candidate, stored)
+        payloads = payload_column.to_pylist()
+        opened: list[bytes] = list(payloads)
         keys = ["window_start", "window_end", "channel", "recipe_id", "crowd_id"]
         table = pa.table({**{k: batch.column(k) for k in keys}, "_row": np.arange(rows)})
         table = table.filter(pa.array(candidate))
@@ -232,32 +241,44 @@ class ReleaseOpener:
             status[members] = result.status
             for row, plaintext in zip(members, result.payloads, strict=True):
                 opened[row] = plaintext
-        keep = status == sealing.OK
-        rejected = np.flatnonzero(status > sealing.CHAFF)
-        reasons = np.asarray(sealing.OPEN_REASONS, dtype=object)[status[rejected]]
-        counts: dict[str, int] = {}
-        chaff = int(np.count_nonzero(status == sealing.CHAFF))
-        removed = rows - int(keep.sum())
-        if removed:
-            counts["read"] = removed
-        if chaff:
-            counts["chaff"] = chaff
-        for reason, count in zip(*np.unique(reasons.astype(str), return_counts=True), strict=True):
-            counts[f"rejected:{reason}"] = int(count)
-        kept_rows = np.flatnonzero(keep)
+        return _finish(batch, status, opened, candidate, stored)
+
+
+def _finish(
+    batch: pa.RecordBatch,
+    status: np.ndarray,
+    opened: list[bytes] | None,
+    candidate: np.ndarray,
+    stored: np.ndarray,
+) -> OpenedBatch:
+    """Drop chaff and rejected rows; put opened payloads and their CRC32C in place."""
+    rows = batch.num_rows
+    keep = status == sealing.OK
+    kept_rows = np.flatnonzero(keep)
+    rejected = np.flatnonzero(status > sealing.CHAFF)
+    reasons = np.asarray(sealing.OPEN_REASONS, dtype=object)[status[rejected]]
+    counts: dict[str, int] = {}
+    chaff = int(np.count_nonzero(status == sealing.CHAFF))
+    if rows - kept_rows.size:
+        counts["read"] = rows - int(kept_rows.size)
+    if chaff:
+        counts["chaff"] = chaff
+    for reason, count in zip(*np.unique(reasons.astype(str), return_counts=True), strict=True):
+        counts[f"rejected:{reason}"] = int(count)
+    columns = batch if kept_rows.size == rows else batch.take(pa.array(kept_rows))
+    if opened is not None:
         kept_payloads = EncodedPayloads.from_list([opened[r] for r in kept_rows.tolist()])
         crc = crc32c_many(kept_payloads).astype(np.int64)
         passed = ~candidate[kept_rows]  # untouched rows keep their stored CRC32C
         crc[passed] = stored[kept_rows][passed]
-        columns = batch.take(pa.array(kept_rows))
         columns = columns.set_column(
             columns.schema.get_field_index("payload"),
             "payload",
-            kept_payloads.to_arrow().cast(payload_column.type),
+            kept_payloads.to_arrow().cast(batch.column("payload").type),
         )
         columns = columns.set_column(
             columns.schema.get_field_index("payload_crc32c"),
             "payload_crc32c",
             pa.array(crc, type=batch.column("payload_crc32c").type),
         )
-        return OpenedBatch(columns, kept_rows, rejected, list(reasons), counts)
+    return OpenedBatch(columns, kept_rows, rejected, list(reasons), counts)

@@ -89,3 +89,16 @@ def test_chaff_rate_is_validated_and_bounds_the_allowance():
     assert _recipe(1.5).chaff_allowance == 2 and _recipe(0).chaff_allowance == 0
     with pytest.raises(RecipeError, match="chaff_rate"):
         _recipe(-0.1)
+
+
+def test_without_a_key_ring_sealed_payloads_are_refused_and_clear_ones_pass():
+    recipe = _recipe(0.0)
+    key = generate_key()
+    clear = _batch(recipe, [bytes([2, 2 * b]) for b in range(30)], devices=5, presence=False)
+    sealed = DeviceSealing(recipe, key.public, DAY, rng=np.random.default_rng(1)).seal_batch(clear)
+    opener = ReleaseOpener(None, {recipe.id: recipe})
+    passed = opener.open_batch(_released(clear))
+    assert passed.columns.equals(_released(clear)) and not passed.counts
+    refused = opener.open_batch(_released(sealed))
+    assert refused.rejected_reasons == ["sealed_without_key_ring"] * len(sealed)
+    assert refused.counts == {"read": 35, "rejected:sealed_without_key_ring": 35}
