@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.metrics import Metrics
 
+from privacy.rng import secure_generator
 from schemas import sealing
 from schemas.keys import SUITE_NAME, KeyRing, PublicKeyInfo
 from schemas.payloads import EncodedPayloads, crc32c_many, payload_limits
@@ -86,8 +86,8 @@ class DeviceSealing:
         self.window_ms = int(window_ms)
         self.pad_to = recipe_pad_length(recipe)
         self.chaff_rate = chaff_rate(recipe)
-        # Chaff counts, chaff times and row order: cryptographic randomness unless injected.
-        self.rng = rng if rng is not None else np.random.default_rng(secrets.randbits(128))
+        # Chaff counts, chaff times and row order: seeded from the OS CSPRNG unless injected.
+        self.rng = rng if rng is not None else secure_generator()
         self._census = _census_payload()
 
     def _device_rows(self, payloads: list[bytes]) -> np.ndarray:
