@@ -62,7 +62,11 @@ def test_our_suite_matches_rfc9180_test_vector():
     suite = Suite(KEM.X25519, KDF.HKDF_SHA256, AEAD.AES_128_GCM)  # the suite sealing.SUITE uses
     from cryptography.hazmat.bindings._rust import openssl as rust_openssl
 
-    opened = rust_openssl.hpke._decrypt_with_aad(
+    # The vector's ciphertext carries AAD "Count-0", which only the library's test hook accepts.
+    decrypt_with_aad = getattr(rust_openssl.hpke, "_decrypt_with_aad", None)
+    if decrypt_with_aad is None:  # pragma: no cover - depends on the installed version
+        pytest.skip("this cryptography version has no HPKE decryption with AAD")
+    opened = decrypt_with_aad(
         suite,
         bytes.fromhex(RFC_ENC + RFC_CT),
         private,
