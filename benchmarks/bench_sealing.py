@@ -32,8 +32,9 @@ import pyarrow as pa
 
 from benchmarks.common import run_child
 from schemas import SCHEMA_VERSION, schema_json, sealing
+from schemas.avro.crc32c import crc32c_many
 from schemas.keys import KeyRing, generate_key, write_key_pair
-from schemas.payloads import EncodedPayloads, crc32c_many, encode_message_batch
+from schemas.payloads import EncodedPayloads, encode_message_batch
 from schemas.recipes import load_recipe
 from transforms import avro_io
 from transforms.encode import ReportBatch

@@ -31,8 +31,9 @@ from apache_beam.metrics import Metrics
 
 from privacy.rng import secure_generator
 from schemas import sealing
+from schemas.avro.crc32c import crc32c_many
 from schemas.keys import SUITE_NAME, KeyRing, PublicKeyInfo
-from schemas.payloads import EncodedPayloads, crc32c_many, payload_limits
+from schemas.payloads import EncodedPayloads, payload_limits
 from schemas.recipes import Recipe
 
 __all__ = [

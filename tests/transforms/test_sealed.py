@@ -10,8 +10,9 @@ import pyarrow as pa
 import pytest
 
 from schemas import sealing
+from schemas.avro.crc32c import crc32c_many
 from schemas.keys import KeyRing, generate_key
-from schemas.payloads import EncodedPayloads, crc32c_many, encode_census
+from schemas.payloads import EncodedPayloads, encode_census
 from schemas.recipes import RecipeError, load_recipe, recipe_from_dict
 from transforms.encode import ReportBatch
 from transforms.sealed import DeviceSealing, ReleaseOpener, recipe_pad_length
