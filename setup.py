@@ -41,8 +41,15 @@ setup(
         # scikit-learn: the esa train tests read its bundled digits.
         # pynacl: benchmarks/bench_sealing.py measures libsodium sealed boxes beside HPKE.
         "test": [
-            "pytest", "pytest-xdist", "avro", "mpmath", "ruff", "polars", "scikit-learn", "pynacl",
-        ],  # fmt: skip
+            "pytest",
+            "pytest-xdist",
+            "avro",
+            "mpmath",
+            "ruff",
+            "polars",
+            "scikit-learn",
+            "pynacl",
+        ],
     },
     entry_points={"console_scripts": ["esa=pipelines.cli:main"]},
 )
