@@ -90,9 +90,7 @@ class DecodeReleaseFile(beam.DoFn):
                     _inc(counts, name, value)
                 if opened.rejected_rows.size:
                     yield from self._dead_letters(item, opened)
-            result = core.aggregate_batch(
-                columns, self._book, self._versions, self._dense_limit
-            )
+            result = core.aggregate_batch(columns, self._book, self._versions, self._dense_limit)
             if opened is not None:  # rejected rows as positions in the sealed batch
                 result = dataclasses.replace(
                     result, rejected_rows=opened.kept_rows[result.rejected_rows]

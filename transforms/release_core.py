@@ -126,7 +126,8 @@ def max_messages_per_respondent(
       B ~ Bin(1, a) + Bin(d - 1, 1 - a), the cap is the (tail/2)-quantile of
       Bin(r tau b*, q pi) + Bin(r tau (d - b*), (1 - q) pi): total tail <= tail.
 
-    ``chaff``: extra messages per report the recipe allows (none of the shipped recipes has any).
+    ``chaff``: extra messages per report the recipe allows (``Recipe.chaff_allowance``: sealed
+    cover messages a device sends per crowd and instance, ``transforms/sealed.py``).
     """
     if not 0.0 <= weight <= 1.0:
         raise ValueError(f"weight must be in [0, 1], got {weight}")
@@ -167,12 +168,14 @@ def max_messages_per_respondent(
 def recipe_origin_caps(recipe: Any, window_ms: int | None = None) -> tuple[int, ...]:
     """:func:`max_messages_per_respondent` for every shuffler instance of a recipe
     (``schemas.recipes.Recipe``), for crowds of a ``window_ms`` shuffler window, plus
-    ``LEGACY_CENSUS_MESSAGES`` per report (old devices' census payloads are ordinary data)."""
+    the recipe's chaff allowance (``Recipe.chaff_allowance``, sealed cover messages a device adds
+    per crowd, recipe window and instance) and ``LEGACY_CENSUS_MESSAGES`` per report (old devices'
+    census payloads are ordinary data), so an honest device's chaff is never ``over_origin_cap``."""
     reports = reports_per_crowd(window_ms, int(recipe.window_seconds) * 1000)
     randomizer = recipe.build_randomizer()
     # Devices of the previous protocol also send one census payload per crowd and instance (a
     # data message to the shuffler); allow it like chaff until no device sends one.
-    chaff = int(getattr(recipe, "chaff_messages", 0) or 0) + LEGACY_CENSUS_MESSAGES
+    chaff = int(getattr(recipe, "chaff_allowance", 0) or 0) + LEGACY_CENSUS_MESSAGES
     return tuple(
         max_messages_per_respondent(randomizer, float(weight), reports, chaff)
         for weight in recipe.instance_weights

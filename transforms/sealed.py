@@ -64,14 +64,6 @@ def chaff_allowance(recipe: Recipe) -> int:
     return int(recipe.chaff_allowance)
 
 
-def _census_payload() -> bytes | None:
-    try:  # the census kind is being replaced by presence messages (empty payloads)
-        from schemas.payloads import encode_census
-    except ImportError:  # pragma: no cover
-        return None
-    return encode_census(1).to_list()[0]
-
-
 class DeviceSealing:
     """Seals ``ReportBatch`` payloads of one recipe for one analyzer key (device side)."""
 
@@ -89,20 +81,19 @@ class DeviceSealing:
         self.chaff_rate = chaff_rate(recipe)
         # Chaff counts, chaff times and row order: seeded from the OS CSPRNG unless injected.
         self.rng = rng if rng is not None else secure_generator()
-        self._census = _census_payload()
 
-    def _device_rows(self, payloads: list[bytes]) -> np.ndarray:
-        """One row per device, crowd and instance: presence (empty) or census messages."""
-        return np.fromiter(
-            (not p or p == self._census for p in payloads), dtype=bool, count=len(payloads)
-        )
+    @staticmethod
+    def _presence_rows(payloads: list[bytes]) -> np.ndarray:
+        """The presence messages (empty payloads): one per device, recipe window and instance,
+        whatever the device's data, so chaff anchored on them says nothing about the data."""
+        return np.fromiter((not p for p in payloads), dtype=bool, count=len(payloads))
 
     def seal_batch(self, batch: Any) -> Any:
         """A ``ReportBatch`` with sealed payloads and chaff (``dataclasses.replace``)."""
         payloads = batch.payloads.to_list()
         times = np.asarray(batch.event_time_ms, dtype=np.int64)
         origin = batch.origin
-        anchors = np.flatnonzero(self._device_rows(payloads))
+        anchors = np.flatnonzero(self._presence_rows(payloads))
         whole = math.floor(self.chaff_rate)
         chaff_counts = np.full(anchors.size, whole, dtype=np.int64)
         if self.chaff_rate > whole:

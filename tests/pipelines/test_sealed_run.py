@@ -130,6 +130,20 @@ def test_sealed_estimates_match_their_standard_error_and_chaff_is_counted(world)
     assert np.all(np.abs(estimate - truth) <= 4.5 * stderr)
 
 
+def test_shufflers_count_presence_and_never_cap_a_devices_chaff(world):
+    root, _, _ = world
+    for u in range(2):
+        metrics = json.loads(
+            (root / "shuffled" / f"instance={u}.private" / "metrics.json").read_text()
+        )
+        # Every device sends one unsealed presence message to each instance; its chaff (anchored
+        # on them) stays within the per-origin cap, so nothing is dead-lettered over_origin_cap.
+        assert metrics["presence"] == RESPONDENTS and metrics["adds_up"]
+        assert metrics["dead_lettered"] == 0, metrics["rejected_by_reason"]
+        commit = json.loads((root / "shuffled" / f"instance={u}" / "_COMMIT.json").read_text())
+        assert [c["respondents_released"] for c in commit["crowds"]] == [RESPONDENTS]
+
+
 def test_a_flipped_byte_is_exactly_one_dead_letter_with_a_decryption_reason(world):
     root, recipe, hidden = world
     book = {load_recipe(recipe).id: load_recipe(recipe)}

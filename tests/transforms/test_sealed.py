@@ -12,12 +12,14 @@ import pytest
 from schemas import sealing
 from schemas.avro.crc32c import crc32c_many
 from schemas.keys import KeyRing, generate_key
-from schemas.payloads import EncodedPayloads, encode_census
+from schemas.payloads import EncodedPayloads
 from schemas.recipes import RecipeError, load_recipe, recipe_from_dict
+from transforms import release_core
 from transforms.encode import ReportBatch
 from transforms.sealed import DeviceSealing, ReleaseOpener, recipe_pad_length
 
 DAY = 86_400_000
+_KEY = generate_key()
 T0 = 1_704_067_200_000
 
 
@@ -28,8 +30,8 @@ def _recipe(chaff_rate: float):
 
 
 def _batch(recipe, data: list[bytes], devices: int, presence: bool) -> ReportBatch:
-    marker = b"" if presence else encode_census(1).to_list()[0]
-    payloads = data + [marker] * devices
+    """``data`` payloads, then one presence message (empty payload) per device if ``presence``."""
+    payloads = data + [b""] * (devices if presence else 0)
     n = len(payloads)
     origin = np.frombuffer(b"".join(f"d{i % devices:07d}".encode() for i in range(n)), np.uint8)
     return ReportBatch(
@@ -60,18 +62,17 @@ def _released(batch: ReportBatch) -> pa.RecordBatch:
     )
 
 
-@pytest.mark.parametrize("presence", [True, False])
-def test_seal_then_open_gives_back_every_payload_and_counts_chaff(presence):
+def test_seal_then_open_gives_back_every_payload_and_counts_chaff():
     recipe = _recipe(1.5)
     key = generate_key()
     data = [bytes([2, 2 * b]) for b in range(40)]  # bucket payloads
-    batch = _batch(recipe, data, devices=200, presence=presence)
+    batch = _batch(recipe, data, devices=200, presence=True)
     device = DeviceSealing(recipe, key.public, DAY, rng=np.random.default_rng(7))
     sealed = device.seal_batch(batch)
     lengths = sealed.payloads.lengths
     expected = sealing.sealed_length(recipe_pad_length(recipe))
     assert set(lengths[lengths > 0]) == {expected}
-    assert int((lengths == 0).sum()) == (200 if presence else 0)  # presence is never sealed
+    assert int((lengths == 0).sum()) == 200  # presence is never sealed
     chaff = len(sealed) - len(batch)
     # 200 devices x (1 + Bernoulli(0.5)): 300 +- 7.1; 6 sd bounds (false failure < 1e-8).
     assert 300 - 43 <= chaff <= 300 + 43
@@ -86,6 +87,21 @@ def test_seal_then_open_gives_back_every_payload_and_counts_chaff(presence):
     )
 
 
+def test_chaff_is_anchored_on_presence_messages_only():
+    recipe = _recipe(2.0)  # exactly two chaff messages per presence message
+    key = generate_key()
+    data = [bytes([2, 2 * b]) for b in range(30)]
+    device = DeviceSealing(recipe, key.public, DAY, rng=np.random.default_rng(3))
+    assert len(device.seal_batch(_batch(recipe, data, devices=5, presence=False))) == 30
+    with_presence = _batch(recipe, data, devices=5, presence=True)
+    sealed = device.seal_batch(with_presence)
+    assert len(sealed) == 35 + 2 * 5
+    # each device (origin) got its two chaff messages: counts per origin are data + 1 + 2
+    origins = collections.Counter(bytes(row) for row in sealed.origin)
+    expected = collections.Counter(bytes(row) for row in with_presence.origin)
+    assert origins == expected + collections.Counter({o: 2 for o in expected})
+
+
 def test_chaff_rate_is_validated_and_bounds_the_allowance():
     assert _recipe(1.5).chaff_allowance == 2 and _recipe(0).chaff_allowance == 0
     with pytest.raises(RecipeError, match="chaff_rate"):
@@ -95,11 +111,35 @@ def test_chaff_rate_is_validated_and_bounds_the_allowance():
 def test_without_a_key_ring_sealed_payloads_are_refused_and_clear_ones_pass():
     recipe = _recipe(0.0)
     key = generate_key()
-    clear = _batch(recipe, [bytes([2, 2 * b]) for b in range(30)], devices=5, presence=False)
+    clear = _batch(recipe, [bytes([2, 2 * b]) for b in range(30)], devices=5, presence=True)
     sealed = DeviceSealing(recipe, key.public, DAY, rng=np.random.default_rng(1)).seal_batch(clear)
     opener = ReleaseOpener(None, {recipe.id: recipe})
     passed = opener.open_batch(_released(clear))
     assert passed.columns.equals(_released(clear)) and not passed.counts
     refused = opener.open_batch(_released(sealed))
-    assert refused.rejected_reasons == ["sealed_without_key_ring"] * len(sealed)
-    assert refused.counts == {"read": 35, "rejected:sealed_without_key_ring": 35}
+    assert refused.rejected_reasons == ["sealed_without_key_ring"] * 30
+    assert refused.counts == {"read": 30, "rejected:sealed_without_key_ring": 30}
+    assert refused.columns.column("payload").to_pylist() == [b""] * 5  # presence passes through
+
+
+@pytest.mark.parametrize("rate", [0.25, 2.0])
+def test_the_shuffler_cap_allows_a_device_its_chaff(rate):
+    """A device at the recipe's data cap that also sends its full chaff allowance is never
+    dead-lettered over_origin_cap (transforms/release_core.py adds Recipe.chaff_allowance); the
+    cap of the same recipe without chaff would cut exactly the allowance."""
+    recipe, plain = _recipe(rate), _recipe(0.0)
+    [cap] = set(release_core.recipe_origin_caps(recipe))
+    [plain_cap] = set(release_core.recipe_origin_caps(plain))
+    assert cap == plain_cap + recipe.chaff_allowance
+    data_cap = plain_cap  # every data message the chaff-free cap allows
+    batch = _batch(recipe, [bytes([2, 2 * b]) for b in range(data_cap)], devices=1, presence=True)
+    # ceil(rate) chaff messages every time: the allowance, whatever the Bernoulli draws
+    device = DeviceSealing(_recipe(float(recipe.chaff_allowance)), _KEY.public, DAY)
+    sealed = device.seal_batch(batch)
+    assert len(sealed) == data_cap + 1 + recipe.chaff_allowance
+    hashes = np.zeros(len(sealed), dtype=np.uint64)  # one origin
+    presence = sealed.payloads.lengths == 0
+    codes = release_core.screen_origin_messages(hashes, presence, cap)
+    assert int((codes == release_core.OVER_ORIGIN_CAP).sum()) == 0
+    codes = release_core.screen_origin_messages(hashes, presence, plain_cap)
+    assert int((codes == release_core.OVER_ORIGIN_CAP).sum()) == recipe.chaff_allowance
