@@ -202,8 +202,9 @@ def run(
         )
     )
     seconds["simulate"] = round(time.monotonic() - started, 2)
-    say(f"  {simulation['messages']:,} messages, {simulation['presence_messages']:,} presence "
-        f"({seconds['simulate']} s)")  # fmt: skip
+    chaff = simulation.get("chaff_messages") or 0  # sealed cover messages (transforms/sealed.py)
+    say(f"  {simulation['messages']:,} messages, " + (f"{chaff:,} chaff, " if chaff else "")
+        + f"{simulation['presence_messages']:,} presence ({seconds['simulate']} s)")  # fmt: skip
 
     shuffle_jobs = {
         instance: {

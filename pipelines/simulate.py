@@ -246,6 +246,9 @@ class _WriteOutputs(beam.DoFn):
             presence_per_instance=summary.presence.tolist(),
             messages=int(summary.messages.sum()),
             presence_messages=int(summary.presence.sum()),
+            # sealed cover messages the devices added (transforms/sealed.py); 0 when unsealed
+            chaff_per_instance=summary.chaff.tolist(),
+            chaff_messages=int(summary.chaff.sum()),
             files=[
                 shard_file_name(instance, shard)
                 for instance in range(self._metadata["shuffler_instances"])

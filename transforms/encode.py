@@ -539,6 +539,7 @@ class ShardSummary:
     refusals: int = 0
     messages: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     presence: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    chaff: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     truth_window: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     truth_bucket: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     truth_count: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
@@ -554,6 +555,17 @@ class ShardSummary:
         )
         self._add_truth(batch.truth_window, batch.truth_bucket, batch.truth_count)
 
+    def add_chaff(self, reports: list[ReportBatch], batch: FleetBatch, num_instances: int) -> None:
+        """Sealed chaff per instance (transforms/sealed.py): each sealed ReportBatch's messages
+        beyond the fleet batch's data and presence messages for its instance."""
+        planned = np.bincount(batch.message_instance, minlength=num_instances) + np.bincount(
+            batch.presence_instance, minlength=num_instances
+        )
+        sent = np.zeros(num_instances, dtype=np.int64)
+        for report in reports:
+            sent[report.shuffler_instance] += len(report)
+        self.chaff = _add_padded(self.chaff, sent - planned)
+
     def merge(self, other: ShardSummary) -> ShardSummary:
         self.shards += other.shards
         self.respondents += other.respondents
@@ -561,6 +573,7 @@ class ShardSummary:
         self.refusals += other.refusals
         self.messages = _add_padded(self.messages, other.messages)
         self.presence = _add_padded(self.presence, other.presence)
+        self.chaff = _add_padded(self.chaff, other.chaff)
         self._add_truth(other.truth_window, other.truth_bucket, other.truth_count)
         return self
 
@@ -596,7 +609,10 @@ def simulate_shard(
     summary = ShardSummary(shards=1, respondents=shard.respondents)
     for chunk, batch in enumerate(context.fleet_batches(shard)):
         summary.add_fleet_batch(batch, context.fleet.num_instances)
-        yield chunk, context.report_batches(batch)
+        reports = context.report_batches(batch)
+        if context.sealing is not None:  # sealed chaff: what each instance got beyond the plan
+            summary.add_chaff(reports, batch, context.fleet.num_instances)
+        yield chunk, reports
     yield summary
 
 

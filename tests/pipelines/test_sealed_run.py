@@ -113,6 +113,11 @@ def test_sealed_payloads_have_one_length_and_the_release_carries_them_byte_for_b
     stated = json.loads((root / "simulation" / "simulation.json").read_text())["sealing"]
     assert stated["sealed_length"] == sealing.sealed_length(pad_to)
     assert stated["chaff_rate"] == CHAFF_RATE and stated["chaff_allowance"] == 1
+    simulation = json.loads((root / "simulation" / "simulation.json").read_text())
+    analysis = json.loads((root / "analysis" / "summary.json").read_text())
+    # Every chaff message the devices stated reaches the analyzer (threshold 10: nothing deleted).
+    assert simulation["chaff_messages"] == analysis["metrics"]["chaff"]
+    assert len(sent) == simulation["messages"] + simulation["chaff_messages"]
 
 
 def test_sealed_estimates_match_their_standard_error_and_chaff_is_counted(world):
