@@ -136,7 +136,9 @@ def _say_shuffled(say: Any, instance: int, summary: dict[str, Any], began: float
     )
 
 
-def _prepare(output: Path, overwrite: bool) -> None:
+def _prepare(output: Path, overwrite: bool, throwaway_keys: bool = False) -> None:
+    """Refuse a foreign --output; clear an earlier run's stages (and its throwaway key pair in
+    OUTPUT/keys when this run makes a new one, so old private keys do not pile up)."""
     if output.exists() and not output.is_dir():
         raise UsageError(f"--output {output} exists and is not a directory")
     if output.is_dir() and any(output.iterdir()):
@@ -144,7 +146,8 @@ def _prepare(output: Path, overwrite: bool) -> None:
             raise UsageError(
                 f"--output {output} holds something other than an earlier esa run; --overwrite"
             )
-        for name in (*SUBDIRECTORIES, RUN_FILE, "recipe.json"):
+        names = [*SUBDIRECTORIES, RUN_FILE, "recipe.json"] + (["keys"] if throwaway_keys else [])
+        for name in names:
             path = output / name
             if path.is_dir():
                 shutil.rmtree(path)
@@ -170,7 +173,8 @@ def run(
         recipe = recipe_for_instances(load_recipe(values.run_recipe), values.run_instances)
     except ValueError as error:
         raise UsageError(str(error)) from error
-    _prepare(output, values.run_overwrite)
+    throwaway = not values.run_unsealed and values.run_keys is None  # keys_cli.run_keys
+    _prepare(output, values.run_overwrite, throwaway_keys=throwaway)
     recipe_path = output / "recipe.json"
     recipe_path.write_text(recipe.to_json())
     population = values.run_population or default_population(recipe)

@@ -24,6 +24,7 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines import cli
+from pipelines import run as run_pipeline
 from pipelines import shuffle as shuffle_pipeline
 from pipelines import simulate as simulate_pipeline
 from privacy.rng import seeded_generator
@@ -346,3 +347,14 @@ def test_every_shipped_recipe_runs_with_its_default_population(tmp_path, name):
     assert code == 0
     run = json.loads((output / "run.json").read_text())
     assert run["adds_up"] and run["respondents"] == 100
+
+
+@pytest.mark.parametrize("throwaway", [True, False])
+def test_a_rerun_replaces_only_its_own_throwaway_keys(tmp_path, throwaway):
+    output = tmp_path / "results"
+    (output / "keys").mkdir(parents=True)
+    (output / "keys" / "0011223344556677.private.json").write_text("{}")
+    (output / "run.json").write_text("{}")
+    run_pipeline._prepare(output, overwrite=False, throwaway_keys=throwaway)
+    assert not (output / "run.json").exists()
+    assert (output / "keys").exists() is not throwaway  # --keys OUTPUT/keys is never removed
