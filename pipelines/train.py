@@ -3,17 +3,20 @@
     esa train [--dataset digits] [--epsilon 1.9] [--epochs 20] [--instances 1] [--seed S]
         [--output train-results] [--clip-norm 1] [--radius 5] [--reports-per-device 1]
         [--delta 1e-5] [--crowd-threshold 100] [--deletion-epsilon E --deletion-delta D]
-        [--grid 0.5,1,1.9,4,8 | --grid none] [--overwrite] [Beam runner flags]
+        [--grid 0.5,1,1.9,4,8 | --grid none] [--keys DIR | --unsealed] [--overwrite]
+        [Beam runner flags]
 
 Each epoch t = 1..T is three kinds of Beam pipeline on the same runner flags:
 
 1. devices (Algorithm 4): every device computes the gradient of the cross-entropy of its example
-   at theta_t, clips it to --clip-norm and sends a 16-byte PRG seed and a sign to one of K
+   at theta_t, clips it to --clip-norm and sends a 16-byte PRG seed and a sign, sealed to the
+   analyzer's key (``transforms/sealed.py``; ``--unsealed`` sends them in the clear), to one of K
    shuffler instances: ``OUTPUT/epochs/epoch=<t>/reports/instance=<u>/*.avro``;
 2. one shuffler run per instance, as ``esa run`` calls them (threshold, randomized deletion,
    strip, permute), on the epoch's own channel: ``.../shuffled/instance=<u>/``;
-3. the server (Algorithm 5) over every instance's release: regenerate directions, average with
-   the unbiased scale, step with eta_t = c/sqrt(t), project onto the ball of --radius; the
+3. the server (Algorithm 5) over every instance's release: open the sealed payloads with the key
+   ring of --keys (default: a throwaway pair in ``OUTPUT/keys``), regenerate directions, average
+   with the unbiased scale, step with eta_t = c/sqrt(t), project onto the ball of --radius; the
    checkpoint ``OUTPUT/checkpoints/epoch-<t>.npz`` is the pipeline's output.
 
 Outputs: ``model.npz`` (theta_T), ``metrics.json`` (accuracy and loss per epoch, eps_c so far, the
@@ -44,6 +47,7 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from pipelines import keys as keys_cli
 from pipelines import shuffle as shuffle_pipeline
 from pipelines.cli import UsageError
 from pipelines.options import with_default_runner
@@ -66,7 +70,7 @@ __all__ = ["register", "train", "run_epoch", "DEFAULT_GRID"]
 DEFAULT_GRID = (0.5, 1.0, 1.9, 4.0, 8.0)
 METRICS_FILE = "metrics.json"
 MODEL_FILE = "model.npz"
-_OUTPUT_ENTRIES = ("epochs", "checkpoints", "pictures", METRICS_FILE, MODEL_FILE)
+_OUTPUT_ENTRIES = ("epochs", "checkpoints", "pictures", METRICS_FILE, MODEL_FILE, "keys")
 _DAY_MS = 86_400_000
 _BASE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z: epoch t reports on day t
 
@@ -96,6 +100,10 @@ def register(subparsers: Any) -> None:
     add("--devices-per-shard", type=int, default=5_000, help="Devices per encode shard.")
     add("--grid", default=",".join(f"{e:g}" for e in DEFAULT_GRID),
         help="eps_le values of the accuracy-vs-eps_c picture (numpy), or 'none'.")  # fmt: skip
+    add("--keys", default=None, help="Analyzer key directory (esa keys generate): devices seal "
+        "to its newest public key, the server opens with its key ring. Default: a throwaway "
+        "pair in OUTPUT/keys.")  # fmt: skip
+    add("--unsealed", action="store_true", help="Send payloads in the clear (no sealing).")
     add("--overwrite", action="store_true", help="Replace an earlier esa train output.")
     parser.set_defaults(handler=_handle, accepts_pipeline_args=True)
 
@@ -132,7 +140,7 @@ def _check(settings: dict[str, Any]) -> None:
         raise UsageError("--deletion-epsilon and --deletion-delta go together")
 
 
-def _prepare(output: Path, overwrite: bool) -> None:
+def _prepare(output: Path, overwrite: bool, throwaway_keys: bool = False) -> None:
     if output.exists() and not output.is_dir():
         raise UsageError(f"--output {output} exists and is not a directory")
     if output.is_dir() and any(output.iterdir()):
@@ -145,6 +153,8 @@ def _prepare(output: Path, overwrite: bool) -> None:
                 "choose another --output"
             )
         for name in _OUTPUT_ENTRIES:
+            if name == "keys" and not throwaway_keys:  # --keys OUTPUT/keys: never removed
+                continue
             path = output / name
             if path.is_dir():
                 shutil.rmtree(path)
@@ -210,6 +220,7 @@ def _run_devices(
             theta,
             str(reports_dir),
             _BASE_MS + plan.epoch * _DAY_MS,
+            settings.get("public_key_json"),  # sealed payloads (transforms/sealed.py)
         )  # fmt: skip
         | "Count" >> beam.CombineGlobally(SumCounts())
         | "Save" >> beam.Map(lambda counts: counts_path.write_text(json.dumps(counts)))
@@ -250,6 +261,7 @@ def _run_shufflers(
 def _run_server(
     flags: list[str], paths: list[str], channel: SgdChannel, plan: EpochPlan,
     theta: np.ndarray, radius: float, checkpoint: Path, dead_letter_dir: Path,
+    key_ring: str | None = None,
 ) -> tuple[np.ndarray, dict[str, Any]]:  # fmt: skip
     if not paths:  # nothing released: Algorithm 5 has no responses to average
         info = {"epoch": plan.epoch, "reports": 0, "read": 0, "rejected": {},
@@ -260,7 +272,16 @@ def _run_server(
     _ = (
         pipeline
         | "Released" >> beam.Create(paths)
-        | "Server" >> AggregateEpoch(channel, plan.randomizer, theta, radius, str(dead_letter_dir))
+        | "Server"
+        >> AggregateEpoch(
+            channel,
+            plan.randomizer,
+            theta,
+            radius,
+            str(dead_letter_dir),
+            key_ring=key_ring,
+            event_time_ms=_BASE_MS + plan.epoch * _DAY_MS,
+        )  # fmt: skip
         | "Checkpoint" >> beam.Map(_write_checkpoint, path=str(checkpoint))
     )
     pipeline.run().wait_until_finish()
@@ -325,8 +346,9 @@ def run_epoch(
     dead_letters = epoch_dir / "server_dead_letter"
     dead_letters.mkdir(parents=True, exist_ok=True)
     theta, info = _run_server(
-        flags, paths, channel, plan, theta, settings["radius"], checkpoint, dead_letters
-    )
+        flags, paths, channel, plan, theta, settings["radius"], checkpoint, dead_letters,
+        settings.get("key_ring"),
+    )  # fmt: skip
     return theta, {**info, "written": written, "shuffles": shuffles, "crowds": crowds}
 
 
@@ -344,7 +366,16 @@ def train(
         data = load_device_data(settings["dataset"], settings["data_seed"])
     except (ValueError, ImportError) as error:
         raise UsageError(str(error)) from error
-    _prepare(output, settings["overwrite"])
+    throwaway_keys = not settings.get("unsealed") and settings.get("keys") is None
+    _prepare(output, settings["overwrite"], throwaway_keys)
+    # Sealed by default, as esa run: devices seal to the newest public key, the server opens
+    # with the key ring (its path only; the workers read it).
+    keys = None if settings.get("unsealed") else keys_cli.run_keys(output, settings.get("keys"))
+    settings["key_ring"] = keys and str(keys)
+    keys_cli.check_key_ring(settings["key_ring"])
+    settings["public_key_json"] = keys and keys_cli.public_key_json(
+        str(keys_cli.newest_public_key(keys))
+    )
 
     def say(text: str) -> None:
         if echo:
@@ -405,7 +436,7 @@ def train(
         "description": data.description,
         "devices": data.devices,
         "dimension": data.dimension,
-        "settings": {k: v for k, v in settings.items() if k not in ("handler",)},
+        "settings": {k: v for k, v in settings.items() if k not in ("handler", "public_key_json")},
         "epochs": history,
         "privacy": privacy.to_dict(),
         "final_accuracy": history[-1]["accuracy"],

@@ -45,6 +45,8 @@ __all__ = [
     "sealing_for",
     "OpenedBatch",
     "ReleaseOpener",
+    "seal_fixed",
+    "open_in_window",
 ]
 
 
@@ -185,9 +187,15 @@ class ReleaseOpener:
     look sealed (``schemas.sealing.looks_sealed``), as ``sealed_without_key_ring``.
     """
 
-    def __init__(self, ring: KeyRing | None, recipes: Mapping[str, Recipe]) -> None:
+    def __init__(
+        self,
+        ring: KeyRing | None,
+        recipes: Mapping[str, Recipe],
+        pads: Mapping[str, int] | None = None,
+    ) -> None:
         self.ring = ring
         self._pads = {recipe_id: recipe_pad_length(r) for recipe_id, r in recipes.items()}
+        self._pads.update(pads or {})  # channels without a Recipe (esa train's epochs)
 
     @classmethod
     def load(cls, key_ring_path: str | None, recipes: Mapping[str, Recipe]) -> ReleaseOpener:
@@ -274,3 +282,39 @@ def _finish(
             pa.array(crc, type=batch.column("payload_crc32c").type),
         )
     return OpenedBatch(columns, kept_rows, rejected, list(reasons), counts)
+
+
+# -- one channel, one window (esa train's epochs: schemas.ldp_sgd payloads, no Recipe) --------
+
+
+def seal_fixed(
+    public_key_json: str,
+    payloads: pa.BinaryArray,
+    pad_to: int,
+    recipe_id: str,
+    channel: str,
+    window: tuple[int, int],
+) -> pa.BinaryArray:
+    """Seal payloads of one channel and window (no crowd id) to the analyzer's public key."""
+    sealer = sealing.Sealer(PublicKeyInfo.from_json(public_key_json, "public key"))
+    info = sealer.info(recipe_id, channel, int(window[0]), int(window[1]), None)
+    plain = payloads.to_pylist()
+    return pa.array(sealer.seal_many(plain, [info] * len(plain), pad_to), pa.binary())
+
+
+def open_in_window(
+    opener: ReleaseOpener, columns: pa.RecordBatch, window: tuple[int, int]
+) -> OpenedBatch:
+    """:meth:`ReleaseOpener.open_batch` for messages read without their window and crowd
+    columns, all of one known window and no crowd id (a Report file, or a release read with a
+    narrower schema)."""
+    rows = columns.num_rows
+    given = {
+        "window_start": pa.array(np.full(rows, int(window[0]), dtype=np.int64)),
+        "window_end": pa.array(np.full(rows, int(window[1]), dtype=np.int64)),
+        "crowd_id": pa.nulls(rows, pa.string()),
+    }
+    for name, column in given.items():
+        if columns.schema.get_field_index(name) < 0:
+            columns = columns.append_column(name, column)
+    return opener.open_batch(columns)

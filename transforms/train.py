@@ -13,6 +13,12 @@
   written as dead letters (one file per released file), never dropped silently:
   ``read = used + rejected``.
 
+Sealed reports (issue 12, ``transforms/sealed.py``): given the analyzer's public key, devices
+seal each payload (padded to ``SGD_PAD_LENGTH``) bound to the epoch's recipe id, channel and
+window (:func:`epoch_window`); given the key ring's path, the server opens them first (sealing
+reasons such as ``sealed_open_failed`` are rejections like the others). Without a ring the server
+refuses sealed payloads (``sealed_without_key_ring``).
+
 Only shard descriptors and file paths travel through ``beam.Create``; elements are arrays.
 """
 
@@ -38,11 +44,13 @@ from schemas import (
     schema_json,
 )
 from schemas.avro.crc32c import crc32c_many
-from schemas.ldp_sgd import SgdChannel, decode_sgd_payloads, encode_sgd_payloads
+from schemas.keys import KeyRing
+from schemas.ldp_sgd import PAYLOAD_BYTES, SgdChannel, decode_sgd_payloads, encode_sgd_payloads
 from schemas.records import dead_letter
 from simulators.sgd_data import DeviceData, load_device_data
 from simulators.sgd_devices import DeviceShard, EpochPlan, shard_reports
 from transforms.avro_io import ColumnBatch, read_avro_batches, write_avro, write_avro_columns
+from transforms.sealed import ReleaseOpener, open_in_window, seal_fixed
 
 __all__ = [
     "WriteEpochReports",
@@ -54,7 +62,20 @@ __all__ = [
     "decode_batch",
     "dead_letter_file_name",
     "report_file_name",
+    "epoch_window",
+    "SGD_PAD_LENGTH",
 ]
+
+# esa train's shufflers use their default one-day window; every SGD payload has PAYLOAD_BYTES.
+WINDOW_MS = 86_400_000
+SGD_PAD_LENGTH = 1 + PAYLOAD_BYTES  # schemas.sealing.pad: a length byte, then the payload
+
+
+def epoch_window(event_time_ms: int) -> tuple[int, int]:
+    """The shuffler window of an epoch's reports (what sealing binds them to)."""
+    start = int(event_time_ms) // WINDOW_MS * WINDOW_MS
+    return start, start + WINDOW_MS
+
 
 METRICS_NAMESPACE = "esa.train"
 WRONG_RECIPE = "wrong_recipe"
@@ -86,7 +107,9 @@ class _WriteShardFn(beam.DoFn):
         theta: np.ndarray,
         output_dir: str,
         event_time_ms: int,
+        public_key_json: str | None = None,
     ) -> None:
+        self._public_key_json = public_key_json  # sealed payloads: the analyzer's PUBLIC key
         self._dataset = dataset
         self._data_seed = data_seed
         self._plan = plan
@@ -106,6 +129,11 @@ class _WriteShardFn(beam.DoFn):
         for instance in range(self._plan.instances):
             rows = np.flatnonzero(reports.instance == instance)
             payloads = encode_sgd_payloads(reports.seeds[rows], reports.signs[rows])
+            if self._public_key_json is not None:
+                payloads = seal_fixed(
+                    self._public_key_json, payloads, SGD_PAD_LENGTH, self._channel.recipe_id,
+                    self._channel.channel, epoch_window(self._event_time_ms),
+                )  # fmt: skip
             origins = pa.array(np.char.mod("device-%09d", reports.device[rows]).tolist())
             columns = {
                 "schema_version": SCHEMA_VERSION,
@@ -138,10 +166,11 @@ class WriteEpochReports(beam.PTransform):
         theta: np.ndarray,
         output_dir: str,
         event_time_ms: int,
+        public_key_json: str | None = None,
     ) -> None:
         super().__init__()
         self._fn = _WriteShardFn(
-            dataset, data_seed, plan, channel, theta, output_dir, event_time_ms
+            dataset, data_seed, plan, channel, theta, output_dir, event_time_ms, public_key_json
         )
 
     def expand(self, shards: beam.PCollection) -> beam.PCollection:
@@ -229,19 +258,45 @@ def dead_letter_file_name(path: str) -> str:
 
 class _DecodeFileFn(beam.DoFn):
     def __init__(
-        self, channel: SgdChannel, randomizer: LdpSgdRandomizer, dead_letter_dir: str | None
+        self,
+        channel: SgdChannel,
+        randomizer: LdpSgdRandomizer,
+        dead_letter_dir: str | None,
+        key_ring: str | None = None,
+        window: tuple[int, int] = (0, WINDOW_MS),
     ) -> None:
+        self._key_ring = key_ring  # the key ring's PATH, read on the worker, never key bytes
+        self._window = window
+        self._opener: ReleaseOpener | None = None
         self._channel = channel
         self._randomizer = randomizer
         self._dead_letter_dir = dead_letter_dir
         self._used = beam.metrics.Metrics.counter(METRICS_NAMESPACE, "reports_used")
         self._rejected = beam.metrics.Metrics.counter(METRICS_NAMESPACE, "rejected")
 
+    def setup(self) -> None:
+        ring = KeyRing.load(self._key_ring) if self._key_ring else None
+        self._opener = ReleaseOpener(ring, {}, {self._channel.recipe_id: SGD_PAD_LENGTH})
+
+    def _open_and_sum(self, columns: pa.RecordBatch) -> tuple[DirectionSum, list[tuple[int, str]]]:
+        """Open sealed payloads (transforms/sealed.py), then :func:`check_and_sum`; rows are
+        positions in ``columns``."""
+        assert self._opener is not None
+        opened = open_in_window(self._opener, columns, self._window)
+        part, bad = check_and_sum(opened.columns, self._channel, self._randomizer)
+        bad = [(int(opened.kept_rows[row]), reason) for row, reason in bad]
+        bad += zip(opened.rejected_rows.tolist(), opened.rejected_reasons, strict=True)
+        part.read += columns.num_rows - opened.columns.num_rows
+        for _, reason in bad[len(bad) - opened.rejected_rows.size :]:
+            _reject(part.rejected, reason, 1)
+        _reject(part.rejected, "chaff", opened.counts.get("chaff", 0))  # no device sends any
+        return part, sorted(bad)
+
     def process(self, path: str) -> Iterator[DirectionSum]:
         letters: list[dict[str, object]] = []
         for item in read_avro_batches(path, 20_000, SERVER_READ_SCHEMA):
             if isinstance(item, ColumnBatch):
-                part, bad = check_and_sum(item.columns, self._channel, self._randomizer)
+                part, bad = self._open_and_sum(item.columns)
                 payloads = item.columns.column("payload")
                 for row, reason in bad:
                     letters.append(
@@ -348,8 +403,12 @@ class AggregateEpoch(beam.PTransform):
         theta: np.ndarray,
         radius: float,
         dead_letter_dir: str | None = None,
+        key_ring: str | None = None,
+        event_time_ms: int = 0,
     ) -> None:
         super().__init__()
+        self._key_ring = key_ring  # sealed payloads: the key ring's path
+        self._window = epoch_window(event_time_ms)
         self._channel = channel
         self._randomizer = randomizer
         self._theta = np.asarray(theta, dtype=np.float64)
@@ -360,7 +419,15 @@ class AggregateEpoch(beam.PTransform):
         return (
             paths
             | "DecodeAndSum"
-            >> beam.ParDo(_DecodeFileFn(self._channel, self._randomizer, self._dead_letter_dir))
+            >> beam.ParDo(
+                _DecodeFileFn(
+                    self._channel,
+                    self._randomizer,
+                    self._dead_letter_dir,
+                    key_ring=self._key_ring,
+                    window=self._window,
+                )
+            )
             | "AddUp" >> beam.CombineGlobally(SumDirections(self._randomizer.dimension))
             | "Update"
             >> beam.Map(

@@ -10,6 +10,7 @@ import pyarrow as pa
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that
 
+from schemas import REPORT, schema_json
 from schemas.avro.crc32c import crc32c_many
 from schemas.ldp_sgd import SgdChannel, encode_sgd_payloads
 from simulators.sgd_data import load_device_data
@@ -197,3 +198,78 @@ def test_a_file_that_is_no_avro_breaks_the_balance_and_is_dead_lettered(tmp_path
     update = _update(total, np.zeros(data.dimension), 1, randomizer, 1.0)
     assert update.unknown_chunks == 1 and update.reports == 0 and not update.adds_up
     assert (tmp_path / "dead" / dead_letter_file_name(str(garbage))).exists()
+
+
+def test_sealed_epoch_reports_open_to_the_same_update_and_tampering_is_rejected(tmp_path):
+    import fastavro
+
+    from schemas import sealing
+    from schemas.keys import generate_key, write_key_pair
+    from transforms.avro_io import write_avro_columns
+    from transforms.train import SGD_PAD_LENGTH
+
+    key = generate_key()
+    write_key_pair(key, tmp_path / "keys")
+    data = load_device_data("synthetic:300", seed=2)
+    plan = EpochPlan(2, 1.5, 1.0, data.dimension, instances=1, seed=5, devices_per_shard=300)
+    channel = _channel(data, epoch=2, instances=1)
+    theta = np.random.default_rng(1).normal(size=data.dimension) * 0.05
+    day = 86_400_000
+    with beam.Pipeline(options=OPTIONS) as pipeline:
+        _ = (
+            pipeline
+            | beam.Create(plan.shards(data.devices))
+            | WriteEpochReports(
+                "synthetic:300", 2, plan, channel, theta, str(tmp_path / "r"), 3 * day + 5,
+                public_key_json=key.public.to_json(),
+            )
+        )  # fmt: skip
+    (path,) = glob.glob(str(tmp_path / "r" / "instance=0" / "*.avro"))
+    with open(path, "rb") as handle:
+        records = list(fastavro.reader(handle))
+    assert {len(r["payload"]) for r in records} == {sealing.sealed_length(SGD_PAD_LENGTH)}
+    expected = reference_epoch(data, plan, theta, radius=3.0)
+    ring = str(tmp_path / "keys")
+
+    def check(expect_reports, rejected):
+        def inner(results):
+            (update,) = results
+            assert update.read == 300 and update.adds_up
+            assert (update.reports, update.rejected) == (expect_reports, rejected)
+            if expect_reports == 300:  # sealing is transparent to Algorithm 5
+                np.testing.assert_allclose(update.theta, expected.theta, rtol=0, atol=1e-12)
+
+        return inner
+
+    sealed = {"key_ring": ring, "event_time_ms": 3 * day}
+    with beam.Pipeline(options=OPTIONS) as pipeline:
+        updates = (
+            pipeline
+            | beam.Create([path])
+            | AggregateEpoch(channel, plan.randomizer, theta, radius=3.0, **sealed)
+        )
+        assert_that(updates, check(300, {}))
+    # One flipped ciphertext byte (with a CRC32C that matches) is one sealed_open_failed; a
+    # server without the key ring refuses every sealed payload.
+    payloads = [r["payload"] for r in records]
+    payloads[7] = payloads[7][:30] + bytes([payloads[7][30] ^ 1]) + payloads[7][31:]
+    tampered = str(tmp_path / "tampered.avro")
+    write_avro_columns(
+        tampered,
+        schema_json(REPORT),
+        {**{k: pa.array([r[k] for r in records]) for k in records[0] if k != "payload"},
+         "payload": pa.array(payloads, pa.binary()),
+         "payload_crc32c": crc32c_many(payloads).astype(np.int64)},
+        len(records),
+    )  # fmt: skip
+    for files, options, reports, rejected in (
+        ([tampered], sealed, 299, {"sealed_open_failed": 1}),
+        ([path], {}, 0, {"sealed_without_key_ring": 300}),
+    ):
+        with beam.Pipeline(options=OPTIONS) as pipeline:
+            updates = (
+                pipeline
+                | beam.Create(files)
+                | AggregateEpoch(channel, plan.randomizer, theta, radius=3.0, **options)
+            )
+            assert_that(updates, check(reports, rejected))
