@@ -3,9 +3,12 @@
 Device side, :class:`DeviceSealing` turns a ``ReportBatch`` of plaintext payloads into one with
 sealed payloads: every non-empty payload padded to the recipe's one length and sealed to the
 analyzer's public key, bound to recipe, channel, window and crowd id; empty payloads (presence)
-left alone; chaff added at the recipe's ``chaff_rate`` (per device, crowd and instance:
-``floor(rate)`` cover messages plus one more with probability ``rate - floor(rate)``, each with
-its own event time drawn uniformly in the window like a data message's); rows permuted so that
+left alone; chaff added at the recipe's ``chaff_rate``, anchored on the presence messages (one
+per device, recipe window and instance, whatever the device's data): per presence message
+``floor(rate)`` cover messages plus one more with probability ``rate - floor(rate)``, at most
+``Recipe.chaff_allowance``, which the shuffler's per-origin cap adds
+(``transforms/release_core.py``), each with its own event time drawn uniformly in the window
+like a data message's and the recipe's one sealed length; rows permuted so that
 position in the batch says nothing about which rows are chaff. CRC32C is recomputed over the
 sealed bytes (what the shuffler checks and forwards).
 
