@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast lint format bench experiment clean venv engines
+.PHONY: run test test-fast lint format bench experiment clean venv engines corpus
 
 # PYTHONWARNINGS: setuptools warns (a UserWarning) that an editable install is editable.
 $(STAMP): setup.py
@@ -39,6 +39,10 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run --output bench-results
+
+# Debian's fortunes: the real text of `esa analysis run` (needs apt-get; idempotent).
+corpus:
+	bash scripts/install_text_corpus.sh
 
 experiment: $(STAMP)
 	$(VENV)/bin/esa experiment all --output results/experiment

@@ -27,6 +27,7 @@ COMMANDS = {
     "experiment": "pipelines.experiment",
     "train": "pipelines.train",
     "keys": "pipelines.keys",
+    "analysis": "pipelines.analysis",
 }
 COMMAND_MODULES = list(dict.fromkeys(COMMANDS.values()))
 # command -> its options class in pipelines/options.py (validated before the handler runs).

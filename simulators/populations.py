@@ -14,6 +14,8 @@ its seed, without ever holding the whole population:
 
 Spec grammar: ``KIND[:VARIANT][,KEY=VALUE]...``, for example ``uniform``, ``zipf,exponent=1.2``,
 ``heavy-hitters,heavy=100``, ``image:horse``, ``image:disc,size=32x32``, ``longitudinal,changes=1``.
+``values:PATH`` reads each respondent's value, in respondent order, from a 1-D integer ``.npy``
+file (what devices answered to an interactive query, e.g. ``pipelines/analysis.py``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ POPULATION_KEYS: dict[str, frozenset[str]] = {
     "heavy-hitters": frozenset({"domain", "heavy", "exponent", "heavy_fraction"}),
     "image": frozenset({"size"}),
     "longitudinal": frozenset({"periods", "changes"}),
+    "values": frozenset(),
 }
 POPULATION_KINDS = tuple(POPULATION_KEYS)
 
@@ -70,7 +73,9 @@ class PopulationSpec:
             )
         if self.kind == "image" and not self.variant:
             raise ValueError("population 'image' needs a name: image:NAME (e.g. image:horse)")
-        if self.kind != "image" and self.variant is not None:
+        if self.kind == "values" and not self.variant:
+            raise ValueError("population 'values' needs a file: values:PATH.npy")
+        if self.kind not in ("image", "values") and self.variant is not None:
             raise ValueError(f"population {self.kind!r} takes no ':{self.variant}' part")
 
     def get(self, key: str, default: str | None = None) -> str | None:
@@ -246,6 +251,36 @@ class CountsPopulation(Population):
 
 
 @dataclass(frozen=True, eq=False)
+class ValuesPopulation(Population):
+    """Respondent r holds ``values[r]``: answers that devices computed themselves, in order."""
+
+    values_array: np.ndarray
+    domain_size: int
+    spec: str = "values"
+
+    def __post_init__(self) -> None:
+        values = np.asarray(self.values_array)
+        if values.ndim != 1 or values.size == 0 or not np.issubdtype(values.dtype, np.integer):
+            raise ValueError("values must be a non-empty 1-D integer array")
+        if values.size > MAX_RESPONDENTS:
+            raise ValueError(f"values must hold at most {MAX_RESPONDENTS} respondents")
+        if values.min() < 0 or values.max() >= self.domain_size:
+            raise ValueError(f"values must lie in [0, {self.domain_size})")
+        object.__setattr__(self, "values_array", values.astype(np.int64, copy=False))
+
+    @property
+    def size(self) -> int:
+        return int(self.values_array.size)
+
+    def values(self, start: int, stop: int) -> np.ndarray:
+        self._check_range(start, stop)
+        return self.values_array[start:stop]
+
+    def exact_counts(self) -> np.ndarray:
+        return np.bincount(self.values_array, minlength=self.domain_size)
+
+
+@dataclass(frozen=True, eq=False)
 class _SampledPopulation(Population):
     domain_size: int
     size: int
@@ -398,6 +433,16 @@ def build_population(
     text = str(parsed)
     if respondents is not None and not 1 <= respondents <= MAX_RESPONDENTS:
         raise ValueError(f"respondents must be in [1, {MAX_RESPONDENTS}], got {respondents}")
+    if parsed.kind == "values":
+        try:
+            loaded = np.load(parsed.variant, allow_pickle=False)
+        except (OSError, ValueError) as error:
+            raise ValueError(f"population values: cannot read {parsed.variant}: {error}") from None
+        if respondents is not None and respondents != loaded.size:
+            raise ValueError(
+                f"population values holds {loaded.size} respondents, not {respondents}"
+            )
+        return ValuesPopulation(loaded, domain_size=context.domain_size, spec=text)
     if parsed.kind == "image":
         shape = _image_shape(parsed, context)
         luminosity = images.load_image(parsed.variant, shape)
