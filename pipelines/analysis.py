@@ -69,6 +69,7 @@ DEFAULT_PLAN: dict[str, Any] = {
     "rounds": [{"epsilon_local": 4.0, "keep": 16}, {"epsilon_local": 4.0, "keep": 0}],
     "baseline": True,
     "sweep": None,
+    "query": devices_mod.KEYBOARD_QUERY,
 }
 _PLAN_KEYS = frozenset(DEFAULT_PLAN)
 
@@ -216,7 +217,7 @@ def _run_round(
     round_dir.mkdir()
     recipe = devices_mod.build_round_recipe(
         plan["name"], round_id, encoding, settings["epsilon_local"], plan["min_crowd_size"],
-        plan["delta"], plan["instances"],
+        plan["delta"], plan["instances"], query=plan["query"],
     )  # fmt: skip
     (round_dir / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2))
     (round_dir / "transport_recipe.json").write_text(recipe.recipe.to_json())
@@ -324,11 +325,12 @@ def run_analysis(
         if following is None or index == len(plan["rounds"]):
             break
         tree = following
+    answered = [r for r in rounds if "stopped" not in r]  # a round nobody answered costs nothing
     composition = {
         "central": _compose(
-            [r["epsilon_central_charged"] for r in rounds], [r["delta"] for r in rounds]
+            [r["epsilon_central_charged"] for r in answered], [r["delta"] for r in answered]
         ),
-        "local": _compose([r["epsilon_local"] for r in rounds], [0.0 for _ in rounds]),
+        "local": _compose([r["epsilon_local"] for r in answered], [0.0 for _ in answered]),
     }
     result: dict[str, Any] = {
         "plan": plan,
@@ -337,18 +339,18 @@ def run_analysis(
         "composition": composition,
         "adds_up": all(r.get("adds_up", True) for r in rounds),
     }
-    if plan["baseline"]:
+    if plan["baseline"] and answered:
         total = composition["central"]["epsilon"]
         local = ngram_sweep.local_for_cohort(total, plan["min_crowd_size"], plan["delta"])
         point = ngram_sweep.baseline_exact(
-            in_window, known, rounds[-1]["n"], local, k, rng, epsilon_total=total
+            in_window, known, answered[-1]["n"], local, k, rng, epsilon_total=total
         )
         result["baseline"] = {
             **point.__dict__,
             "epsilon_local": local,
             "method": point.method + " (exact aggregate)",
         }
-        say(f"baseline: one round over all {rounds[-1]['n']}-grams at the same cohort epsilon "
+        say(f"baseline: one round over all {answered[-1]['n']}-grams at the same cohort epsilon "
             f"{total:.3f} (local {local:.3f}): precision@{k} {point.precision:.2f}")  # fmt: skip
     if plan["sweep"]:
         from pipelines import analysis_sweep

@@ -2,11 +2,11 @@
 
 A device keeps its events in streams of fixed schema (:data:`STREAMS`, e.g. ``keyboard(ts,
 locale, text)``), deletes events older than the retention window (:meth:`EventStore.retain`), and
-runs a recipe's query only through :meth:`EventStore.run_query`: a read-only connection under an
-SQLite authorizer (``sqlite3.Connection.set_authorizer``) that allows reading exactly the approved
-columns (the query class's data fields plus the analysis' non-sensitive fields, Section 4.2) and a
+runs a recipe's query only through :meth:`EventStore.run_query`: on a read-only in-memory
+projection that holds nothing but the approved columns, under an SQLite authorizer
+(``sqlite3.Connection.set_authorizer``) that allows reading exactly the approved columns (the query class's data fields plus the analysis' non-sensitive fields, Section 4.2) and a
 short list of pure functions, and denies everything else: other columns and tables, the device's
-own audit and ledger tables, writes, ``ATTACH``, ``PRAGMA``. A query that reaches outside its
+own audit log, the schema, writes, ``ATTACH``, ``PRAGMA``. A query that reaches outside its
 class therefore fails inside the database ("not authorized"), and :class:`QueryRefused` carries
 what it tried to touch. Columns are named ``stream.column`` (``keyboard.text``).
 
@@ -131,7 +131,8 @@ class EventStore:
         params: Sequence[Any] | Mapping[str, Any] = (),
     ) -> QueryResult:
         """Run ``sql`` reading only ``allowed_fields`` (``stream.column``); raise QueryRefused when
-        the database denies it. The connection is read-only for the query's duration."""
+        the database denies it (an authorizer denial, or a table or column absent from the
+        projection)."""
         allowed = frozenset(allowed_fields)
         read: set[str] = set()
         denied: list[str] = []
@@ -157,16 +158,34 @@ class EventStore:
             denied.append(f"action {action}" + (f" on {arg1}" if arg1 else ""))
             return sqlite3.SQLITE_DENY
 
-        self._db.execute("PRAGMA query_only=ON")
-        self._db.set_authorizer(authorize)
+        view = self._projection(allowed)
         try:
-            rows = self._db.execute(sql, params).fetchall()
+            view.execute("PRAGMA query_only=ON")
+            view.set_authorizer(authorize)
+            rows = view.execute(sql, params).fetchall()
         except sqlite3.DatabaseError as error:
-            raise QueryRefused(f"the database refused the query: {error}", denied) from None
+            raise QueryRefused(
+                f"the database refused the query: {error}", denied or [str(error)]
+            ) from None
         finally:
-            self._db.set_authorizer(None)
-            self._db.execute("PRAGMA query_only=OFF")
+            view.close()
         return QueryResult(rows, frozenset(read))
+
+    def _projection(self, allowed: frozenset[str]) -> sqlite3.Connection:
+        """An in-memory database holding only the allowed columns of the streams: the query
+        cannot name what is not there. (The authorizer alone misses the columns of a
+        ``JOIN ... USING``/``NATURAL JOIN``, which SQLite does not report to it.)"""
+        view = sqlite3.connect(":memory:", isolation_level=None)
+        for stream, columns in STREAMS.items():
+            names = [name for name, _ in columns if f"{stream}.{name}" in allowed]
+            if not names:
+                continue
+            spec = ", ".join(f"{name} {kind}" for name, kind in columns if name in names)
+            view.execute(f"CREATE TABLE {stream} ({spec})")
+            picked = ", ".join(names)
+            rows = self._db.execute(f"SELECT {picked} FROM {stream}").fetchall()
+            view.executemany(f"INSERT INTO {stream} VALUES ({', '.join('?' * len(names))})", rows)
+        return view
 
     # -- audit log --------------------------------------------------------------------------------
 

@@ -1,0 +1,112 @@
+"""``esa analysis run`` end to end on a small fleet: rounds through simulate -> shuffle -> analyze,
+refusals counted, budgets composed, and each device's audit log equal to what it sent."""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+
+import fastavro
+import google_crc32c
+import pytest
+
+from pipelines.cli import main
+from simulators.text_corpus import CorpusUnavailable, fortune_files
+
+try:
+    fortune_files()
+    HAVE_CORPUS = True
+except CorpusUnavailable:
+    HAVE_CORPUS = False
+
+needs_corpus = pytest.mark.skipif(
+    not HAVE_CORPUS,
+    reason="Debian's fortunes are not installed (run scripts/install_text_corpus.sh; CI does)",
+)
+
+SMALL_PLAN = {
+    "devices": 300,
+    "sentences_per_device": 8,
+    "known_words": 12,
+    "k": 5,
+    "min_crowd_size": 200,
+    "crowd_threshold": 50,
+    # Two rounds of epsilon 5 fit; the third is refused by every device (Check 1).
+    "analysis_epsilon": 10.0,
+    "field_epsilon": 12.0,
+    "local_epsilon_allowed": 6.0,
+    "rounds": [
+        {"epsilon_local": 5.0, "keep": 6},
+        {"epsilon_local": 5.0, "keep": 4},
+        {"epsilon_local": 5.0, "keep": 0},
+    ],
+    "baseline": False,
+}
+
+
+def _run(tmp_path, plan, name="out"):
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(plan))
+    output = tmp_path / name
+    code = main(["analysis", "run", "--plan", str(path), "--output", str(output),
+                 "--runner=FnApiRunner"])  # fmt: skip
+    return code, output
+
+
+@needs_corpus
+@pytest.mark.slow
+def test_rounds_budgets_and_audit_log(tmp_path, capsys):
+    code, output = _run(tmp_path, SMALL_PLAN)
+    assert code == 0
+    result = json.loads((output / "analysis.json").read_text())
+    first, second, third = result["rounds"]
+    assert (first["n"], second["n"]) == (2, 3)
+    assert first["devices"]["answered"] + first["devices"]["random_answer"] == 300
+    assert first["devices"]["events_expired"] > 0  # retention ran before the query
+    # Round 2's tree came from round 1's results, and its recipe names the tree's hash.
+    assert second["prefix_tree_leaves"] == 6
+    assert second["prefix_tree_sha256"][:12] in second["recipe_id"]
+    # The analysis budget allows two rounds: every device refuses the third (Check 1).
+    assert third["devices"]["refused_checks"] == 300 and third["stopped"]
+    charged = [first["epsilon_central_charged"], second["epsilon_central_charged"]]
+    assert result["composition"]["central"]["epsilon"] == pytest.approx(sum(charged) * 1.0)
+    assert 0 <= second["precision_at_k"] <= 1
+
+    # Every Report in round 1's simulation is in exactly one device's audit log, byte for byte.
+    reports = []
+    for path in glob.glob(str(output / "round-1" / "esa" / "simulation" / "instance=*" / "*.avro")):
+        with open(path, "rb") as handle:
+            reports.extend(fastavro.reader(handle))
+    logged = []
+    for device in range(300):
+        capsys.readouterr()
+        assert main(["analysis", "audit", "--output", str(output), "--device", str(device)]) == 0
+        entries = json.loads(capsys.readouterr().out)
+        assert [e["round"] for e in entries] == ["round-1", "round-2", "round-3"]
+        assert entries[2]["status"] == "refused_checks" and entries[2]["sent"] == []
+        for message in entries[0]["sent"]:
+            payload = bytes.fromhex(message["payload_hex"])
+            assert hashlib.sha256(payload).hexdigest() == message["payload_sha256"]
+            assert google_crc32c.value(payload) == message["payload_crc32c"]
+            logged.append((message["shuffler_instance"], payload))
+    assert first["messages_logged"] == len(reports) == len(logged)
+    assert sorted(logged) == sorted((r["shuffler_instance"], bytes(r["payload"])) for r in reports)
+
+
+@needs_corpus
+def test_query_outside_its_class_is_refused_by_every_device(tmp_path):
+    plan = {**SMALL_PLAN, "rounds": SMALL_PLAN["rounds"][:1], "devices": 50,
+            "query": "SELECT text FROM keyboard JOIN contacts USING (ts)"}  # fmt: skip
+    code, output = _run(tmp_path, plan)
+    assert code == 0
+    (only,) = json.loads((output / "analysis.json").read_text())["rounds"]
+    assert only["devices"]["refused_query"] == 50 and only["stopped"] == "no device answered"
+
+
+def test_bad_plan_is_one_line_exit_2(tmp_path, capsys):
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps({"devcies": 3}))
+    assert main(["analysis", "run", "--plan", str(path), "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "unknown key 'devcies'" in err
