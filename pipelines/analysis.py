@@ -15,7 +15,8 @@ of ``esa run`` (``pipelines.run.run``: simulate with population ``values:answers
 shufflers, analyzer on Beam), and round r+1's recipe is built from round r's histogram.
 
 The analysis' budget composes across rounds by basic composition (the cohort epsilons the devices
-were charged add up; so do the local ones). With ``"sweep"`` in the plan the command also compares,
+were charged add up, as their ledgers enforce; so do the local ones); for equal rounds the report
+also gives the tighter of basic and advanced composition (``privacy.accounting.compose``). With ``"sweep"`` in the plan the command also compares,
 for each total local epsilon, the interactive rounds with one non-interactive round over the full
 3-gram domain at the same total, drawn from the exact aggregate distribution
 (``simulators.ngram_sweep``), and draws precision at k against epsilon (``precision_at_k.png``).
@@ -41,6 +42,7 @@ import pyarrow.parquet as pq
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.cli import UsageError
+from privacy.accounting import PrivacyLoss, compose, compose_basic
 from privacy.ngrams import NgramEncoding, precision_recall_at_k, tokenize, top_k
 from simulators import interactive_devices as devices_mod
 from simulators import ngram_sweep
@@ -185,12 +187,17 @@ def _privacy(summary_path: Path) -> Any:
 
 
 def _compose(epsilons: list[float], deltas: list[float]) -> dict[str, Any]:
-    """Basic composition of the rounds (samplable-anonymous-aggregation Section 4.3)."""
-    return {
-        "bound": "basic composition",
-        "epsilon": float(sum(epsilons)),
-        "delta": float(sum(deltas)),
-    }
+    """The rounds composed: basic composition (what the devices' ledgers charge, Section 4.3),
+    and when every round has the same guarantee the tighter of basic and advanced composition
+    (``privacy.accounting.compose``, Theorem II.7 with delta' = one round's delta)."""
+    if not epsilons:
+        return {"bound": "nothing answered", "epsilon": 0.0, "delta": 0.0}
+    basic = compose_basic(PrivacyLoss(e, d, "round") for e, d in zip(epsilons, deltas, strict=True))
+    out: dict[str, Any] = {"bound": basic.bound, "epsilon": basic.epsilon, "delta": basic.delta}
+    if len(set(epsilons)) == 1 and len(set(deltas)) == 1 and deltas[0] > 0:
+        tight = compose(epsilons[0], deltas[0], len(epsilons), deltas[0])
+        out["tightest"] = {"bound": tight.bound, "epsilon": tight.epsilon, "delta": tight.delta}
+    return out
 
 
 def _prepare(output: Path, overwrite: bool) -> None:
