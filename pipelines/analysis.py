@@ -54,21 +54,24 @@ __all__ = ["register", "DEFAULT_PLAN", "load_plan", "run_analysis"]
 DAY_MS = 86_400_000
 NOW_MS = 1_735_689_600_000  # 2025-01-01: the simulated "now" of round 1; round r is r-1 hours on
 HOUR_MS = 3_600_000
+# The measured plan (docs/interactive.md): 20,000 keyboards of 10 sentences, 64 known words, two
+# rounds of epsilon_local 5 (cohort epsilon 1.152 each at the minimum crowd of 10,000); the
+# analysis and field budgets (2.5) admit the two rounds and no third.
 DEFAULT_PLAN: dict[str, Any] = {
     "name": "ngram_discovery",
     "seed": 20260101,
-    "devices": 6000,
+    "devices": 20000,
     "sentences_per_device": 10,
-    "known_words": 32,
+    "known_words": 64,
     "k": 10,
     "delta": 1e-6,
     "instances": 2,
     "crowd_threshold": 100,
-    "min_crowd_size": 1000,
-    "analysis_epsilon": 8.0,
-    "field_epsilon": 8.0,
-    "local_epsilon_allowed": 8.0,
-    "rounds": [{"epsilon_local": 4.0, "keep": 16}, {"epsilon_local": 4.0, "keep": 0}],
+    "min_crowd_size": 10000,
+    "analysis_epsilon": 2.5,
+    "field_epsilon": 2.5,
+    "local_epsilon_allowed": 6.0,
+    "rounds": [{"epsilon_local": 5.0, "keep": 96}, {"epsilon_local": 5.0, "keep": 0}],
     "baseline": True,
     "sweep": None,
     "query": devices_mod.KEYBOARD_QUERY,
