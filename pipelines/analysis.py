@@ -170,15 +170,18 @@ def _read_reports(simulation_dir: Path) -> list[dict[str, Any]]:
     return reports
 
 
-def _estimates(histograms: Path, recipe_id: str, domain_size: int) -> np.ndarray:
+def _estimates(histograms: Path, recipe_id: str, domain_size: int) -> np.ndarray | None:
+    """Estimated counts per bucket of the recipe's crowds (None when the analyzer estimated none)."""
     table = pq.read_table(histograms, columns=["recipe_id", "bucket", "estimate"]).to_pydict()
     out = np.zeros(domain_size, dtype=np.float64)
+    rows = 0
     for rid, bucket, estimate in zip(
         table["recipe_id"], table["bucket"], table["estimate"], strict=True
     ):
         if rid == recipe_id:
             out[int(bucket)] += float(estimate)
-    return out
+            rows += 1
+    return out if rows else None
 
 
 def _privacy(summary_path: Path) -> Any:
@@ -191,15 +194,20 @@ def _privacy(summary_path: Path) -> Any:
 
 def _compose(epsilons: list[float], deltas: list[float]) -> dict[str, Any]:
     """The rounds composed: basic composition (what the devices' ledgers charge, Section 4.3),
-    and when every round has the same guarantee the tighter of basic and advanced composition
-    (``privacy.accounting.compose``, Theorem II.7 with delta' = one round's delta)."""
+    and the tightest composition ``privacy.accounting.compose`` finds (PLD, basic or advanced)
+    at twice the rounds' total delta."""
     if not epsilons:
         return {"bound": "nothing answered", "epsilon": 0.0, "delta": 0.0}
-    basic = compose_basic(PrivacyLoss(e, d, "round") for e, d in zip(epsilons, deltas, strict=True))
+    losses = [PrivacyLoss(e, d, "round") for e, d in zip(epsilons, deltas, strict=True)]
+    basic = compose_basic(losses)
     out: dict[str, Any] = {"bound": basic.bound, "epsilon": basic.epsilon, "delta": basic.delta}
-    if len(set(epsilons)) == 1 and len(set(deltas)) == 1 and deltas[0] > 0:
-        tight = compose(epsilons[0], deltas[0], len(epsilons), deltas[0])
-        out["tightest"] = {"bound": tight.bound, "epsilon": tight.epsilon, "delta": tight.delta}
+    if basic.delta > 0:
+        try:
+            tight = compose(losses, delta=min(2 * basic.delta, 0.5))
+        except ValueError as error:  # a bound outside its range: keep basic composition
+            out["tightest"] = f"not available: {error}"
+        else:
+            out["tightest"] = tight.to_dict()
     return out
 
 
@@ -256,6 +264,7 @@ def _run_round(
     if answers.size == 0:
         report["stopped"] = "no device answered"
         return report, None
+    report["senders"] = int(answers.size)
     np.save(round_dir / "answers.npy", answers)
     np.save(round_dir / "senders.npy", senders)
     seed = plan["seed"] * 1000 + index
@@ -283,6 +292,14 @@ def _run_round(
     estimates = _estimates(
         Path(result["paths"]["histograms"]), recipe.recipe.id, encoding.domain_size
     )
+    if estimates is None:
+        report["stopped"] = (
+            f"the analyzer estimated no crowd of {recipe.recipe.id} from {result['messages']} "
+            f"messages (see {result['paths']['summary']})"
+        )
+        report["adds_up"] = False
+        say(f"  stopped: {report['stopped']}")
+        return report, None
     np.save(round_dir / "estimates.npy", estimates)
     return report, estimates
 
@@ -335,7 +352,8 @@ def run_analysis(
         if following is None or index == len(plan["rounds"]):
             break
         tree = following
-    answered = [r for r in rounds if "stopped" not in r]  # a round nobody answered costs nothing
+    # A round nobody answered cost nothing; one the devices answered did, whatever came of it.
+    answered = [r for r in rounds if r.get("senders", 0) > 0]
     composition = {
         "central": _compose(
             [r["epsilon_central_charged"] for r in answered], [r["delta"] for r in answered]
@@ -349,18 +367,19 @@ def run_analysis(
         "composition": composition,
         "adds_up": all(r.get("adds_up", True) for r in rounds),
     }
-    if plan["baseline"] and answered:
+    estimated = [r for r in rounds if "precision_at_k" in r]
+    if plan["baseline"] and estimated:
         total = composition["central"]["epsilon"]
         local = ngram_sweep.local_for_cohort(total, plan["min_crowd_size"], plan["delta"])
         point = ngram_sweep.baseline_exact(
-            in_window, known, answered[-1]["n"], local, k, rng, epsilon_total=total
+            in_window, known, estimated[-1]["n"], local, k, rng, epsilon_total=total
         )
         result["baseline"] = {
             **point.__dict__,
             "epsilon_local": local,
             "method": point.method + " (exact aggregate)",
         }
-        say(f"baseline: one round over all {answered[-1]['n']}-grams at the same cohort epsilon "
+        say(f"baseline: one round over all {estimated[-1]['n']}-grams at the same cohort epsilon "
             f"{total:.3f} (local {local:.3f}): precision@{k} {point.precision:.2f}")  # fmt: skip
     if plan["sweep"]:
         from pipelines import analysis_sweep
