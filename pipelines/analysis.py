@@ -55,8 +55,8 @@ DAY_MS = 86_400_000
 NOW_MS = 1_735_689_600_000  # 2025-01-01: the simulated "now" of round 1; round r is r-1 hours on
 HOUR_MS = 3_600_000
 # The measured plan (docs/interactive.md): 20,000 keyboards of 10 sentences, 64 known words, two
-# rounds of epsilon_local 5 (cohort epsilon 1.152 each at the minimum crowd of 10,000); the
-# analysis and field budgets (2.5) admit the two rounds and no third.
+# rounds of epsilon_local 5 (cohort epsilon 0.742 each at the minimum crowd of 10,000); the
+# analysis and field budgets (1.6) admit the two rounds and no third.
 DEFAULT_PLAN: dict[str, Any] = {
     "name": "ngram_discovery",
     "seed": 20260101,
@@ -68,8 +68,8 @@ DEFAULT_PLAN: dict[str, Any] = {
     "instances": 2,
     "crowd_threshold": 100,
     "min_crowd_size": 10000,
-    "analysis_epsilon": 2.5,
-    "field_epsilon": 2.5,
+    "analysis_epsilon": 1.6,
+    "field_epsilon": 1.6,
     "local_epsilon_allowed": 6.0,
     "rounds": [{"epsilon_local": 5.0, "keep": 96}, {"epsilon_local": 5.0, "keep": 0}],
     "baseline": True,
@@ -184,12 +184,31 @@ def _estimates(histograms: Path, recipe_id: str, domain_size: int) -> np.ndarray
     return out if rows else None
 
 
-def _privacy(summary_path: Path) -> Any:
+def _privacy(summary_path: Path, recipe_id: str) -> list[dict[str, Any]]:
+    """The analyzer's privacy report of each released crowd of the recipe (ε_c with its bound,
+    δ, n) as ``summary.json`` states it."""
     try:
         summary = json.loads(summary_path.read_text())
     except (OSError, json.JSONDecodeError):
-        return None
-    return summary.get("privacy", summary.get("crowds"))
+        return []
+    out = []
+    for crowd in summary.get("histograms", []):
+        if crowd.get("recipe_id") != recipe_id:
+            continue
+        privacy = crowd.get("privacy", {})
+        out.append(
+            {
+                "window_start": crowd.get("window_start"),
+                "crowd_id": crowd.get("crowd_id"),
+                "respondents_effective": crowd.get("respondents_effective"),
+                "messages": crowd.get("messages"),
+                **{
+                    key: privacy.get(key)
+                    for key in ("epsilon_local_all", "epsilon_central", "bound", "delta")
+                },
+            }
+        )
+    return out
 
 
 def _compose(epsilons: list[float], deltas: list[float]) -> dict[str, Any]:
@@ -288,7 +307,11 @@ def _run_round(
     report["messages"] = result["messages"]
     report["adds_up"] = result["adds_up"]
     report["seconds"] = result["seconds"]
-    report["privacy_report"] = _privacy(Path(result["paths"]["summary"]))
+    report["privacy_report"] = _privacy(Path(result["paths"]["summary"]), recipe.recipe.id)
+    for crowd in report["privacy_report"]:
+        say(f"  privacy: epsilon_local {recipe.recipe.epsilon_local}, charged cohort epsilon "
+            f"{recipe.recipe.epsilon_central_target}; analyzer epsilon_c {crowd['epsilon_central']} "
+            f"({crowd['bound']}, delta {crowd['delta']}, n {crowd['respondents_effective']})")  # fmt: skip
     estimates = _estimates(
         Path(result["paths"]["histograms"]), recipe.recipe.id, encoding.domain_size
     )

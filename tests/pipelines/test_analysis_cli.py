@@ -93,6 +93,8 @@ def test_rounds_budgets_and_audit_log(tmp_path, capsys):
     # Round 1 finds the most popular 2-gram; round 2's tree came from round 1's results, and its
     # recipe names the tree's hash.
     assert "of the" in first["discovered"] and first["precision_at_k"] > 0
+    (crowd,) = first["privacy_report"]
+    assert crowd["epsilon_central"] <= first["epsilon_local"] and crowd["bound"]
     assert second["n"] == 3 and second["prefix_tree_leaves"] == 6
     assert second["prefix_tree_sha256"][:12] in second["recipe_id"]
     # The analysis budget allows two rounds: every device refuses the third (Check 1).
