@@ -64,6 +64,7 @@ __all__ = [
     "answer_fleet",
     "record_sent",
     "read_audit",
+    "dumps_audit",
 ]
 
 KEYBOARD_QUERY = "SELECT text FROM keyboard WHERE locale LIKE 'en%'"
@@ -408,4 +409,5 @@ def read_audit(directory: str | Path, device: int) -> list[dict[str, Any]]:
 
 
 def dumps_audit(entries: Sequence[Mapping[str, Any]]) -> str:
+    """An audit log as indented JSON (what ``esa analysis audit`` prints)."""
     return json.dumps(list(entries), indent=2, sort_keys=True)
