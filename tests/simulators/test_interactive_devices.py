@@ -4,6 +4,7 @@ budgets, random answers and the audit log (simulators/interactive_devices.py).""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from scipy import stats
 from privacy.ngrams import NgramEncoding, PrefixTree
 from simulators import interactive_devices as dev
 from simulators.event_store import EventStore, device_path
+from simulators.fleet import recipe_cohort_bound
 
 KNOWN = ("the", "of", "in", "a")
 NOW = 10 * 86_400_000
@@ -109,9 +111,10 @@ def test_device_without_a_match_sends_a_uniformly_random_bucket(tmp_path):
     recipe = _recipe(tree=(("of",),))
     rng = np.random.default_rng(7)
     policy = dev.keyboard_policy("ngram_discovery", 1e6, 1e6, 8.0, reports=10**6)
+    bound = functools.lru_cache(maxsize=None)(recipe_cohort_bound(recipe.recipe))
     buckets = []
-    for _ in range(600):
-        answer = dev.answer(store, recipe, policy, rng)
+    for _ in range(210):  # 30 per bucket
+        answer = dev.answer(store, recipe, policy, rng, bound)
         assert answer.status == "random_answer"
         buckets.append(answer.bucket)
     counts = np.bincount(buckets, minlength=recipe.encoding.domain_size)
