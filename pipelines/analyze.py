@@ -58,6 +58,7 @@ from pipelines.options import AnalyzeOptions, with_default_runner
 from schemas import SUPPORTED_SCHEMA_VERSIONS, release
 from schemas.recipes import load_recipe, shipped_recipes
 from transforms import analyze_core as core
+from transforms import atomic_files
 from transforms.aggregate import AggregateReleases
 from transforms.analysis_tables import table_parts
 from transforms.analyze import (
@@ -371,7 +372,11 @@ def run(options: PipelineOptions) -> dict[str, Any]:
         output, config, inputs, withheld, parts=table_parts(_table_rows(released))
     )
     _ = estimates.pictures | "DrawPictures" >> beam.ParDo(pictures.DrawPictures(output, book))
-    pipeline.run().wait_until_finish()
+    try:
+        pipeline.run().wait_until_finish()
+    finally:  # failed attempts' temporary part files (transforms/atomic_files.py)
+        for table in (HISTOGRAMS_FILE, LONGITUDINAL_FILE):
+            atomic_files.remove_temporary(FileSystems.join(output, table))
     summary = _read_json(FileSystems.join(output, SUMMARY_FILE))
     if summary is None:
         raise RuntimeError(f"the pipeline finished without writing {output}/{SUMMARY_FILE}")

@@ -22,8 +22,9 @@ parameters the privacy report needs), written last and atomically. Everything sh
 goes to ``--private-output PDIR`` (default ``DIR.private``, a sibling): ``manifest.avro`` (one
 CrowdManifest per crowd; per window under ``manifest/`` when streaming), ``dead_letter/*.avro``,
 ``metrics.json`` (read = released + deleted + withheld + dead-lettered + presence, in records,
-checked), ``index/`` and the spill directory ``spill/`` (removed on every exit path; a run killed
-before it could is cleaned by the next run into the same PDIR).
+checked), ``index/`` and the spill directory ``spill/`` (under the runner's ``--temp_location`` when given:
+``<temp_location>/esa-spill/<digest of DIR>/``; removed on every exit path; a run killed before it
+could is cleaned by the next run into the same DIR).
 
 An existing release (committed or partial) in DIR is refused unless ``--overwrite``, which first
 removes its commit record and then everything else of it and of PDIR.
@@ -52,7 +53,11 @@ import apache_beam as beam
 import fastavro
 from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import (
+    GoogleCloudOptions,
+    PipelineOptions,
+    StandardOptions,
+)
 from apache_beam.utils.timestamp import Timestamp
 
 from pipelines.cli import UsageError
@@ -64,10 +69,10 @@ from pipelines.options import (
 )
 from schemas import SUPPORTED_SCHEMA_VERSIONS
 from schemas import release as release_format
+from transforms import atomic_files, shuffle_spill
 from transforms import shuffle as shuffle_transforms
 from transforms import shuffle_core as core
 from transforms import shuffle_sinks as sinks
-from transforms import shuffle_spill
 
 
 def register(subparsers: Any) -> None:
@@ -194,11 +199,28 @@ def remove_stale_spill(spill_root: str) -> list[str]:
     return removed
 
 
+def spill_root_path(output: str, private: str, temp_location: str | None) -> str:
+    """Where this release's spill goes: ``<--temp_location>/esa-spill/<digest of DIR>`` when the
+    runner was given a temp location (one root per release, so cleaning a dead run's spill never
+    touches another release's), else ``PDIR/spill``."""
+    if not temp_location:
+        return FileSystems.join(private, "spill")
+    digest = hashlib.sha256(os.path.abspath(output).encode()).hexdigest()[:16]
+    return FileSystems.join(temp_location, "esa-spill", digest)
+
+
+def _remove_empty(path: str) -> None:
+    if os.path.isdir(path) and not os.listdir(path):
+        os.rmdir(path)
+
+
 def _has_entries(path: str) -> bool:
     return os.path.isdir(path) and bool(os.listdir(path))
 
 
-def prepare_outputs(output: str, private: str, overwrite: bool) -> None:
+def prepare_outputs(
+    output: str, private: str, overwrite: bool, spill_root: str | None = None
+) -> None:
     """Clean stale spill data, then refuse (one line) or, with ``overwrite``, empty an existing
     release and its private directory. The commit record goes first, so an interrupted removal
     leaves an uncommitted directory that every reader refuses."""
@@ -207,6 +229,8 @@ def prepare_outputs(output: str, private: str, overwrite: bool) -> None:
             raise UsageError(f"{flag} {path!r} is a file, not a directory")
     # Spill of a run killed before it could clean up: never needed again, never kept.
     remove_stale_spill(os.path.join(private, "spill"))
+    if spill_root is not None and FileSystems.get_scheme(spill_root) is None:
+        remove_stale_spill(spill_root)
     committed = os.path.isfile(os.path.join(output, release_format.COMMIT_FILE))
     if not overwrite:
         if committed:
@@ -292,8 +316,9 @@ def run(
     output = shuffle_options.output
     private = private_path(output, shuffle_options.private_output)
     paths = None if streaming else _input_paths(shuffle_options.input)
-    prepare_outputs(output, private, bool(shuffle_options.overwrite))
-    spill_root = FileSystems.join(private, "spill")
+    temp_location = options.view_as(GoogleCloudOptions).temp_location
+    spill_root = spill_root_path(output, private, temp_location)
+    prepare_outputs(output, private, bool(shuffle_options.overwrite), spill_root)
     spill_dir = FileSystems.join(spill_root, spill_run_name())
 
     started = time.monotonic()
@@ -326,8 +351,13 @@ def run(
         result.wait_until_finish()
     finally:
         shuffle_spill.remove_spill(spill_dir)
-        if os.path.isdir(spill_root) and not os.listdir(spill_root):
-            os.rmdir(spill_root)
+        # Failed attempts' temporary files (transforms/atomic_files.py), before any commit.
+        atomic_files.remove_temporary(output)
+        atomic_files.remove_temporary(private)
+        if FileSystems.get_scheme(spill_root) is None:
+            _remove_empty(spill_root)
+            if temp_location:
+                _remove_empty(os.path.dirname(spill_root.rstrip("/")))
     commit_release(output, private, config, shuffle_options.window)
     elapsed = time.monotonic() - started
 

@@ -14,10 +14,10 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from transforms import analyze_core as core
+from transforms import atomic_files
 
 if TYPE_CHECKING:
     from transforms.analyze import AnalysisConfig
@@ -146,15 +146,14 @@ def write_part(
     directory: str, shard: int, shards: int, tables: Iterable[pa.Table], schema: pa.Schema
 ) -> str:
     """One part file: the shard's crowd tables, sorted (an empty table with the schema if none).
-    Named by shard index, so a retried bundle overwrites its own file."""
+    Named by shard index, so a retried bundle overwrites its own file; written to
+    ``directory/_temporary/`` and renamed when complete (``transforms.atomic_files``)."""
     tables = [table for table in tables if table.num_rows]
     table = pa.concat_tables(tables) if tables else schema.empty_table()
     if table.num_rows:
         table = table.sort_by([(n, "ascending") for n in _SORT_COLUMNS if n in table.column_names])
-    path = part_path(directory, shard, shards)
-    with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as sink:
-        pq.write_table(table, sink)
-    return path
+    name = part_path(directory, shard, shards).rsplit("/", 1)[-1]
+    return atomic_files.publish(directory, name, lambda sink: pq.write_table(table, sink))
 
 
 class WriteTableParts(beam.PTransform):

@@ -2,7 +2,8 @@
 
 Release (``--output DIR``, SPEC: release layout): ``messages/<name>.avro`` ShuffledMessage files
 with DETERMINISTIC names (:func:`message_file_name`: window, a digest of the crowd key and the
-group index), so a retried bundle overwrites its file instead of adding one; then
+group index), so a retried bundle overwrites its file instead of adding one, written to
+``_temporary/`` first and renamed when complete (``transforms.atomic_files``); then
 ``_COMMIT.json``, written last by the driver from the release index (:func:`commit_record`,
 ``schemas/release.py``).
 
@@ -29,7 +30,7 @@ from apache_beam.transforms import window as beam_window
 from schemas import SCHEMA_VERSION, parsed_schema, schema_json
 from schemas import release as release_format
 from schemas.avro.container import encode_container
-from transforms import avro_io
+from transforms import atomic_files, avro_io
 from transforms.combiners import SumCounts
 from transforms.shuffle_config import metrics_summary
 
@@ -76,11 +77,6 @@ def shuffled_columns(group: ReleasedGroup) -> dict[str, Any]:
     }
 
 
-def _write_bytes(path: str, content: bytes) -> None:
-    with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as sink:
-        sink.write(content)
-
-
 class WriteShuffledMessages(beam.PTransform):
     """ReleasedGroup -> one ShuffledMessage Avro file each, and its release-index entry in the
     private directory; outputs the index entries (dicts of ``schemas.release.FileEntry``)."""
@@ -99,13 +95,13 @@ class WriteShuffledMessages(beam.PTransform):
             content = encode_container(
                 schema_json("shuffled_message"), shuffled_columns(group), group.messages, codec
             )
-            _write_bytes(FileSystems.join(output_dir, *name.split("/")), content)
+            atomic_files.publish_bytes(output_dir, name, content)
             entry = release_format.FileEntry(
                 name, len(content), group.messages, hashlib.sha256(content).hexdigest()
             ).to_json()
             index_name = name.split("/")[-1].replace(".avro", ".json")
-            _write_bytes(
-                FileSystems.join(private_dir, INDEX_DIR, index_name), json.dumps(entry).encode()
+            atomic_files.publish_bytes(
+                private_dir, f"{INDEX_DIR}/{index_name}", json.dumps(entry).encode()
             )
             return entry
 
