@@ -22,11 +22,13 @@ privacy report come from the commit record too.
 
 Output (DIR): ``histograms.parquet`` (window_start, window_end, channel, recipe_id, crowd, bucket,
 estimate [unbiased], stderr, raw_count, n, estimate_<postprocessing>, truth), ``longitudinal.parquet``
-(f̃_t per period with Theorem 6's bound), ``summary.json`` (inputs, metrics, per-crowd privacy
-report and accuracy, notes on withheld crowds), ``dead_letter/part-*.avro`` and PNG pictures
+(f̃_t per period with Theorem 6's bound), ``reports.jsonl`` (per crowd the privacy report and
+accuracy, JSON Lines), ``withheld.jsonl`` (notes on withheld crowds), ``summary.json`` (inputs,
+metrics, totals and the names of those two), ``dead_letter/part-*.avro`` and PNG pictures
 under ``pictures/`` (drawn per crowd inside the pipeline). The two tables are Parquet datasets:
 directories of ``part-SSSSS-of-NNNNN.parquet`` files, each holding whole crowds, about a million
-rows per part; ``pyarrow.parquet.read_table(DIR/histograms.parquet)`` reads one as a table.
+rows per part; ``pyarrow.parquet.read_table(DIR/histograms.parquet)`` reads one as a table. The
+two JSON Lines datasets are split the same way (``transforms.analysis_reports.read_reports``).
 
 Other runners take the same flags plus their own (``--runner=FlinkRunner --flink_master=HOST:PORT``,
 or ``--runner=DataflowRunner --project P --region R --temp_location gs://... --setup_file
@@ -60,6 +62,7 @@ from schemas.recipes import load_recipe, shipped_recipes
 from transforms import analyze_core as core
 from transforms import atomic_files
 from transforms.aggregate import AggregateReleases
+from transforms.analysis_reports import read_reports
 from transforms.analysis_tables import table_parts
 from transforms.analyze import (
     HISTOGRAMS_FILE,
@@ -409,14 +412,25 @@ def _fmt(value: Any, spec: str = ".3g") -> str:
     return str(value)
 
 
-def summary_table(summary: Mapping[str, Any]) -> str:
-    """The short table ``esa analyze``/``esa run`` print: per crowd ε_ℓ, ε_c (bound), n, RMSE."""
+# The console table shows the crowds of the first report parts, at least this many.
+TABLE_CROWDS = 40
+
+
+def summary_table(
+    summary: Mapping[str, Any], reports: Mapping[str, list[dict[str, Any]]] | None = None
+) -> str:
+    """The short table ``esa analyze``/``esa run`` print: per crowd ε_ℓ, ε_c (bound), n, RMSE.
+
+    ``reports``: ``analysis_reports.read_reports`` lists; by default those of the first parts of
+    the analysis in ``summary["inputs"]["output"]`` (at least :data:`TABLE_CROWDS` crowds)."""
+    if reports is None:
+        reports = read_reports(summary["inputs"]["output"], TABLE_CROWDS)
     header = (
         "crowd", "window", "n", "eps_l_inf", "eps_l_1", "eps_c", "bound", "eps_c w/o frag",
         "RMSE", "s.e. (rms)",
     )  # fmt: skip
     rows = []
-    for crowd in summary.get("histograms", []):
+    for crowd in reports["histograms"]:
         privacy = crowd.get("privacy", {})
         accuracy = crowd.get("accuracy", {})
         rows.append(
@@ -433,7 +447,7 @@ def summary_table(summary: Mapping[str, Any]) -> str:
                 _fmt(accuracy.get("stderr_rms"), ".4g"),
             )
         )
-    for entry in summary.get("longitudinal", []):
+    for entry in reports["longitudinal"]:
         privacy = entry.get("privacy", {})
         accuracy = entry.get("accuracy", {})
         rows.append(
@@ -458,11 +472,16 @@ def summary_table(summary: Mapping[str, Any]) -> str:
             lines.append("  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)))
     else:
         lines.append("no crowd was estimated")
-    for note in summary.get("withheld", []):
+    for note in reports["withheld"]:
         lines.append(
             f"note: {note['channel']} {note['crowd_id'] or ''} {pictures.day(note['window_start'])}: "
             f"{note['note']} (by instance {', '.join(map(str, note['withheld_by']))})"
         )
+    totals = summary.get("reports", {})
+    shown = len(reports["histograms"]) + len(reports["longitudinal"])
+    more = totals.get("histograms", 0) + totals.get("longitudinal", 0) - shown
+    if more > 0:
+        lines.append(f"... and {more:,} more in {totals.get('path')}/")
     metrics = summary.get("metrics", {})
     lines.append(
         f"messages read {metrics.get('read', 0):,}: randomized {metrics.get('messages', 0):,}, "

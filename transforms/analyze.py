@@ -7,7 +7,8 @@ adds standard errors, the optional labelled post-processing, the longitudinal ma
 (amplification-by-shuffling) with Theorem 6's bound, the privacy report per crowd, and, when a
 simulation's truth is given, the accuracy against it. :class:`WriteAnalysis` writes
 ``histograms.parquet/`` and ``longitudinal.parquet/`` (Parquet datasets written part by part,
-``transforms.analysis_tables``) and ``summary.json``.
+``transforms.analysis_tables``), ``reports.jsonl/`` and ``withheld.jsonl/`` (JSON Lines, part by
+part, ``transforms.analysis_reports``) and ``summary.json`` (totals only).
 
 Outputs are per crowd (one Arrow table per crowd, one report dict per crowd), never per message.
 """
@@ -17,12 +18,11 @@ from __future__ import annotations
 import json
 import math
 import typing
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import apache_beam as beam
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystem import CompressionTypes
@@ -30,6 +30,16 @@ from apache_beam.io.filesystems import FileSystems
 
 from transforms import analyze_core as core
 from transforms.aggregate import metrics_summary
+from transforms.analysis_reports import (
+    REPORTS_DIR,
+    WITHHELD_DIR,
+    WithheldNotes,
+    WriteJsonParts,
+    json_ready,
+    note_order,
+    report_order,
+    report_totals,
+)
 from transforms.analysis_tables import (
     WriteTableParts,
     histogram_schema,
@@ -37,6 +47,7 @@ from transforms.analysis_tables import (
     longitudinal_schema,
     longitudinal_table,
 )
+from transforms.combiners import SumCounts
 
 HISTOGRAMS_FILE = "histograms.parquet"
 LONGITUDINAL_FILE = "longitudinal.parquet"
@@ -225,47 +236,32 @@ class EstimateCrowds(beam.PTransform):
         )
 
 
-def _sort_key(report: Mapping[str, Any]) -> tuple:
-    return (
-        report.get("kind", ""),
-        report.get("channel", ""),
-        report.get("recipe_id", ""),
-        report.get("crowd_id") or "",
-        report.get("window_start", report.get("round_start", 0)),
-    )
-
-
-def _json_ready(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _json_ready(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_ready(v) for v in value]
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, np.floating | float):
-        return float(value) if math.isfinite(float(value)) else None
-    if isinstance(value, np.ndarray):
-        return _json_ready(value.tolist())
-    return value
-
-
 def write_summary(
     path: str,
     inputs: Mapping[str, Any],
-    reports: Iterable[Mapping[str, Any]],
+    totals: Mapping[str, int],
     metrics: Mapping[str, Any],
-    withheld: Iterable[Mapping[str, Any]],
+    parts: int,
 ) -> dict[str, Any]:
-    """summary.json: inputs, metrics, one entry per crowd and the withheld crowds' notes."""
-    reports = sorted(reports, key=_sort_key)
+    """summary.json: inputs, metrics and totals; the per-crowd reports and withheld-crowd notes
+    are in ``reports.jsonl/`` and ``withheld.jsonl/`` (``transforms.analysis_reports``)."""
     summary = {
         "inputs": dict(inputs),
         "metrics": dict(metrics),
-        "histograms": [r for r in reports if r.get("kind") == core.HISTOGRAM],
-        "longitudinal": [r for r in reports if r.get("kind") == core.LONGITUDINAL],
-        "withheld": list(withheld),
+        "reports": {
+            "path": REPORTS_DIR,
+            "parts": parts,
+            "histograms": int(totals.get("histograms", 0)),
+            "longitudinal": int(totals.get("longitudinal", 0)),
+            "with_notes": int(totals.get("with_notes", 0)),
+        },
+        "withheld": {
+            "path": WITHHELD_DIR,
+            "parts": parts,
+            "crowds": int(totals.get("withheld", 0)),
+        },
     }
-    summary = _json_ready(summary)
+    summary = json_ready(summary)
     with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as sink:
         sink.write(json.dumps(summary, indent=2, sort_keys=False, allow_nan=False).encode())
     return summary
@@ -273,11 +269,12 @@ def write_summary(
 
 class WriteAnalysis(beam.PTransform):
     """Writes histograms.parquet/ and longitudinal.parquet/ (``parts`` part files each, see
-    :class:`WriteTableParts`) and summary.json into ``output_dir``.
+    :class:`WriteTableParts`), reports.jsonl/ and withheld.jsonl/ (per-crowd reports and notes on
+    withheld crowds, ``transforms.analysis_reports``) and summary.json into ``output_dir``.
 
-    ``withheld`` is computed from the reports and the commit records' withheld crowds (passed in,
-    each with the ``instance`` whose commit listed it). summary.json is written once, by one
-    worker, after all crowds are estimated (it gathers the per-crowd report dicts, not tables).
+    ``withheld_crowds``: the commit records' withheld crowds (each with the ``instance`` whose
+    commit listed it), joined with the reports per crowd. summary.json is written once, after
+    every part, from totals only: no worker and not the driver holds every crowd's report.
     """
 
     def __init__(
@@ -297,44 +294,43 @@ class WriteAnalysis(beam.PTransform):
 
     def expand(self, outputs: tuple[EstimateOutputs, beam.PCollection]) -> beam.PCollection:
         estimates, counts = outputs
-        output_dir, config = self._output_dir, self._config
-        histogram_path = FileSystems.join(output_dir, HISTOGRAMS_FILE)
-        longitudinal_path = FileSystems.join(output_dir, LONGITUDINAL_FILE)
-        summary_path = FileSystems.join(output_dir, SUMMARY_FILE)
-        histogram_columns = histogram_schema(config)
-        longitudinal_columns = longitudinal_schema(config)
+        output_dir, config, parts = self._output_dir, self._config, self._parts
+        join = FileSystems.join
+        summary_path = join(output_dir, SUMMARY_FILE)
+        pipeline = estimates.reports.pipeline
+        withheld = pipeline | "WithheldCrowds" >> beam.Create(self._withheld_crowds)
+        notes = (estimates.reports, withheld) | "WithheldNotes" >> WithheldNotes()
         written = [
             estimates.histograms
-            | "WriteHistograms" >> WriteTableParts(histogram_path, histogram_columns, self._parts),
+            | "WriteHistograms"
+            >> WriteTableParts(join(output_dir, HISTOGRAMS_FILE), histogram_schema(config), parts),
             estimates.longitudinal
             | "WriteLongitudinal"
-            >> WriteTableParts(longitudinal_path, longitudinal_columns, self._parts),
+            >> WriteTableParts(
+                join(output_dir, LONGITUDINAL_FILE), longitudinal_schema(config), parts
+            ),
+            estimates.reports
+            | "WriteReports" >> WriteJsonParts(join(output_dir, REPORTS_DIR), parts, report_order),
+            notes
+            | "WriteNotes" >> WriteJsonParts(join(output_dir, WITHHELD_DIR), parts, note_order),
         ]
-        reports = estimates.reports | "AllReports" >> beam.combiners.ToList()
-        inputs, withheld_crowds = self._inputs, self._withheld_crowds
+        totals = (
+            (
+                estimates.reports | "ReportTotals" >> beam.Map(report_totals),
+                notes | "NoteTotals" >> beam.Map(lambda _: {"withheld": 1}),
+            )
+            | "AllTotals" >> beam.Flatten()
+            | "SumTotals" >> beam.CombineGlobally(SumCounts())
+        )
+        inputs = self._inputs
 
-        def summarize(_: Any, reports: list, counts: dict, written: list) -> dict[str, Any]:
-            estimated = set()
-            for report in reports:
-                if report.get("kind") == core.HISTOGRAM and "privacy" in report:
-                    estimated.add(
-                        (report["window_start"], report["channel"], report["recipe_id"],
-                         report["crowd_id"])
-                    )  # fmt: skip
-                elif report.get("kind") == core.LONGITUDINAL:
-                    for period in range(report["periods"]):
-                        if report["respondents_per_period"][period] > 0:
-                            estimated.add(
-                                (report["round_start"] + period * report["window_ms"],
-                                 report["channel"], report["recipe_id"], report["crowd_id"])
-                            )  # fmt: skip
-            withheld = core.withheld_notes(withheld_crowds, estimated)
-            return write_summary(summary_path, inputs, reports, metrics_summary(counts), withheld)
+        def summarize(_: Any, totals: dict, counts: dict, written: list) -> dict[str, Any]:
+            return write_summary(summary_path, inputs, totals, metrics_summary(counts), parts)
 
-        files = written[0].pipeline | "SummaryTrigger" >> beam.Create([None])
-        return files | "WriteSummary" >> beam.Map(
+        trigger = pipeline | "SummaryTrigger" >> beam.Create([None])
+        return trigger | "WriteSummary" >> beam.Map(
             summarize,
-            reports=beam.pvalue.AsSingleton(reports),
+            totals=beam.pvalue.AsSingleton(totals),
             counts=beam.pvalue.AsSingleton(counts),
-            written=beam.pvalue.AsList((written[0], written[1]) | "FilesWritten" >> beam.Flatten()),
+            written=beam.pvalue.AsList(tuple(written) | "FilesWritten" >> beam.Flatten()),
         )

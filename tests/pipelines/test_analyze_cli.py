@@ -19,6 +19,7 @@ from privacy.rng import seeded_generator
 from schemas import crc32c, parsed_schema, release
 from schemas.payloads import CENSUS, encode_payloads
 from schemas.recipes import load_recipe
+from transforms.analysis_reports import read_reports
 
 T0 = 1_704_067_200_000  # 2024-01-01
 DAY = 86_400_000
@@ -145,6 +146,7 @@ def test_n_and_deletion_come_from_the_commit_records(releases, recipe_path, tmp_
                             "--recipe", recipe_path)  # fmt: skip
     assert code == 0, err
     summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    summary.update(read_reports(str(tmp_path / "a")))  # the per-crowd reports and notes
     [crowd] = summary["histograms"]
     assert crowd["respondents_by_instance"] == {"0": N[0], "1": N[1]}
     assert crowd["respondents_effective"] == pytest.approx(0.5 * N[0] + 0.5 * N[1])

@@ -30,6 +30,7 @@ from pipelines import simulate as simulate_pipeline
 from privacy.rng import seeded_generator
 from schemas import SCHEMA_DIR, crc32c, schema_json
 from schemas.recipes import load_recipe, recipe_names
+from transforms.analysis_reports import read_reports
 
 pytestmark = pytest.mark.slow
 
@@ -133,7 +134,7 @@ def in_memory(world):
 def test_image_estimates_match_their_standard_error(in_memory):
     code, printed, output = in_memory
     assert code == 0
-    summary = json.loads((output / "summary.json").read_text())
+    summary = _summary(output)
     [crowd] = [c for c in summary["histograms"] if c["channel"] == "grid"]
     assert crowd["respondents_effective"] == IMAGE_RESPONDENTS  # nothing deleted: n_eff = n
     accuracy = crowd["accuracy"]
@@ -160,7 +161,7 @@ def test_image_estimates_match_their_standard_error(in_memory):
 
 def test_withheld_crowd_has_a_note_and_no_estimate(in_memory):
     _, printed, output = in_memory
-    summary = json.loads((output / "summary.json").read_text())
+    summary = _summary(output)
     assert not [c for c in summary["histograms"] if c["channel"] == "tiny"]
     [note] = [n for n in summary["withheld"] if n["channel"] == "tiny"]
     # The commit records name the withholding instances, never a reason that reveals counts.
@@ -172,7 +173,7 @@ def test_withheld_crowd_has_a_note_and_no_estimate(in_memory):
 
 def test_longitudinal_marginals_stay_within_theorem_6(in_memory):
     _, _, output = in_memory
-    summary = json.loads((output / "summary.json").read_text())
+    summary = _summary(output)
     [entry] = summary["longitudinal"]
     assert entry["periods"] == 8 and entry["respondents"] == LONGITUDINAL_RESPONDENTS
     # The bound holds with probability >= 1 - 1e-3 (--failure-probability): the false-failure rate.
@@ -182,9 +183,14 @@ def test_longitudinal_marginals_stay_within_theorem_6(in_memory):
     assert table.num_rows == 8 and np.all(error <= table.column("error_bound").to_numpy())
 
 
+def _summary(output: Path) -> dict:
+    """summary.json with the per-crowd reports and notes of reports.jsonl/ and withheld.jsonl/."""
+    return {**json.loads((output / "summary.json").read_text()), **read_reports(str(output))}
+
+
 def _results(output: Path):
     table = pq.read_table(output / "histograms.parquet")
-    summary = json.loads((output / "summary.json").read_text())
+    summary = _summary(output)
     for entry in summary["histograms"] + summary["longitudinal"]:
         entry.pop("privacy")  # same inputs give the same numbers; compared below anyway
     return table, summary

@@ -21,6 +21,7 @@ from schemas.payloads import CENSUS, encode_payloads
 from schemas.recipes import recipe_from_dict
 from transforms import analyze_core as core
 from transforms.aggregate import AggregateReleases, CombineCrowd, SumCounts, metrics_summary
+from transforms.analysis_reports import read_reports
 from transforms.analysis_tables import WriteTableParts, histogram_schema, shard_of, table_parts
 from transforms.analyze import (
     AnalysisConfig,
@@ -28,6 +29,7 @@ from transforms.analyze import (
     TruthSource,
     WriteAnalysis,
 )
+from transforms.atomic_files import TEMPORARY_DIR
 
 DAY = 86_400_000
 T0 = 1_704_067_200_000
@@ -217,13 +219,15 @@ def test_estimate_and_write_analysis(release_files, tmp_path):
     np.testing.assert_array_equal(clipped, np.maximum(estimate, 0))
     assert pq.read_table(output / "longitudinal.parquet").num_rows == 0
     summary = json.loads((output / "summary.json").read_text())
-    [crowd] = summary["histograms"]
+    reports = read_reports(str(output))
+    assert summary["reports"]["histograms"] == 1 and summary["withheld"]["crowds"] == 1
+    [crowd] = reports["histograms"]
     assert crowd["respondents_by_instance"] == {"0": 400, "1": 400}
     assert crowd["privacy"]["respondents"] == 400
     assert crowd["accuracy"]["truth_scale"] == 1.0
     assert not summary["metrics"]["adds_up"] and summary["metrics"]["dead_lettered"] == 3
     assert summary["metrics"]["chunks_of_unknown_records"] == {"unreadable_file": 1}
-    [withheld] = summary["withheld"]
+    [withheld] = reports["withheld"]
     assert withheld["window_start"] == T0 + DAY and not withheld["estimated"]
     assert summary["inputs"] == {"test": True}
 
@@ -239,8 +243,9 @@ def test_crowd_tables_are_written_in_parts_without_a_whole_table_gather(tmp_path
     directory = tmp_path / "histograms.parquet"
     with beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner"])) as pipeline:
         _ = pipeline | beam.Create(tables) | WriteTableParts(str(directory), schema, shards=5)
-    parts = sorted(p.name for p in directory.iterdir())
+    parts = sorted(p.name for p in directory.iterdir() if p.name != TEMPORARY_DIR)
     assert parts == [f"part-{s:05d}-of-00005.parquet" for s in range(5)]  # empty parts too
+    assert not list((directory / TEMPORARY_DIR).iterdir())  # every part was renamed into place
     table = pq.read_table(directory)
     assert table.num_rows == 36 and table.schema == schema
     for key, crowd in tables:  # each crowd sits whole, sorted, in the part its key hashes to

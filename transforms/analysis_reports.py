@@ -1,0 +1,211 @@
+"""The analyzer's per-crowd reports and withheld-crowd notes as JSON Lines datasets.
+
+``reports.jsonl/part-SSSSS-of-NNNNN.jsonl`` holds one privacy/accuracy report per crowd (per round
+for longitudinal crowds), ``withheld.jsonl/part-*.jsonl`` one note per crowd a shuffler withheld
+(``analyze_core.withheld_notes``). Like the Parquet tables (``transforms.analysis_tables``), each
+part is written by one worker holding only its own crowds, sorted, under a name fixed by its
+index (a retried bundle replaces it, ``transforms.atomic_files``); every part exists, empty ones
+too. ``summary.json`` keeps only totals and these directories' names, so neither a worker nor the
+driver ever gathers every crowd's report (issue: no whole-dataset gathers).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from transforms import analyze_core as core
+from transforms import atomic_files
+
+REPORTS_DIR = "reports.jsonl"
+WITHHELD_DIR = "withheld.jsonl"
+
+# A crowd: (window_start, channel, recipe_id, crowd_id) as the commit records name it.
+WindowCrowd = tuple[int, str, str, "str | None"]
+
+
+def report_order(report: Mapping[str, Any]) -> tuple:
+    """Order of reports in a part (and of a whole dataset read back)."""
+    return (
+        report.get("kind", ""),
+        report.get("channel", ""),
+        report.get("recipe_id", ""),
+        report.get("crowd_id") or "",
+        report.get("window_start", report.get("round_start", 0)),
+    )
+
+
+def note_order(note: Mapping[str, Any]) -> tuple:
+    return tuple(str(note.get(k)) for k in ("window_start", "channel", "recipe_id", "crowd_id"))
+
+
+def json_ready(value: Any) -> Any:
+    """``value`` with numpy scalars and arrays as JSON types and non-finite floats as None."""
+    if isinstance(value, Mapping):
+        return {str(k): json_ready(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_ready(v) for v in value]
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating | float):
+        return float(value) if math.isfinite(float(value)) else None
+    if isinstance(value, np.ndarray):
+        return json_ready(value.tolist())
+    return value
+
+
+def estimated_crowds(report: Mapping[str, Any]) -> list[WindowCrowd]:
+    """The commit-record crowds a report estimated: its window (histogram reports with a privacy
+    report) or every period with respondents (longitudinal rounds)."""
+    if report.get("kind") == core.HISTOGRAM and "privacy" in report:
+        return [
+            (report["window_start"], report["channel"], report["recipe_id"], report["crowd_id"])
+        ]
+    if report.get("kind") == core.LONGITUDINAL:
+        return [
+            (
+                report["round_start"] + period * report["window_ms"],
+                report["channel"],
+                report["recipe_id"],
+                report["crowd_id"],
+            )
+            for period in range(report["periods"])
+            if report["respondents_per_period"][period] > 0
+        ]
+    return []
+
+
+def withheld_crowd(record: Mapping[str, Any]) -> WindowCrowd:
+    return (
+        int(record["window_start_ms"]),
+        record["channel"],
+        record["recipe_id"],
+        record.get("crowd_id"),
+    )
+
+
+def part_name(shard: int, shards: int) -> str:
+    return f"part-{shard:05d}-of-{shards:05d}.jsonl"
+
+
+def write_json_part(
+    directory: str,
+    shard: int,
+    shards: int,
+    records: Iterable[Mapping[str, Any]],
+    order: Callable[[Mapping[str, Any]], tuple],
+) -> str:
+    """One JSON Lines part: the shard's records, sorted by ``order``."""
+    lines = [
+        json.dumps(json_ready(record), sort_keys=False, allow_nan=False)
+        for record in sorted(records, key=order)
+    ]
+    content = "".join(line + "\n" for line in lines).encode()
+    return atomic_files.publish_bytes(directory, part_name(shard, shards), content)
+
+
+class WriteJsonParts(beam.PTransform):
+    """Dicts -> ``directory/part-SSSSS-of-NNNNN.jsonl``, a record's part chosen by a stable hash
+    of ``order(record)``."""
+
+    def __init__(
+        self, directory: str, shards: int, order: Callable[[Mapping[str, Any]], tuple]
+    ) -> None:
+        super().__init__()
+        if int(shards) < 1:
+            raise ValueError(f"shards must be >= 1, got {shards}")
+        self._directory, self._shards, self._order = directory, int(shards), order
+
+    def expand(self, records: beam.PCollection) -> beam.PCollection:
+        directory, shards, order = self._directory, self._shards, self._order
+
+        def shard_of(record: Mapping[str, Any]) -> int:
+            return zlib.crc32(repr(order(record)).encode()) % shards
+
+        keyed = records | "ByPart" >> beam.Map(lambda record: (shard_of(record), record))
+        every = records.pipeline | "PartIndices" >> beam.Create([(s, None) for s in range(shards)])
+        return (
+            {"records": keyed, "part": every}
+            | "GroupParts" >> beam.CoGroupByKey()
+            | "WriteParts"
+            >> beam.MapTuple(
+                lambda shard, grouped: write_json_part(
+                    directory, shard, shards, grouped["records"], order
+                )
+            )
+        )
+
+
+class WithheldNotes(beam.PTransform):
+    """(reports, withheld commit records) -> one note per withheld crowd
+    (``analyze_core.withheld_notes``), joined per crowd: nothing gathers every crowd."""
+
+    def expand(self, inputs: tuple[beam.PCollection, beam.PCollection]) -> beam.PCollection:
+        reports, withheld = inputs
+        estimated = reports | "EstimatedCrowds" >> beam.FlatMap(
+            lambda report: [(crowd, True) for crowd in estimated_crowds(report)]
+        )
+        records = withheld | "ByCrowd" >> beam.Map(lambda record: (withheld_crowd(record), record))
+
+        def notes(element: tuple[WindowCrowd, Mapping[str, list]]) -> Iterator[dict[str, Any]]:
+            crowd, joined = element
+            if joined["withheld"]:
+                yield from core.withheld_notes(
+                    joined["withheld"], [crowd] if joined["estimated"] else []
+                )
+
+        return (
+            {"withheld": records, "estimated": estimated}
+            | "JoinWithheld" >> beam.CoGroupByKey()
+            | "Notes" >> beam.FlatMap(notes)
+        )
+
+
+def report_totals(report: Mapping[str, Any]) -> dict[str, int]:
+    """Counts summary.json keeps of a report (summed with ``combiners.SumCounts``)."""
+    kind = report.get("kind")
+    name = {core.HISTOGRAM: "histograms", core.LONGITUDINAL: "longitudinal"}.get(kind, "other")
+    counts = {name: 1}
+    if "notes" in report:
+        counts["with_notes"] = 1
+    return counts
+
+
+def read_json_parts(directory: str, limit: int | None = None) -> list[dict[str, Any]]:
+    """The records of a JSON Lines dataset in part order (every one, or the parts' records until
+    at least ``limit`` were read): for small results, tests and the console table."""
+    if not os.path.isdir(directory):
+        return []
+    records = []
+    for name in sorted(os.listdir(directory)):
+        if not name.endswith(".jsonl"):
+            continue
+        path = os.path.join(directory, name)
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            records += [json.loads(line) for line in handle.read().decode().splitlines() if line]
+        if limit is not None and len(records) >= limit:
+            break
+    return records
+
+
+def read_reports(output_dir: str, limit: int | None = None) -> dict[str, list[dict[str, Any]]]:
+    """An analysis's reports and notes as ``{"histograms", "longitudinal", "withheld"}`` lists,
+    each sorted: every one (small analyses, tests) or those of the first parts holding at least
+    ``limit`` (the console table)."""
+    reports = read_json_parts(os.path.join(output_dir, REPORTS_DIR), limit)
+    notes = read_json_parts(os.path.join(output_dir, WITHHELD_DIR), limit)
+    reports, notes = sorted(reports, key=report_order), sorted(notes, key=note_order)
+    return {
+        "histograms": [r for r in reports if r.get("kind") == core.HISTOGRAM],
+        "longitudinal": [r for r in reports if r.get("kind") == core.LONGITUDINAL],
+        "withheld": notes,
+    }
