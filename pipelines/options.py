@@ -77,7 +77,7 @@ class ShuffleOptions(StageFlags, PipelineOptions):
         Flag("output", "Release directory (what the analyzer is given): messages/, _COMMIT.json."),
         Flag(
             "private_output",
-            "Shuffler-private directory: dead_letter/, manifest.avro, metrics.json, spill/. "
+            "Shuffler-private directory: dead_letter/, manifest/, metrics.json, spill/. "
             "Default: <output>.private (a sibling, never inside the release).",
         ),
         Flag(

@@ -19,8 +19,8 @@ Output: the release ``--output DIR`` holds only ``messages/<window>-<crowd diges
 (ShuffledMessage files, deterministic names) and ``_COMMIT.json`` (schemas/release.py: every file
 with size, records and SHA-256; per crowd its status and the distinct respondents released; the
 parameters the privacy report needs), written last and atomically. Everything shuffler-private
-goes to ``--private-output PDIR`` (default ``DIR.private``, a sibling): ``manifest.avro`` (one
-CrowdManifest per crowd; per window under ``manifest/`` when streaming), ``dead_letter/*.avro``,
+goes to ``--private-output PDIR`` (default ``DIR.private``, a sibling): ``manifest/`` (one
+CrowdManifest per crowd, in part files per window and shard of crowds), ``dead_letter/*.avro``,
 ``metrics.json`` (read = released + deleted + withheld + dead-lettered + presence, in records,
 checked), ``index/`` and the spill directory ``spill/`` (under the runner's ``--temp_location`` when given:
 ``<temp_location>/esa-spill/<digest of DIR>/``; removed on every exit path; a run killed before it
@@ -255,12 +255,8 @@ def prepare_outputs(
             FileSystems.delete([path])
 
 
-def _read_manifests(private: str, streaming: bool) -> list[dict[str, Any]]:
-    pattern = (
-        FileSystems.join(private, "manifest", "*", "*.avro")
-        if streaming
-        else FileSystems.join(private, "manifest.avro")
-    )
+def _read_manifests(private: str) -> list[dict[str, Any]]:
+    pattern = FileSystems.join(private, sinks.MANIFEST_DIR, "*", "*.avro")
     records: list[dict[str, Any]] = []
     for metadata in FileSystems.match([pattern])[0].metadata_list:
         with FileSystems.open(metadata.path) as handle:
@@ -294,7 +290,7 @@ def commit_release(
         config.rules.instance,
         config.rules.recipe_ids,
         parameters,
-        _read_manifests(private, config.streaming),
+        _read_manifests(private),
         files,
     )
     os.makedirs(output, exist_ok=True)

@@ -9,17 +9,19 @@ group index), so a retried bundle overwrites its file instead of adding one, wri
 
 Shuffler-private (``--private-output PDIR``): ``index/<name>.json`` (one entry per message file:
 bytes, records, SHA-256, computed from the bytes written), ``dead_letter/*.avro`` (names from a
-digest of their content), ``manifest.avro`` and ``metrics.json``.
+digest of their content), ``manifest/window_start=<ms>/part-*.avro`` and ``metrics.json``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import apache_beam as beam
+import fastavro
 import numpy as np
 import pyarrow as pa
 from apache_beam.io.filesystem import CompressionTypes
@@ -206,11 +208,26 @@ class WriteDeadLetters(beam.PTransform):
         return letters | "WriteDeadLetterFile" >> beam.Map(write)
 
 
-class WriteManifests(beam.PTransform):
-    """CrowdManifest dicts -> DIR/manifest.avro (batch: one file when all crowds are decided).
+MANIFEST_DIR = "manifest"
+# Manifests of one window are split over this many part files by a hash of the crowd key, so
+# that no worker holds every crowd's manifest (issue: no whole-dataset gathers).
+MANIFEST_PARTS = 16
 
-    In streaming mode each window's manifests go to
-    DIR/manifest/window_start=<ms>/part-<random>.avro as the window is released.
+
+def manifest_part(record: Mapping[str, Any], parts: int = MANIFEST_PARTS) -> int:
+    """The part file of a crowd's manifest (stable across workers and runs)."""
+    key = [record[k] for k in ("shuffler_instance", "channel", "recipe_id", "crowd_id")]
+    return zlib.crc32(json.dumps(key).encode()) % parts
+
+
+class WriteManifests(beam.PTransform):
+    """CrowdManifest dicts -> DIR/manifest/window_start=<ms>/part-SSSSS-of-NNNNN.avro: per window
+    :data:`MANIFEST_PARTS` parts by crowd (:func:`manifest_part`), each written by one worker with
+    its own crowds only, under a name fixed by window and part (a retried bundle replaces it,
+    ``transforms.atomic_files``).
+
+    In streaming mode a part of a window is written as the window is released, named
+    part-SSSSS-<digest of its content>.avro (a late pane never replaces an earlier one).
     """
 
     def __init__(self, output_dir: str, streaming: bool = False) -> None:
@@ -219,40 +236,29 @@ class WriteManifests(beam.PTransform):
         self._streaming = streaming
 
     def expand(self, manifests: beam.PCollection) -> beam.PCollection:
-        output_dir = self._output_dir
+        output_dir, streaming = self._output_dir, self._streaming
         schema = parsed_schema("manifest")
-        if self._streaming:
 
-            def write_window(element: tuple[int, Iterable[dict[str, Any]]]) -> str:
-                window_start, records = element
-                records = _sorted_manifests(records)
-                digest = hashlib.sha256(json.dumps(records, sort_keys=True).encode()).hexdigest()
-                path = FileSystems.join(
-                    output_dir,
-                    "manifest",
-                    f"window_start={window_start}",
-                    f"part-{digest[:32]}.avro",
-                )
-                avro_io.write_avro(path, schema, _sorted_manifests(records))
-                return path
-
-            return (
-                manifests
-                | "KeyByWindow" >> beam.Map(lambda record: (record["window_start"], record))
-                | "GroupByWindow" >> beam.GroupByKey()
-                | "WriteManifestWindow" >> beam.Map(write_window)
+        def write_part(element: tuple[tuple[int, int], Iterable[dict[str, Any]]]) -> str:
+            (window_start, part), records = element
+            records = _sorted_manifests(records)
+            if streaming:
+                content = json.dumps(records, sort_keys=True, default=str).encode()
+                name = f"part-{part:05d}-{hashlib.sha256(content).hexdigest()[:32]}.avro"
+            else:
+                name = f"part-{part:05d}-of-{MANIFEST_PARTS:05d}.avro"
+            return atomic_files.publish(
+                output_dir,
+                f"{MANIFEST_DIR}/window_start={window_start}/{name}",
+                lambda sink: fastavro.writer(sink, schema, records, codec="deflate"),
             )
-
-        def write_all(records: list[dict[str, Any]]) -> str:
-            path = FileSystems.join(output_dir, "manifest.avro")
-            avro_io.write_avro(path, schema, _sorted_manifests(records))
-            return path
 
         return (
             manifests
-            | "ManifestsToGlobal" >> beam.WindowInto(beam_window.GlobalWindows())
-            | "AllManifests" >> beam.combiners.ToList()
-            | "WriteManifestFile" >> beam.Map(write_all)
+            | "KeyByWindowAndPart"
+            >> beam.Map(lambda record: ((record["window_start"], manifest_part(record)), record))
+            | "GroupByWindowAndPart" >> beam.GroupByKey()
+            | "WriteManifestPart" >> beam.Map(write_part)
         )
 
 

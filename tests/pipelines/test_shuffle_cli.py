@@ -57,7 +57,11 @@ def _check_release(output: Path) -> dict:
     assert sorted(crowd["status"] for crowd in crowds) == ["released", "withheld"]
     released = next(crowd for crowd in crowds if crowd["status"] == "released")
     assert released["respondents_released"] == 30 and released["messages_released"] == 60
-    manifests = list(fastavro.reader(open(private / "manifest.avro", "rb")))
+    manifests = [
+        m
+        for path in (private / "manifest").rglob("*.avro")
+        for m in fastavro.reader(open(path, "rb"))
+    ]
     assert sorted(m["status"] for m in manifests) == ["RELEASED", "WITHHELD"]
     assert not (private / "spill").exists()  # spill files are removed after the run
     return metrics

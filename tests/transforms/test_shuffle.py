@@ -50,11 +50,7 @@ def _read(path: str) -> list[dict[str, Any]]:
 
 def _collect(output: Path, private: Path, streaming: bool, result: Any) -> Release:
     files = {path: _read(path) for path in sorted(glob.glob(str(output / "messages" / "*.avro")))}
-    manifest_paths = (
-        glob.glob(str(private / "manifest" / "**" / "*.avro"), recursive=True)
-        if streaming
-        else [str(private / "manifest.avro")]
-    )
+    manifest_paths = glob.glob(str(private / "manifest" / "**" / "*.avro"), recursive=True)
     manifests = [record for path in manifest_paths for record in _read(path)]
     letters = [
         record

@@ -3,6 +3,7 @@ accuracy against a simulation's truth, and notes on withheld crowds."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -40,6 +41,12 @@ from transforms.analyze_core.estimate import (
 
 THEOREM_3_2 = "shuffled_model_histograms_theorem_3_2"
 ALGORITHM_3 = "algorithm_3_deletion"
+
+# Many crowds of one recipe share their n (small crowds above all): each bound is a pure function
+# of its arguments and its result is frozen, so a worker computes it once per distinct argument
+# tuple (the tight bounds take ~0.1 s each, more than everything else a crowd costs).
+_privacy_report = functools.lru_cache(maxsize=4096)(privacy_report)
+_amplify = functools.lru_cache(maxsize=4096)(amplify)
 
 
 def _finite_or_none(value: float) -> float | None:
@@ -108,7 +115,7 @@ def privacy_summary(
         out["notes"].append("no instance released this crowd: no central guarantee to state")
     elif isinstance(randomizer, OneHotRappor | SymmetricOneHot | ReportFragmented):
         if isinstance(randomizer, ReportFragmented):
-            report = privacy_report(
+            report = _privacy_report(
                 randomizer.backstop_epsilon,
                 n,
                 delta,
@@ -116,7 +123,7 @@ def privacy_summary(
                 epsilon_fragment=randomizer.fragment_epsilon,
             )
         else:
-            report = privacy_report(randomizer.epsilon, n, delta)
+            report = _privacy_report(randomizer.epsilon, n, delta)
         central = report.central.to_dict()
         without = report.central_without_attribute_fragmentation.to_dict()
     elif isinstance(randomizer, ZeroSumHistogram):
@@ -135,9 +142,9 @@ def privacy_summary(
             )
     else:
         if isinstance(randomizer, BinaryRandomizedResponse):
-            guarantee = amplify(epsilon_all, n, delta, BINARY_RR)
+            guarantee = _amplify(epsilon_all, n, delta, BINARY_RR)
         else:
-            guarantee = amplify(epsilon_all, n, delta, GENERIC, local_model=randomizer.ldp_kind)
+            guarantee = _amplify(epsilon_all, n, delta, GENERIC, local_model=randomizer.ldp_kind)
         central = guarantee.to_dict()
         if isinstance(randomizer, LongitudinalClient):
             out["notes"].append(

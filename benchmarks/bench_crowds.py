@@ -1,0 +1,185 @@
+"""Many small crowds through shuffle + analyze: peak memory at 10x the crowds (issue: no
+whole-dataset gathers).
+
+Report files are generated for ``crowds`` crowds = 2 channels (recipes) x windows x crowd IDs,
+3 respondents each (one-hot RAPPOR over 4 values, ε_ℓ = 3; crowd threshold 2), then, each in its
+own child process so that peak memory (``VmHWM``, ``benchmarks/common.py``) is its own:
+``esa shuffle`` (FnApiRunner) and ``esa analyze`` over its release (FnApiRunner, no pictures).
+The same is done at a tenth of the crowds in the same run; the rows give the peak RSS at the
+larger size against the smaller (ratio ~1: memory flat in the number of crowds) and crowds/s.
+
+Full mode: 100,000 vs 10,000 crowds; quick mode: 10,000 vs 1,000.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from benchmarks.common import run_child
+from schemas import SCHEMA_VERSION, schema_json
+from schemas.avro.container import encode_container
+from schemas.avro.crc32c import crc32c_many
+from schemas.payloads import encode_message_batch
+from schemas.recipes import load_recipe
+
+DAY_MS = 86_400_000
+T0 = 1_704_067_200_000
+CHANNELS = 2
+WINDOWS = 10
+RESPONDENTS_PER_CROWD = 3
+ROWS_PER_FILE = 200_000
+
+_STAGES = """
+import json, sys, time
+from benchmarks.common import peak_rss_mb
+from apache_beam.options.pipeline_options import PipelineOptions
+from pipelines import analyze, shuffle
+a = json.loads(sys.argv[1])
+start = time.perf_counter()
+if a["stage"] == "shuffle":
+    summary = shuffle.run(PipelineOptions(
+        ["--runner=FnApiRunner"], input=a["input"], output=a["output"], instance=0,
+        recipe=a["recipes"], crowd_threshold=2, messages_per_file=10000))
+    result = {"records": summary["read"], "adds_up": summary["adds_up"],
+              "crowds": summary["crowds_released"]}
+else:
+    summary = analyze.run(PipelineOptions(
+        ["--runner=FnApiRunner"], analyze_input=[a["input"]], analyze_output=a["output"],
+        analyze_recipe=a["recipes"], analyze_no_pictures=True))
+    result = {"records": summary["metrics"]["read"], "adds_up": summary["metrics"]["adds_up"],
+              "crowds": summary["reports"]["histograms"]}
+result.update(seconds=time.perf_counter() - start, peak_rss_mb=peak_rss_mb())
+print(json.dumps(result))
+"""
+
+
+def _recipes(directory: Path) -> list[str]:
+    paths = []
+    for channel in range(CHANNELS):
+        recipe = {
+            "name": f"crowds{channel}",
+            "version": 1,
+            "channel": f"crowds{channel}",
+            "randomizer": "one_hot_rappor",
+            "randomizer_params": {"domain_size": 4, "epsilon": 3.0},
+            "fragmentation": "attribute",
+            "epsilon_local": 3.0,
+            "epsilon_central_target": 3.0,
+            "delta": 1e-6,
+            "min_crowd_size": 2,
+            "query_class": "benchmark",
+            "data_fields": ["value"],
+            "shuffler_instances": 1,
+            "window": "1d",
+        }
+        path = directory / f"crowds{channel}.json"
+        path.write_text(json.dumps(recipe))
+        paths.append(str(path))
+    return paths
+
+
+def generate(directory: Path, crowds: int, seed: int = 0) -> list[str]:
+    """Report files of ``crowds`` crowds (channels x windows x crowd IDs), rows in random order."""
+    directory.mkdir(parents=True, exist_ok=True)
+    recipe_paths = _recipes(directory)
+    recipes = [load_recipe(path) for path in recipe_paths]
+    rng = np.random.default_rng(seed)
+    respondents = crowds * RESPONDENTS_PER_CROWD
+    crowd = np.arange(respondents) // RESPONDENTS_PER_CROWD
+    channel = crowd % CHANNELS
+    window = (crowd // CHANNELS) % WINDOWS
+    crowd_id = crowd // (CHANNELS * WINDOWS)
+    randomizer = recipes[0].build_randomizer()
+    messages = randomizer.randomize(rng.integers(0, 4, size=respondents), rng)
+    payloads = encode_message_batch(messages, recipes[0].payload_kind).to_arrow()
+    who = messages.respondent
+    order = rng.permutation(who.size)
+    payloads, who = payloads.take(pa.array(order)), who[order]
+    crcs = crc32c_many(payloads).astype(np.int64)
+    names = np.array([r.channel for r in recipes], dtype=object)
+    ids = np.array([r.id for r in recipes], dtype=object)
+    paths = []
+    for index, start in enumerate(range(0, who.size, ROWS_PER_FILE)):
+        rows = who[start : start + ROWS_PER_FILE]
+        columns = {
+            "schema_version": SCHEMA_VERSION,
+            "shuffler_instance": 0,
+            "channel": pa.array(names[channel[rows]], pa.string()),
+            "recipe_id": pa.array(ids[channel[rows]], pa.string()),
+            "crowd_id": pa.array([f"c{c:06d}" for c in crowd_id[rows]], pa.string()),
+            "min_crowd_size": 2,
+            "origin": pa.array([f"device-{r:09d}" for r in rows], pa.string()),
+            "event_time": T0 + window[rows] * DAY_MS + rng.integers(0, DAY_MS, size=rows.size),
+            "payload": payloads.slice(start, rows.size),
+            "payload_crc32c": crcs[start : start + rows.size],
+        }
+        path = directory / f"reports-{index:03d}.avro"
+        path.write_bytes(encode_container(schema_json("report"), columns, rows.size, "deflate"))
+        paths.append(str(path))
+    return recipe_paths
+
+
+def measure(work: Path, crowds: int) -> dict[str, dict]:
+    """Generate, shuffle and analyze ``crowds`` crowds; each stage's child result."""
+    recipes = generate(work / "reports", crowds)
+    shuffled = run_child(
+        _STAGES,
+        {"stage": "shuffle", "input": str(work / "reports" / "*.avro"),
+         "output": str(work / "shuffled"), "recipes": recipes},
+    )  # fmt: skip
+    analyzed = run_child(
+        _STAGES,
+        {"stage": "analyze", "input": str(work / "shuffled"), "output": str(work / "analysis"),
+         "recipes": recipes},
+    )  # fmt: skip
+    return {"shuffle": shuffled, "analyze": analyzed}
+
+
+def run(quick: bool) -> list[dict]:
+    large = 10_000 if quick else 100_000
+    small = large // 10
+    work = Path(tempfile.mkdtemp(prefix="bench-crowds-"))
+    try:
+        results = {size: measure(work / str(size), size) for size in (small, large)}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    rows = []
+    for stage in ("shuffle", "analyze"):
+        big, little = results[large][stage], results[small][stage]
+        note = (
+            f"{big['crowds']:,} crowds ({big['records']:,} messages) vs {little['crowds']:,}; "
+            f"{CHANNELS} channels x {WINDOWS} windows x crowd IDs, {RESPONDENTS_PER_CROWD} "
+            f"respondents each; FnApiRunner; adds up: {big['adds_up'] and little['adds_up']}"
+        )
+        rows.append(
+            {
+                "benchmark": f"crowds_{stage}",
+                "metric": "peak_rss_mb",
+                "value": big["peak_rss_mb"],
+                "baseline": little["peak_rss_mb"],
+                "ratio": big["peak_rss_mb"] / little["peak_rss_mb"],
+                "note": "baseline: the same at a tenth of the crowds (ratio ~1 = flat); " + note,
+            }
+        )
+        rows.append(
+            {
+                "benchmark": f"crowds_{stage}",
+                "metric": "crowds_per_s",
+                "value": big["crowds"] / big["seconds"],
+                "baseline": little["crowds"] / little["seconds"],
+                "ratio": (big["crowds"] / big["seconds"]) / (little["crowds"] / little["seconds"]),
+                "note": f"{big['seconds']:.0f} s vs {little['seconds']:.0f} s",
+            }
+        )
+    return rows
+
+
+if __name__ == "__main__":
+    print(json.dumps(run("--full" not in sys.argv), indent=2))

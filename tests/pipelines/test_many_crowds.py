@@ -1,0 +1,77 @@
+"""Memory stays flat in the number of crowds (issue: no whole-dataset gathers): shuffle and
+analyze of 10x the crowds in child processes (``benchmarks/bench_crowds.py``, which measures the
+same at 10,000 vs 100,000 crowds) must not need more peak memory than the smaller run plus a
+margin, and the analyzer's pipeline has no transform that gathers a whole PCollection."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import apache_beam as beam
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from benchmarks import bench_crowds
+from pipelines import analyze as analyze_pipeline
+from pipelines import shuffle as shuffle_pipeline
+
+pytestmark = pytest.mark.slow
+
+SMALL, LARGE = 150, 1500
+# Peak RSS here is mostly the interpreter and Beam (~300 MB); a per-crowd gather of the reports
+# or tables would add a few KB per crowd (the JSON report alone is ~2 KB). The margin allows for
+# allocator noise between two child processes.
+MARGIN = 1.15
+
+
+def test_peak_memory_is_flat_in_the_number_of_crowds(tmp_path: Path) -> None:
+    small = bench_crowds.measure(tmp_path / "small", SMALL)
+    large = bench_crowds.measure(tmp_path / "large", LARGE)
+    for stage in ("shuffle", "analyze"):
+        assert large[stage]["adds_up"] and large[stage]["crowds"] > 0.9 * LARGE
+        assert large[stage]["peak_rss_mb"] <= MARGIN * small[stage]["peak_rss_mb"], stage
+
+
+_GATHERS = (beam.combiners.ToList, beam.combiners.ToDict, beam.combiners.ToSet)
+
+
+def test_no_stage_gathers_a_whole_pcollection(tmp_path: Path, monkeypatch) -> None:
+    """Every transform of the shuffle and analyze pipelines, as built: no ToList/ToDict/ToSet
+    (side inputs read as lists are allowed only for the parts' file names and totals)."""
+    seen: list[str] = []
+    original = beam.Pipeline.run
+
+    def run(self, *args, **kwargs):
+        class Visitor(beam.pipeline.PipelineVisitor):
+            def enter_composite_transform(self, node) -> None:
+                if isinstance(node.transform, _GATHERS):
+                    seen.append(node.full_label)
+
+            def visit_transform(self, node) -> None:
+                self.enter_composite_transform(node)
+
+        self.visit(Visitor())
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(beam.Pipeline, "run", run)
+    recipes = bench_crowds.generate(tmp_path / "reports", 20)
+    shuffle_pipeline.run(
+        PipelineOptions(
+            ["--runner=FnApiRunner"],
+            input=str(tmp_path / "reports" / "*.avro"),
+            output=str(tmp_path / "shuffled"),
+            instance=0,
+            recipe=recipes,
+            crowd_threshold=2,
+        )
+    )
+    analyze_pipeline.run(
+        PipelineOptions(
+            ["--runner=FnApiRunner"],
+            analyze_input=[str(tmp_path / "shuffled")],
+            analyze_output=str(tmp_path / "analysis"),
+            analyze_recipe=recipes,
+            analyze_no_pictures=True,
+        )
+    )
+    assert [label for label in seen if "Analyze" in label or "Write" in label] == []
