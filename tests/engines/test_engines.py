@@ -28,6 +28,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines import cli, engines
+from transforms.analysis_reports import read_reports
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -92,8 +93,10 @@ def _histograms(analysis: Path):
 
 
 def _summary(output: Path) -> dict:
-    text = (output / "analysis" / "summary.json").read_text()
-    return json.loads(text.replace(str(output), "<OUTPUT>"))
+    """summary.json with the per-crowd reports and notes (reports.jsonl/, withheld.jsonl/)."""
+    summary = json.loads((output / "analysis" / "summary.json").read_text())
+    summary.update(read_reports(str(output / "analysis")))
+    return json.loads(json.dumps(summary).replace(str(output), "<OUTPUT>"))
 
 
 @pytest.fixture(scope="module")
