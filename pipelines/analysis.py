@@ -47,6 +47,7 @@ from privacy.ngrams import NgramEncoding, precision_recall_at_k, tokenize, top_k
 from simulators import interactive_devices as devices_mod
 from simulators import ngram_sweep
 from simulators.text_corpus import CorpusUnavailable, load_sentences
+from transforms.analysis_reports import read_reports
 from transforms.encode import SimulationPlan
 
 __all__ = ["register", "DEFAULT_PLAN", "load_plan", "run_analysis"]
@@ -186,13 +187,13 @@ def _estimates(histograms: Path, recipe_id: str, domain_size: int) -> np.ndarray
 
 def _privacy(summary_path: Path, recipe_id: str) -> list[dict[str, Any]]:
     """The analyzer's privacy report of each released crowd of the recipe (ε_c with its bound,
-    δ, n) as ``summary.json`` states it."""
+    δ, n) as ``reports.jsonl/`` beside ``summary.json`` states it."""
     try:
-        summary = json.loads(summary_path.read_text())
+        reports = read_reports(str(summary_path.parent))
     except (OSError, json.JSONDecodeError):
         return []
     out = []
-    for crowd in summary.get("histograms", []):
+    for crowd in reports["histograms"]:
         if crowd.get("recipe_id") != recipe_id:
             continue
         privacy = crowd.get("privacy", {})
