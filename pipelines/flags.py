@@ -14,6 +14,7 @@ here make each error one line naming the flag. Durations have one grammar,
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import os
 from collections.abc import Callable, Iterable, Sequence
@@ -42,9 +43,9 @@ __all__ = [
 # to download Prism, which cannot work offline (DESIGN.md, Beam facts).
 DEFAULT_BATCH_RUNNER = "FnApiRunner"
 INT64_MAX = 2**63 - 1
-# The latest event time whose window fits an Avro timestamp-millis every reader can decode
-# (year 9999, the end of Python's datetime), as the shuffler enforces on data.
-LATEST_WINDOW_END_MS = MAX_EVENT_TIME_MS + 1
+# The latest window end an Avro timestamp-millis every reader can decode holds (the last
+# millisecond of year 9999, the end of Python's datetime), as the shuffler enforces on data.
+LATEST_WINDOW_END_MS = MAX_EVENT_TIME_MS
 
 
 def with_default_runner(options: PipelineOptions) -> PipelineOptions:
@@ -215,6 +216,33 @@ def window_error(text: str) -> str | None:
 
 def is_local(path: str) -> bool:
     return "://" not in path
+
+
+def glob_base(pattern: str) -> str:
+    """The directory a glob searches: its leading components without a wildcard."""
+    parts = pattern.split("/")
+    fixed = list(itertools.takewhile(lambda part: not any(c in part for c in "*?["), parts))
+    if len(fixed) == len(parts):
+        fixed = fixed[:-1]  # a plain file name: its directory
+    return "/".join(fixed) or ("/" if pattern.startswith("/") else ".")
+
+
+def apart(flag: str, path: str | None, others: Iterable[tuple[str, str | None]]) -> str | None:
+    """An output directory that is neither inside nor around an input (a release written into
+    the directory the analyzer reads, or an --overwrite that would remove the inputs)."""
+    if not path or not is_local(path):
+        return None
+    target = os.path.realpath(path)
+    for other_flag, other in others:
+        if not other or not is_local(other):
+            continue
+        source = os.path.realpath(other)
+        common = os.path.commonpath([target, source])
+        if common == source:
+            return f"{flag} {path} must not be inside {other_flag} {other}"
+        if common == target:
+            return f"{other_flag} {other} must not be inside {flag} {path}"
+    return None
 
 
 def output_directory(flag: str, path: str | None, required: bool = True) -> str | None:

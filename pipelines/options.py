@@ -24,10 +24,12 @@ from pipelines.flags import (
     Flag,
     StageFlags,
     add_stage_arguments,
+    apart,
     deletion_errors,
     errors_of,
     existing_paths,
     format_duration_ms,
+    glob_base,
     int_in,
     matching_glob,
     output_directory,
@@ -165,6 +167,12 @@ class ShuffleOptions(StageFlags, PipelineOptions):
             positive_finite("--watch-for", self.watch_for, allow_zero=True),
             output_directory("--output", self.output),
             output_directory("--private-output", self.private_output, required=False),
+            apart("--output", self.output, [("--input", self.input and glob_base(self.input))]),
+            apart(
+                "--private-output",
+                self.private_output,
+                [("--input", self.input and glob_base(self.input))],
+            ),
             ("--input is required" if not self.input else None)
             if streaming
             else matching_glob("--input", self.input),
@@ -413,6 +421,9 @@ class AnalyzeOptions(StageFlags, PipelineOptions):
             int_in("--batch-records", value("batch_records"), 1, 2**31 - 1),
             int_in("--dense-limit", value("dense_limit"), 0, 2**40),
             output_directory("--output", value("output")),
+            apart(
+                "--output", value("output"), [("--input", path) for path in value("input") or ()]
+            ),
         )
 
 

@@ -45,6 +45,7 @@ import os
 import re
 import secrets
 import socket
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -91,7 +92,16 @@ def _handle(args: argparse.Namespace, pipeline_args: list[str]) -> int:
     options = PipelineOptions(pipeline_args, **values)
     summary = run(options)
     print(json.dumps(summary, indent=2, sort_keys=True))
-    return 0 if summary.get("adds_up") else 1
+    if summary.get("adds_up"):
+        return 0
+    unknown = summary.get("chunks_of_unknown_records") or {}
+    print(
+        f"esa shuffle: error: the records read do not add up ({summary.get('read')} read, "
+        f"{summary.get('accounted')} accounted; chunks of unknown records: {unknown}); see the "
+        f"dead letters in {summary.get('private_output')}",
+        file=sys.stderr,
+    )
+    return 1
 
 
 def _routes(recipe_names: list[str] | None, window_ms: int) -> dict[str, core.RecipeRoute]:
@@ -126,6 +136,7 @@ def shuffle_config(
         routes=dict(routes) if routes is not None else _routes(options.recipe, window_ms),
         supported_versions=frozenset(SUPPORTED_SCHEMA_VERSIONS),
         instance=options.instance,
+        window_ms=window_ms,
     )
     return shuffle_transforms.ShuffleConfig(
         rules=rules,

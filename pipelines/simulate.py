@@ -19,9 +19,9 @@ bucket 1 counts users in state True) and ``simulation.json`` (recipe, population
 seed, refusals, messages per instance, codec, files), and, written last, the commit record
 ``_COMMIT.json`` (format "esa-reports/1", ``schemas/release.py``: every file with its size,
 record count and SHA-256). Everything is first written to a hidden temporary sibling
-``.DIR.tmp-<random>`` that is renamed to DIR at the end and removed on failure; only then is the
-commit record written, so a DIR without ``_COMMIT.json`` is incomplete (a killed run leaves
-nothing committed; its stale temporary sibling is removed by the next run). An existing DIR is
+``.DIR.tmp-<random>``, committed there and only then renamed to DIR, so DIR appears complete
+with its ``_COMMIT.json`` or not at all, and is removed on failure (a killed run leaves nothing
+under DIR; its stale temporary sibling is removed by the next run). An existing DIR is
 replaced only with ``--overwrite``. DIR must be a local directory, or one mounted on every worker.
 
 The pipeline passes shard descriptors (index, respondent range, SeedSequence child of the seed)
@@ -315,6 +315,8 @@ def run(options: PipelineOptions) -> dict[str, Any]:
                 )
             )
         summary = json.loads((staging / SUMMARY_FILE).read_text())
+        # Committed before the rename: a run killed at any point leaves DIR committed or absent.
+        commit_outputs(staging, summary)
         if output.exists():
             (output / release.COMMIT_FILE).unlink(missing_ok=True)  # uncommit first
             shutil.rmtree(output)
@@ -322,5 +324,4 @@ def run(options: PipelineOptions) -> dict[str, Any]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    commit_outputs(output, summary)  # last: DIR is complete only from here on
     return summary

@@ -61,6 +61,12 @@ PRIVATE_NAMES = frozenset({"dead_letter", "manifest.avro", "manifest", "metrics.
 _PRIVATE_PREFIXES = ("_spill",)
 _CHUNK = 1 << 20
 _STATUSES = ("released", "withheld")
+# Bounds a commit record's numbers must keep: an instance is an Avro int; a threshold a long; no
+# crowd is larger than the accountant accepts (privacy/accounting/variation_ratio.py,
+# MAX_RESPONDENTS), so an absurd n is refused before any privacy computation.
+_MAX_INSTANCE = 2**31 - 1
+_MAX_THRESHOLD = 2**63 - 1
+MAX_RESPONDENTS_RELEASED = 10**10
 
 
 class ReleaseError(ValueError):
@@ -204,6 +210,10 @@ def _check_entry(raw: Any, index: int) -> FileEntry:
     return FileEntry(path, size, records, digest)
 
 
+def _int_in(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
 def _check_release_fields(commit: Mapping[str, Any], files: Sequence[FileEntry]) -> None:
     """The fields of an ``esa-release/1`` record (SPEC: release layout)."""
     for name, kind in (
@@ -214,6 +224,19 @@ def _check_release_fields(commit: Mapping[str, Any], files: Sequence[FileEntry])
     ):
         if name not in commit or not isinstance(commit[name], kind):
             raise ReleaseError(f"{COMMIT_FILE}: field {name!r} is missing or has the wrong type")
+    instance = commit["instance"]
+    if instance is not None and not _int_in(instance, 0, _MAX_INSTANCE):
+        raise ReleaseError(f"{COMMIT_FILE}: instance {instance!r} is not an int in [0, 2^31 - 1]")
+    parameters = commit["parameters"]
+    threshold = parameters.get("crowd_threshold")
+    if "crowd_threshold" in parameters and not _int_in(threshold, 1, _MAX_THRESHOLD):
+        raise ReleaseError(
+            f"{COMMIT_FILE}: parameters.crowd_threshold {threshold!r} is not an int in "
+            "[1, 2^63 - 1]"
+        )
+    window_ms = parameters.get("window_ms")
+    if "window_ms" in parameters and not _int_in(window_ms, 1, _MAX_THRESHOLD):
+        raise ReleaseError(f"{COMMIT_FILE}: parameters.window_ms {window_ms!r} is not an int >= 1")
     released = commit.get("records_released")
     if any(entry.records is None for entry in files):
         raise ReleaseError(f"{COMMIT_FILE}: a release file does not state its records")
@@ -230,9 +253,15 @@ def _check_release_fields(commit: Mapping[str, Any], files: Sequence[FileEntry])
         if not isinstance(count, int) or count < 0:
             raise ReleaseError(f"{COMMIT_FILE}: crowds[{index}].messages_released is invalid")
         if crowd["status"] == "released":
-            if not isinstance(respondents, int) or isinstance(respondents, bool) or respondents < 0:
+            if not _int_in(respondents, 0, MAX_RESPONDENTS_RELEASED):
                 raise ReleaseError(
-                    f"{COMMIT_FILE}: crowds[{index}].respondents_released is not an int >= 0"
+                    f"{COMMIT_FILE}: crowds[{index}].respondents_released {respondents!r} is not "
+                    f"an int in [0, {MAX_RESPONDENTS_RELEASED:.0e}]"
+                )
+            if isinstance(threshold, int) and respondents < threshold:
+                raise ReleaseError(
+                    f"{COMMIT_FILE}: crowds[{index}] is released with {respondents} respondents, "
+                    f"below the crowd_threshold {threshold}"
                 )
         elif respondents is not None or count:
             raise ReleaseError(f"{COMMIT_FILE}: withheld crowds[{index}] states counts")
@@ -286,7 +315,7 @@ def read_commit(directory: str) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as handle:
             record = json.load(handle)
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, RecursionError) as error:
         raise ReleaseError(f"{path}: unreadable commit record: {error}") from error
     if not isinstance(record, dict) or not isinstance(record.get("format"), str):
         raise ReleaseError(f"{path}: not a commit record (an object with 'format')")

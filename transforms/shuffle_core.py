@@ -120,6 +120,15 @@ def schema_problem(schema: pa.Schema) -> str | None:
     return None
 
 
+def latest_event_time_ms(window_ms: int | None) -> int:
+    """The latest event time whose window (of ``window_ms``, aligned at 0) ends by
+    MAX_EVENT_TIME_MS, the last instant every Avro timestamp-millis reader decodes (a window end
+    of 10000-01-01 is written as a timestamp no reader can read)."""
+    if not window_ms:
+        return MAX_EVENT_TIME_MS
+    return (MAX_EVENT_TIME_MS // window_ms) * window_ms - 1
+
+
 def _int_column(batch: pa.RecordBatch, name: str, fill: int) -> np.ndarray:
     column = batch.column(name)
     return column.fill_null(fill).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
@@ -179,7 +188,7 @@ def validate_reports(batch: pa.RecordBatch, rules: ValidationRules) -> np.ndarra
 
     event_time = _int_column(batch, "event_time", MIN_EVENT_TIME_MS)
     reject(
-        (event_time < MIN_EVENT_TIME_MS) | (event_time > MAX_EVENT_TIME_MS),
+        (event_time < MIN_EVENT_TIME_MS) | (event_time > latest_event_time_ms(rules.window_ms)),
         "event_time_out_of_range",
     )
 
@@ -234,7 +243,8 @@ def rejection_detail(reason: str, record: Mapping[str, Any], rules: ValidationRu
     if reason == "event_time_out_of_range":
         return (
             f"event_time {record.get('event_time')!r} not in "
-            f"[{MIN_EVENT_TIME_MS}, {MAX_EVENT_TIME_MS}] ms"
+            f"[{MIN_EVENT_TIME_MS}, {latest_event_time_ms(rules.window_ms)}] ms (its window "
+            "must end by year 9999)"
         )
     if reason == "invalid_min_crowd_size":
         return f"min_crowd_size {record.get('min_crowd_size')!r} is negative"

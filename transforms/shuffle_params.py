@@ -80,12 +80,15 @@ class ValidationRules:
     """Which reports the shuffler accepts.
 
     ``routes`` maps each known recipe id to its channel and number of shuffler instances;
-    ``instance`` (optional) makes this run accept only that shuffler instance.
+    ``instance`` (optional) makes this run accept only that shuffler instance; ``window_ms``
+    (optional) the window length, so event times whose window would end past what Avro
+    timestamps hold are refused.
     """
 
     routes: Mapping[str, RecipeRoute]
     supported_versions: frozenset[int]
     instance: int | None = None
+    window_ms: int | None = None
     _recipe_ids: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -110,3 +110,18 @@ def test_killed_overwrite_keeps_the_previous_committed_output(tmp_path):
     )  # fmt: skip
     assert _kill_when(process, lambda: _staged_reports(tmp_path, "sim"))
     assert release.verify_release(str(output)).commit == before
+
+
+def test_output_appears_committed_or_not_at_all(tmp_path):
+    """Killed the moment DIR appears (the rename of the staging directory), DIR is already
+    committed: no window in which a complete-looking DIR lacks its commit record."""
+    output = tmp_path / "sim"
+    process = subprocess.Popen(
+        _esa("simulate", "--output", str(output), "--respondents", "200000", *FLAGS),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    _kill_when(process, output.exists)  # the run may end first: DIR must be committed then too
+    assert output.exists()
+    assert release.verify_release(str(output)).commit["format"] == release.REPORTS_FORMAT
