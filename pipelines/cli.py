@@ -78,6 +78,8 @@ def _fail(command: str, message: str) -> int:
 def _check_stage_flags(command: str, args: argparse.Namespace, extra: list[str]) -> str | None:
     """The first problem with a stage's flags: one unknown to the stage and to Beam, or one
     its options class refuses."""
+    from apache_beam.options.pipeline_options import DirectOptions
+
     from pipelines import options as stage_options
 
     unknown = stage_options.unknown_beam_flags(extra)
@@ -89,6 +91,9 @@ def _check_stage_flags(command: str, args: argparse.Namespace, extra: list[str])
     options_class = getattr(stage_options, class_name)
     view = stage_options.PipelineOptions(extra, **options_class.cli_values(args))
     errors = view.view_as(options_class).validate()
+    workers = view.view_as(DirectOptions).direct_num_workers
+    if workers is not None and workers < 0:  # Beam fails with an IndexError deep in its runner
+        errors.append(f"--direct_num_workers must be >= 0 (0: one per core), got {workers}")
     return errors[0] if errors else None
 
 

@@ -17,6 +17,8 @@ import argparse
 import itertools
 import math
 import os
+import tempfile
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,7 @@ from typing import Any, ClassVar, NoReturn
 
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
+from privacy.accounting.deletion import deletion_noise
 from transforms.shuffle_core import MAX_EVENT_TIME_MS, parse_duration_ms
 
 __all__ = [
@@ -100,6 +103,22 @@ class Flag:
         return keywords
 
 
+class _StoreOnce(argparse.Action):
+    """A one-value flag given twice is an error, not a silent last-one-wins
+    (``--crowd-threshold 5 ... --crowd-threshold 100000``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._given: list[weakref.ref[argparse.Namespace]] = []  # Namespace is unhashable
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None) -> None:
+        self._given = [ref for ref in self._given if ref() is not None]
+        if any(ref() is namespace for ref in self._given):
+            parser.error(f"argument {option_string}: given more than once")
+        self._given.append(weakref.ref(namespace))
+        setattr(namespace, self.dest, values)
+
+
 class StageFlags:
     """Mixin of the stage options classes: registers ``FLAGS`` on Beam's parser and on an ``esa``
     subcommand parser, reads them back, and validates them.
@@ -140,7 +159,10 @@ class StageFlags:
     def add_cli_arguments(cls, parser: argparse.ArgumentParser) -> None:
         """Register the flags on an ``esa`` subcommand parser as ``--crowd-threshold``, ..."""
         for flag in cls.FLAGS:
-            parser.add_argument(cls.cli_flag(flag), dest=cls.dest(flag), **flag.argparse_keywords())
+            keywords = flag.argparse_keywords()
+            if not flag.switch and not flag.repeat:
+                keywords["action"] = _StoreOnce
+            parser.add_argument(cls.cli_flag(flag), dest=cls.dest(flag), **keywords)
 
     @classmethod
     def cli_values(cls, args: argparse.Namespace) -> dict[str, Any]:
@@ -198,6 +220,11 @@ def deletion_errors(epsilon: float | None, delta: float | None) -> list[str]:
     errors = [positive_finite("--deletion-epsilon", epsilon)]
     if not 0 < delta < 1:
         errors.append(f"--deletion-delta must be in (0, 1), got {delta}")
+    if not any(errors):
+        try:
+            deletion_noise(epsilon, delta)
+        except ValueError as error:
+            errors.append(f"--deletion-epsilon/--deletion-delta: {error}")
     return [error for error in errors if error]
 
 
@@ -261,6 +288,10 @@ def output_directory(flag: str, path: str | None, required: bool = True) -> str 
         return f"{flag} {path} cannot be created: {ancestor} is not a directory"
     if not os.access(ancestor, os.W_OK | os.X_OK):
         return f"{flag} {path} cannot be created: {ancestor} is not writable"
+    try:  # os.access says yes to root everywhere: /proc, read-only mounts; try it for real
+        os.rmdir(tempfile.mkdtemp(prefix=".esa-probe-", dir=ancestor))
+    except OSError as error:
+        return f"{flag} {path} cannot be created in {ancestor}: {error.strerror or error}"
     return None
 
 

@@ -52,6 +52,11 @@ def deletion_noise(epsilon_deletion: float, delta_deletion: float) -> DeletionNo
     d = check_delta(delta_deletion, "delta_deletion")
     scale = 2.0 / eps
     offset = scale * math.log(2.0 / d)
+    if not math.isfinite(offset):  # a subnormal eps_cr or delta_cr: no offset a count can hold
+        raise ValueError(
+            f"deletion (eps {epsilon_deletion!r}, delta {delta_deletion!r}) gives an offset "
+            "(2/eps) log(2/delta) beyond floating point"
+        )
     return DeletionNoise(
         epsilon=eps, delta=d, scale=scale, offset=offset, offset_records=math.ceil(offset)
     )
