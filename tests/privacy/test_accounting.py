@@ -529,6 +529,13 @@ def test_deletion_noise_parameters():
         acc.deletion_noise(0.5, 2.0)
 
 
+@pytest.mark.parametrize(("epsilon", "delta"), [(1.0, 1e-320), (5e-324, 1e-6)])
+def test_deletion_noise_refuses_an_offset_beyond_floating_point(epsilon, delta):
+    # 2/delta or 2/eps overflows to inf: no integer offset; a ValueError, not an OverflowError.
+    with pytest.raises(ValueError, match="beyond floating point"):
+        acc.deletion_noise(epsilon, delta)
+
+
 def test_deletion_bounds_tail_probabilities():
     for epsilon, delta, crowds in [(0.5, 1e-6, 1), (1.0, 1e-3, 100), (3.0, 1e-6, 1)]:
         bounds = acc.deletion_bounds(epsilon, delta, crowds)
