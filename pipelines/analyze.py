@@ -137,7 +137,8 @@ def _read_json(path: str) -> dict[str, Any] | None:
 
 def _release_dirs(given: str) -> list[str]:
     """``given`` itself when it holds a commit record (or nothing to expand), else its
-    ``instance=<u>/`` children."""
+    ``instance=<u>/`` children and any other child holding a commit record (a renamed or copied
+    release is read, and so refused as a second release of its instance, never skipped)."""
     given = given.rstrip("/") or "/"
     if not os.path.isdir(given):
         raise UsageError(f"--input {given}: no such directory")
@@ -146,7 +147,11 @@ def _release_dirs(given: str) -> list[str]:
     children = sorted(
         os.path.join(given, name)
         for name in os.listdir(given)
-        if _INSTANCE_DIR.fullmatch(name) and os.path.isdir(os.path.join(given, name))
+        if os.path.isdir(os.path.join(given, name))
+        and (
+            _INSTANCE_DIR.fullmatch(name)
+            or os.path.exists(os.path.join(given, name, release.COMMIT_FILE))
+        )
     )
     return children or [given]
 

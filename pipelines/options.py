@@ -171,7 +171,7 @@ class ShuffleOptions(StageFlags, PipelineOptions):
             apart(
                 "--private-output",
                 self.private_output,
-                [("--input", self.input and glob_base(self.input))],
+                [("--input", self.input and glob_base(self.input)), ("--output", self.output)],
             ),
             ("--input is required" if not self.input else None)
             if streaming

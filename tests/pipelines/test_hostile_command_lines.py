@@ -34,6 +34,11 @@ CASES = [
     (SHUFFLE + ["--private-output", "/proc/esa-private"], "cannot be created"),
     (["shuffle", "--input", "{input}", "--output", "{input}/../out"], "must not be inside"),
     (["analyze", "--input", "{dir}", "--output", "{dir}/analysis"], "must not be inside"),
+    (SHUFFLE + ["--private-output", "{out}/private"], "must not be inside"),
+    (
+        ["shuffle", "--input", "{input}", "--output", "{dir}/r", "--private-output", "{dir}"],
+        "inside",
+    ),
     # The last window of a simulation starting on 9999-12-31 would end in year 10000.
     (SIMULATE + ["--start", "9999-12-31"], "year 9999"),
 ]

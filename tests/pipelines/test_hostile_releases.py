@@ -31,6 +31,7 @@ def made(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     fields = {"recipe_id": "hostile_test@1", "channel": body["channel"]}
     rf.write_reports(root / "reports" / "a.avro", rf.crowd(30, 2, **fields))
     argv = ["shuffle", "--input", str(root / "reports" / "*.avro"), "--recipe", str(recipe)]
+    argv += ["--instance", "0"]
     assert cli.main([*argv, "--output", str(root / "rel"), "--crowd-threshold", "10"]) == 0
     return root / "rel", str(recipe)
 
@@ -104,6 +105,30 @@ def test_a_damaged_release_is_refused_in_one_line(
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("esa analyze: error:") and words in err[0], err
+
+
+def test_the_undamaged_release_is_analyzed(made: tuple[Path, str], tmp_path: Path) -> None:
+    release_dir, recipe = made
+    argv = ["analyze", "--input", str(release_dir), "--output", str(tmp_path / "an"), "--recipe"]
+    assert cli.main([*argv, recipe]) == 0
+    summary = json.loads((tmp_path / "an" / "summary.json").read_text())
+    [histogram] = summary["histograms"]
+    # n is the commit's 30 (K = 4: n_eff = 30/4); the test payloads are not one-hot codes, so
+    # all 60 messages are dead-lettered with a reason, and the counters add up.
+    assert histogram["respondents_by_instance"] == {"0": 30}
+    assert summary["metrics"]["read"] == summary["metrics"]["dead_lettered"] == 60
+    assert summary["metrics"]["adds_up"]
+
+
+def test_a_renamed_copy_of_a_release_is_read_and_refused_not_skipped(
+    made: tuple[Path, str], tmp_path: Path, capsys
+) -> None:
+    release_dir, recipe = made
+    shutil.copytree(release_dir, tmp_path / "root" / "instance=0")
+    shutil.copytree(release_dir, tmp_path / "root" / "backup")
+    argv = ["analyze", "--input", str(tmp_path / "root"), "--output", str(tmp_path / "an")]
+    assert cli.main([*argv, "--recipe", recipe]) == 2
+    assert "instance 0 released twice" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("inside", ["rel/an", "rel/messages/an", "."])
