@@ -59,13 +59,15 @@ def _cli(argv: list[str]) -> None:
 
 
 def _esa_run(root: Path, name: str, flags: list[str]) -> Path:
+    # Unsealed: every sealed message has a fresh encapsulation (by design), so engines could only
+    # be compared after opening; tests/pipelines/test_sealed_run.py covers sealing itself.
     recipe = root / "recipe-engine_grid.json"
     if not recipe.exists():
         recipe.write_text(json.dumps(RECIPE))
     output = root / name
     _cli(["run", "--output", str(output), "--recipe", str(recipe), "--population", "uniform",
           "--respondents", str(RESPONDENTS), "--seed", str(SEED), "--parallel-shuffles", "1",
-          *flags])  # fmt: skip
+          "--unsealed", *flags])  # fmt: skip
     return output
 
 
