@@ -436,8 +436,9 @@ class RunOptions(StageFlags, PipelineOptions):
         Flag("output", "Output directory. Default results.", default="results"),
         Flag(
             "recipe",
-            "Shipped recipe name or recipe JSON file. Default image_grid_onehot.",
-            default="image_grid_onehot",
+            "Shipped recipe name or recipe JSON file. Default image_grid_sealed (what make run "
+            "runs).",
+            default="image_grid_sealed",
         ),
         Flag(
             "population",
@@ -447,9 +448,9 @@ class RunOptions(StageFlags, PipelineOptions):
         ),
         Flag(
             "respondents",
-            "Simulated respondents. Default 120000 (the recipe's minimum crowd is 100000 per "
-            "instance).",
-            default=120_000,
+            "Simulated respondents. Default 40000 (each of the default recipe's two instances "
+            "keeps its minimum crowd).",
+            default=40_000,
             type=int,
         ),
         Flag(

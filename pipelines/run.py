@@ -1,7 +1,7 @@
 """``esa run``: the whole product on one machine: simulated devices -> K shufflers -> analyzer.
 
-    esa run [--output results] [--recipe image_grid_onehot] [--population image:horse]
-        [--respondents 120000] [--instances K] [--seed S] [--deletion-epsilon E --deletion-delta D]
+    esa run [--output results] [--recipe image_grid_sealed] [--population image:horse]
+        [--respondents 40000] [--instances K] [--seed S] [--deletion-epsilon E --deletion-delta D]
         [--parallel-shuffles P] [Beam runner flags, passed to every stage]
 
 Steps (each a Beam pipeline on the same runner flags):
