@@ -36,9 +36,6 @@ from privacy.noise import RandomSource
 # Tail probability up to which an honest device's messages to one crowd stay within the cap.
 CAP_TAIL_PROBABILITY = 1e-12
 
-# Census payloads per report that devices of the previous protocol send (counted as data).
-LEGACY_CENSUS_MESSAGES = 1
-
 # Screening codes of a crowd's messages (one per row, :func:`screen_origin_messages`).
 DATA = 0
 PRESENCE = 1
@@ -169,13 +166,11 @@ def recipe_origin_caps(recipe: Any, window_ms: int | None = None) -> tuple[int, 
     """:func:`max_messages_per_respondent` for every shuffler instance of a recipe
     (``schemas.recipes.Recipe``), for crowds of a ``window_ms`` shuffler window, plus
     the recipe's chaff allowance (``Recipe.chaff_allowance``, sealed cover messages a device adds
-    per crowd, recipe window and instance) and ``LEGACY_CENSUS_MESSAGES`` per report (old devices'
-    census payloads are ordinary data), so an honest device's chaff is never ``over_origin_cap``."""
+    per crowd, recipe window and instance), so an honest device's chaff is never
+    ``over_origin_cap``."""
     reports = reports_per_crowd(window_ms, int(recipe.window_seconds) * 1000)
     randomizer = recipe.build_randomizer()
-    # Devices of the previous protocol also send one census payload per crowd and instance (a
-    # data message to the shuffler); allow it like chaff until no device sends one.
-    chaff = int(getattr(recipe, "chaff_allowance", 0) or 0) + LEGACY_CENSUS_MESSAGES
+    chaff = int(getattr(recipe, "chaff_allowance", 0) or 0)
     return tuple(
         max_messages_per_respondent(randomizer, float(weight), reports, chaff)
         for weight in recipe.instance_weights
