@@ -50,7 +50,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines import keys as keys_cli
 from pipelines.cli import UsageError
-from pipelines.options import SimulateOptions, with_default_runner
+from pipelines.options import SimulateOptions, parse_start_ms, with_default_runner
 from schemas import SCHEMA_VERSION, release
 from schemas.recipes import load_recipe, recipe_names, shipped_recipes
 from transforms.encode import (
@@ -112,15 +112,9 @@ def _handle_simulate(args: argparse.Namespace, pipeline_args: list[str]) -> int:
 
 def _parse_start(text: str) -> int:
     try:
-        start = datetime.fromisoformat(text)
-    except ValueError:
-        raise UsageError(f"--start must be an ISO 8601 date or time, got {text!r}") from None
-    if start.tzinfo is None:
-        start = start.replace(tzinfo=UTC)
-    millis = int(start.timestamp() * 1000)
-    if millis < 0:
-        raise UsageError(f"--start must not be before 1970-01-01, got {text!r}")
-    return millis
+        return parse_start_ms(text)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
 
 
 def _parse_list(text: str | None, flag: str, convert: Any) -> tuple[Any, ...] | None:
