@@ -10,7 +10,9 @@ Input: one committed release per shuffler instance, as ``esa shuffle`` writes it
 ``instance=<u>/`` releases. Every release is verified against its commit record first
 (``schemas.release.verify_release``): an uncommitted directory, a missing, unlisted (e.g. copied),
 truncated or altered file, and any shuffler-private file (dead letters, manifests, metrics, spill)
-is refused with one line naming it (exit 2). Only the committed files are read.
+is refused with one line naming it (exit 2). Only the committed files are read. Each crowd's
+messages in the files must match its commit record (``pipelines.release_crowds``): a crowd read
+but not released, or a ``messages_released`` other than the records read, is refused too.
 
 Respondent counts come only from the commit records: instance u states per crowd the respondents
 it released (``respondents_released``, after randomized deletion), and the analyzer de-biases with
@@ -57,6 +59,7 @@ from pipelines import keys as keys_cli
 from pipelines import pictures
 from pipelines.cli import UsageError
 from pipelines.options import AnalyzeOptions, with_default_runner
+from pipelines.release_crowds import check_crowd_counts
 from schemas import SUPPORTED_SCHEMA_VERSIONS, release
 from schemas.recipes import load_recipe, shipped_recipes
 from transforms import analyze_core as core
@@ -211,6 +214,7 @@ def open_release(directory: str) -> Release:
     if not isinstance(instance, int) or isinstance(instance, bool) or instance < 0:
         raise UsageError(f"{path}: states no shuffler instance (an int >= 0)")
     _check_crowds(path, commit["crowds"])
+    check_crowd_counts(directory, commit["crowds"], verified.files)
     parameters = commit["parameters"]
     return Release(
         instance=instance,
