@@ -34,8 +34,8 @@ from schemas.avro.container import encode_container
 from schemas.avro.crc32c import crc32c_many
 from schemas.payloads import encode_message_batch
 from schemas.recipes import load_recipe
+from simulators.shards import presence_payloads
 from transforms.analyze_core import payloads_subset
-from transforms.encode import presence_payloads
 
 DAY_MS = 86_400_000
 T0 = 1_704_067_200_000

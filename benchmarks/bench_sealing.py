@@ -5,7 +5,7 @@ recipe's one length, one fresh HPKE encapsulation per message):
 
 * raw loops: ``Suite.encrypt`` / ``Suite.decrypt`` of ``cryptography``'s RFC 9180 HPKE (our
   suite), and libsodium sealed boxes (PyNaCl) when installed, the alternative we measured;
-* device: ``transforms.sealed.DeviceSealing.seal_batch`` on a ReportBatch (pad, info, seal,
+* device: ``simulators.sealing.DeviceSealing.seal_batch`` on a ReportBatch (pad, info, seal,
   chaff draw, permutation, CRC32C), against the raw HPKE seal loop;
 * analyzer batch: ``ReleaseOpener.open_batch`` on an Arrow batch of ShuffledMessage rows (CRC
   check, grouping by crowd, open, unpad, new CRC32C), against the raw HPKE open loop
@@ -36,9 +36,10 @@ from schemas.avro.crc32c import crc32c_many
 from schemas.keys import KeyRing, generate_key, write_key_pair
 from schemas.payloads import EncodedPayloads, encode_message_batch
 from schemas.recipes import load_recipe
+from simulators.reports import ReportBatch
+from simulators.sealing import DeviceSealing, recipe_pad_length
 from transforms import avro_io
-from transforms.encode import ReportBatch
-from transforms.sealed import DeviceSealing, ReleaseOpener, recipe_pad_length
+from transforms.sealed import ReleaseOpener
 
 DAY_MS = 86_400_000
 T0 = 1_704_067_200_000

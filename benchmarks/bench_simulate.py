@@ -25,12 +25,9 @@ from pipelines import simulate
 from pipelines.options import SimulateOptions
 from schemas import REPORT, parsed_schema, schema_json
 from schemas.avro.container import ContainerWriter
-from transforms.encode import (
-    ShardContext,
-    ShardSummary,
-    encode_report_records,
-    simulate_shard,
-)
+from simulators.plan import ShardSummary
+from simulators.reports import encode_report_records
+from simulators.shards import ShardContext, simulate_shard
 
 RECIPE = "image_grid_onehot"
 LEVEL = 1
@@ -69,9 +66,7 @@ def run(quick: bool) -> list[dict]:
                 "simulate_seed": 1,
                 "simulate_compression_level": LEVEL,
             }
-            defaults = {
-                f"simulate_{name}": kwargs.get("default") for name, kwargs in SimulateOptions.FLAGS
-            }
+            defaults = {f"simulate_{name}": kwargs.get("default") for name, kwargs in SimulateOptions.FLAGS}
             options = PipelineOptions(["--runner=FnApiRunner"], **{**defaults, **values})
             started = time.perf_counter()
             summary = simulate.run(options)

@@ -46,9 +46,9 @@ from privacy.accounting import PrivacyLoss, compose, compose_basic
 from privacy.ngrams import NgramEncoding, precision_recall_at_k, tokenize, top_k
 from simulators import interactive_devices as devices_mod
 from simulators import ngram_sweep
+from simulators.plan import SimulationPlan
 from simulators.text_corpus import CorpusUnavailable, load_sentences
 from transforms.analysis_reports import read_reports
-from transforms.encode import SimulationPlan
 
 __all__ = ["register", "DEFAULT_PLAN", "load_plan", "run_analysis"]
 

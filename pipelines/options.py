@@ -40,10 +40,10 @@ from pipelines.flags import (
     with_default_runner,
 )
 from simulators.fleet import DEFAULT_START
+from simulators.plan import SimulationPlan
 from simulators.populations import MAX_RESPONDENTS
 from transforms.analyze import AnalysisConfig
 from transforms.analyze_core import DENSE_LIMIT
-from transforms.encode import SimulationPlan
 from transforms.shuffle import ShuffleConfig
 from transforms.shuffle_core import WindowSpec
 
@@ -179,7 +179,7 @@ class ShuffleOptions(StageFlags, PipelineOptions):
         )
 
 
-_PLAN = SimulationPlan  # defaults of the device fleet (transforms/encode.py)
+_PLAN = SimulationPlan  # defaults of the device fleet (simulators/plan.py)
 
 
 def parse_start_ms(text: str) -> int:

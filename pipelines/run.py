@@ -206,7 +206,7 @@ def run(
         )
     )
     seconds["simulate"] = round(time.monotonic() - started, 2)
-    chaff = simulation.get("chaff_messages") or 0  # sealed cover messages (transforms/sealed.py)
+    chaff = simulation.get("chaff_messages") or 0  # sealed cover messages (simulators/sealing.py)
     say(f"  {simulation['messages']:,} messages, " + (f"{chaff:,} chaff, " if chaff else "")
         + f"{simulation['presence_messages']:,} presence ({seconds['simulate']} s)")  # fmt: skip
 

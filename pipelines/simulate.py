@@ -53,15 +53,10 @@ from pipelines.cli import UsageError
 from pipelines.options import SimulateOptions, parse_start_ms, with_default_runner
 from schemas import SCHEMA_VERSION, release
 from schemas.recipes import load_recipe, recipe_names, shipped_recipes
-from transforms.encode import (
-    CombineShardSummaries,
-    ShardContext,
-    ShardSummary,
-    SimulationPlan,
-    WriteReportShards,
-    shard_file_name,
-)
-from transforms.sealed import sealing_metadata
+from simulators.plan import ShardSummary, SimulationPlan
+from simulators.sealing import sealing_metadata
+from simulators.shards import ShardContext, shard_file_name
+from transforms.encode import CombineShardSummaries, WriteReportShards
 
 __all__ = ["register", "run", "plan_from_options"]
 
@@ -290,7 +285,7 @@ def run(options: PipelineOptions) -> dict[str, Any]:
         "schema_version": SCHEMA_VERSION,
         "layout": "instance=<u>/reports-<shard>.avro",
         "truth": TRUTH_FILE,
-        "sealing": sealing_metadata(context.recipe, context.sealing),  # transforms/sealed.py
+        "sealing": sealing_metadata(context.recipe, context.sealing),  # simulators/sealing.py
     }
     output.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_staging(output)

@@ -17,7 +17,7 @@ Per respondent and reporting round, vectorized over a batch of respondents, a de
 4. stamps each message with its origin — a unique string per device derived from a secret key and
    the device's index, unlinkable to its value — and an event time uniform inside its window.
 
-Nothing here encodes bytes or touches files: ``transforms.encode`` turns a ``FleetBatch`` into
+Nothing here encodes bytes or touches files: ``simulators.shards`` turns a ``FleetBatch`` into
 Avro Report records.
 """
 

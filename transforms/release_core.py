@@ -124,7 +124,7 @@ def max_messages_per_respondent(
       Bin(r tau b*, q pi) + Bin(r tau (d - b*), (1 - q) pi): total tail <= tail.
 
     ``chaff``: extra messages per report the recipe allows (``Recipe.chaff_allowance``: sealed
-    cover messages a device sends per crowd and instance, ``transforms/sealed.py``).
+    cover messages a device sends per crowd and instance, ``simulators/sealing.py``).
     """
     if not 0.0 <= weight <= 1.0:
         raise ValueError(f"weight must be in [0, 1], got {weight}")

@@ -16,8 +16,8 @@ from pipelines.options import (
     format_duration_ms,
     unknown_beam_flags,
 )
+from simulators.plan import SimulationPlan
 from transforms.analyze import AnalysisConfig
-from transforms.encode import SimulationPlan
 from transforms.shuffle import ShuffleConfig
 from transforms.shuffle_core import WindowSpec, parse_duration_ms
 

@@ -25,10 +25,11 @@ from pipelines import cli
 from schemas import crc32c, sealing
 from schemas.keys import KeyRing
 from schemas.recipes import load_recipe
+from simulators.sealing import recipe_pad_length
 from transforms import avro_io
 from transforms.aggregate import DecodeReleaseFile
 from transforms.analyze_core import RecipeBook
-from transforms.sealed import ReleaseOpener, recipe_pad_length
+from transforms.sealed import ReleaseOpener
 
 pytestmark = pytest.mark.slow
 

@@ -16,18 +16,10 @@ from schemas.avro.crc32c import crc32c_many
 from schemas.payloads import encode_payloads
 from schemas.recipes import load_recipe
 from simulators.fleet import format_origins, origin_ids
-from transforms.encode import (
-    CombineShardSummaries,
-    EncodeReports,
-    ReportBatch,
-    ShardContext,
-    ShardSummary,
-    SimulationPlan,
-    encode_report_records,
-    shard_file_name,
-    simulate_shard,
-    write_shard,
-)
+from simulators.plan import ShardSummary, SimulationPlan
+from simulators.reports import ReportBatch, encode_report_records
+from simulators.shards import ShardContext, shard_file_name, simulate_shard
+from transforms.encode import CombineShardSummaries, EncodeReports, write_shard
 
 
 def random_batch(n: int, seed: int, crowd_id: str | None = None, instance: int = 2) -> ReportBatch:

@@ -1,4 +1,4 @@
-"""Device sealing and analyzer opening of whole batches (transforms/sealed.py), without Beam."""
+"""Device sealing and analyzer opening of whole batches (simulators/sealing.py, transforms/sealed.py), without Beam."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from schemas.avro.crc32c import crc32c_many
 from schemas.keys import KeyRing, generate_key
 from schemas.payloads import EncodedPayloads
 from schemas.recipes import RecipeError, load_recipe, recipe_from_dict
+from simulators.reports import ReportBatch
+from simulators.sealing import DeviceSealing, recipe_pad_length
 from transforms import release_core
-from transforms.encode import ReportBatch
-from transforms.sealed import DeviceSealing, ReleaseOpener, recipe_pad_length
+from transforms.sealed import ReleaseOpener
 
 DAY = 86_400_000
 _KEY = generate_key()

@@ -1,0 +1,229 @@
+"""The per-shard device work of a simulation (pure: no Beam, no files).
+
+A worker rebuilds recipe, population and fleet once from a ``simulators.plan.SimulationPlan``
+(:class:`ShardContext`), then per shard generates the population slice chunk by chunk, runs the
+device fleet (``simulators.fleet``: verify, charge, randomize, fragment, presence, pick instances,
+stamp origin and event time), seals the payloads when the plan carries the analyzer's public key
+(``simulators.sealing``) and turns each chunk into one ``simulators.reports.ReportBatch`` per
+shuffler instance (:func:`simulate_shard`). ``transforms.encode`` runs it in Beam and writes the
+files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from schemas.avro.crc32c import crc32c_many
+from schemas.payloads import EncodedPayloads, encode_message_batch
+from simulators.fleet import DeviceFleet, FleetBatch, device_policy_for, format_origins
+from simulators.plan import ShardSpec, ShardSummary, SimulationPlan
+from simulators.populations import Population, PopulationContext, build_population
+from simulators.reports import ReportBatch
+from simulators.sealing import sealing_for
+
+__all__ = [
+    "ShardContext",
+    "presence_payloads",
+    "report_batches_for",
+    "simulate_shard",
+    "shard_file_name",
+]
+
+_PILOT_RESPONDENTS = 256
+
+
+class ShardContext:
+    """What a worker builds once from a plan: recipe, population and device fleet."""
+
+    def __init__(self, plan: SimulationPlan) -> None:
+        self.plan = plan
+        self.recipe = plan.recipe()
+        self.randomizer = self.recipe.build_randomizer()
+        self.fleet = DeviceFleet(
+            self.recipe,
+            policy=device_policy_for(
+                self.recipe,
+                budget_epsilon=plan.device_budget,
+                runs=plan.rounds,
+                query_class_fields=plan.query_class_fields,
+            ),
+            config=plan.fleet_config(),
+        )
+        self.sketch_width = getattr(self.randomizer, "width", None)
+        self.sealing = sealing_for(self.recipe, plan.public_key_json, self.fleet.window_ms)
+
+    @property
+    def device_budget(self) -> float:
+        """The cohort epsilon each device allows (the plan's, or exactly one per round)."""
+        if self.plan.device_budget is not None:
+            return float(self.plan.device_budget)
+        return self.plan.rounds * float(self.recipe.epsilon_central_target)
+
+    @cached_property
+    def population(self) -> Population:
+        randomizer = self.randomizer
+        context = PopulationContext(
+            domain_size=int(randomizer.domain_size),
+            periods=getattr(randomizer, "periods", None) if self.fleet.longitudinal else None,
+            max_changes=getattr(randomizer, "max_changes", None)
+            if self.fleet.longitudinal
+            else None,
+        )
+        population = build_population(
+            self.plan.population, context, self.plan.respondents, self.plan.population_seed
+        )
+        if population.value_shape != self.fleet.value_shape:
+            raise ValueError(
+                f"population {self.plan.population!r} gives values of shape "
+                f"{population.value_shape or 'scalar'} but recipe {self.recipe.id} needs "
+                f"{self.fleet.value_shape or 'one category per respondent'}"
+            )
+        return population
+
+    def messages_per_respondent(self) -> float:
+        """Expected messages per device and round (data + presence), for sizing shards and chunks:
+        the randomizer's own expectation, or a pilot run on the first respondents."""
+        expected = getattr(self.randomizer, "expected_messages_per_respondent", None)
+        data: float | None = None
+        if callable(expected):
+            try:
+                data = float(expected())
+            except TypeError:
+                data = None
+        if data is None:
+            pilot = self.population.values(0, min(_PILOT_RESPONDENTS, self.population.size))
+            batch = self.randomizer.randomize(pilot, np.random.default_rng(0))
+            data = len(batch) / max(len(pilot), 1)
+        presence = self.fleet.num_instances * self.fleet.periods_per_round
+        return (data + presence) * self.plan.rounds
+
+    def respondents_per_shard(self) -> int:
+        return _respondents_for(self.plan.messages_per_shard, self.messages_per_respondent())
+
+    def respondents_per_chunk(self) -> int:
+        return _respondents_for(self.plan.messages_per_chunk, self.messages_per_respondent())
+
+    def shards(self) -> list[ShardSpec]:
+        return self.plan.shards(self.population.size, self.respondents_per_shard())
+
+    def fleet_batches(self, shard: ShardSpec) -> Iterator[FleetBatch]:
+        """The shard's devices, chunk by chunk (bounded memory), all from the shard's generator."""
+        rng = shard.generator(0)
+        step = self.respondents_per_chunk()
+        for first in range(shard.start, shard.stop, step):
+            last = min(shard.stop, first + step)
+            yield self.fleet.run(self.population.values(first, last), first, rng)
+
+    def report_batches(self, batch: FleetBatch) -> list[ReportBatch]:
+        """One ReportBatch per shuffler instance: its data messages, then its presence messages."""
+        batches = report_batches_for(
+            batch,
+            self.recipe,
+            self.randomizer.payload_kind,
+            self.fleet.num_instances,
+            self.sketch_width,
+        )
+        if self.sealing is not None:  # -- sealed payloads and chaff (simulators/sealing.py) --
+            batches = [self.sealing.seal_batch(report_batch) for report_batch in batches]
+        return batches
+
+
+def _respondents_for(messages: int, per_respondent: float) -> int:
+    return max(1, int(messages // max(per_respondent, 1e-9)))
+
+
+class _Columns:
+    """MessageBatch-like view with reordered columns (payload encoding needs no sort order)."""
+
+    def __init__(self, batch: Any, order: np.ndarray) -> None:
+        self.bucket = batch.bucket[order]
+        self.sign = batch.sign[order]
+        self.fragment = batch.fragment[order]
+        self.period = batch.period[order]
+
+
+def _payload_slice(payloads: EncodedPayloads, first: int, last: int) -> EncodedPayloads:
+    offsets = payloads.offsets[first : last + 1]
+    return EncodedPayloads(payloads.data[offsets[0] : offsets[-1]], offsets - offsets[0])
+
+
+def _concat_payloads(first: EncodedPayloads, second: EncodedPayloads) -> EncodedPayloads:
+    data = np.concatenate([first.data, second.data])
+    offsets = np.concatenate([first.offsets, second.offsets[1:] + first.offsets[-1]])
+    return EncodedPayloads(data, offsets)
+
+
+def presence_payloads(count: int) -> EncodedPayloads:
+    """``count`` presence payloads: zero bytes each (their CRC32C is 0). A presence message is a
+    normal Report with an empty payload; the shuffler counts its origin as a respondent of the
+    crowd and never releases it."""
+    return EncodedPayloads(np.zeros(0, dtype=np.uint8), np.zeros(count + 1, dtype=np.int64))
+
+
+def report_batches_for(
+    batch: FleetBatch,
+    recipe: Any,
+    payload_kind: str,
+    num_instances: int,
+    sketch_width: int | None = None,
+) -> list[ReportBatch]:
+    """Split a fleet batch by shuffler instance and encode its payloads (vectorized)."""
+    order = np.argsort(batch.message_instance, kind="stable")
+    payloads = encode_message_batch(_Columns(batch.messages, order), payload_kind, sketch_width)
+    crcs = crc32c_many(payloads)
+    bounds = np.searchsorted(batch.message_instance[order], np.arange(num_instances + 1))
+    presence_order = np.argsort(batch.presence_instance, kind="stable")
+    presence_bounds = np.searchsorted(
+        batch.presence_instance[presence_order], np.arange(num_instances + 1)
+    )
+    message_origin = batch.message_origin[order]
+    message_time = batch.message_event_ms[order]
+    presence_origin = batch.presence_origin[presence_order]
+    presence_time = batch.presence_event_ms[presence_order]
+    out = []
+    for instance in range(num_instances):
+        lo, hi = int(bounds[instance]), int(bounds[instance + 1])
+        plo, phi = int(presence_bounds[instance]), int(presence_bounds[instance + 1])
+        presence_count = phi - plo
+        out.append(
+            ReportBatch(
+                shuffler_instance=instance,
+                channel=recipe.channel,
+                recipe_id=recipe.id,
+                min_crowd_size=int(recipe.min_crowd_size),
+                origin=format_origins(
+                    np.concatenate([message_origin[lo:hi], presence_origin[plo:phi]])
+                ),
+                event_time_ms=np.concatenate([message_time[lo:hi], presence_time[plo:phi]]),
+                payloads=_concat_payloads(
+                    _payload_slice(payloads, lo, hi), presence_payloads(presence_count)
+                ),
+                payload_crc32c=np.concatenate(
+                    [crcs[lo:hi], np.zeros(presence_count, dtype=np.uint32)]
+                ),
+            )
+        )
+    return out
+
+
+def simulate_shard(
+    context: ShardContext, shard: ShardSpec
+) -> Iterator[tuple[int, list[ReportBatch]] | ShardSummary]:
+    """The pure core of a shard: ``(chunk index, report batches)`` per chunk, then its summary."""
+    summary = ShardSummary(shards=1, respondents=shard.respondents)
+    for chunk, batch in enumerate(context.fleet_batches(shard)):
+        summary.add_fleet_batch(batch, context.fleet.num_instances)
+        reports = context.report_batches(batch)
+        if context.sealing is not None:  # sealed chaff: what each instance got beyond the plan
+            summary.add_chaff(reports, batch, context.fleet.num_instances)
+        yield chunk, reports
+    yield summary
+
+
+def shard_file_name(instance: int, shard: int) -> str:
+    """Relative path of a shard's file for one instance: instance=<u>/reports-<shard>.avro."""
+    return f"instance={instance}/reports-{shard:05d}.avro"
