@@ -66,7 +66,7 @@ def run(quick: bool) -> list[dict]:
                 "simulate_seed": 1,
                 "simulate_compression_level": LEVEL,
             }
-            defaults = {f"simulate_{name}": kwargs.get("default") for name, kwargs in SimulateOptions.FLAGS}
+            defaults = {f"simulate_{flag.name}": flag.default for flag in SimulateOptions.FLAGS}
             options = PipelineOptions(["--runner=FnApiRunner"], **{**defaults, **values})
             started = time.perf_counter()
             summary = simulate.run(options)
