@@ -12,6 +12,16 @@ Validation is strict and names the offending field: an unknown randomizer, param
 constructor refuses, or an epsilon_local that is not the randomizer's own are errors. The stated
 epsilon_local may round the randomizer's up by at most 1e-6 and never down: a recipe must not
 understate the local privacy loss that a device's budget is charged with.
+
+A recipe may instead state ``"epsilon_local": "solve"`` with ``expected_crowd`` (and optionally
+``solve_bound``, default the tight variation-ratio bound): on loading, epsilon_local becomes the
+largest eps_l whose shuffled reports from expected_crowd respondents are
+(epsilon_central_target, delta)-DP by that bound (``privacy.accounting.solve_epsilon_local``, as
+the paper's tables are made, Section VII-A of esa-privacy-revisited), rounded down to a whole
+micro-epsilon (the unit of device budgets, ``privacy.budget``), and it fills both
+epsilon_local and the randomizer's ``epsilon``. The frozen Recipe and its JSON form state the
+solved number beside expected_crowd and solve_bound; loading that form solves again and refuses
+a number that is not the solver's.
 """
 
 from __future__ import annotations
@@ -23,11 +33,13 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, field, fields
+from fractions import Fraction
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from privacy.budget import Query
+from privacy import accounting
+from privacy.budget import MICRO_PER_EPSILON, Query
 from privacy.randomizers import RANDOMIZERS, LocalRandomizer, build_randomizer
 
 __all__ = [
@@ -49,6 +61,12 @@ _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 _WINDOW = re.compile(r"^([1-9][0-9]*)([smhd])$")
 _WINDOW_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _REPORT_KEYS = ("tau", "epsilon_backstop", "epsilon_fragment")
+SOLVE = "solve"
+# Randomizers whose epsilon_local can be solved for, and the accounting mechanism of each (with
+# attribute fragmentation: every set bit is its own message, Section III).
+_SOLVABLE = {"one_hot_rappor": accounting.ONE_HOT_RAPPOR, "binary_rr": accounting.BINARY_RR}
+# A stated number in the solved form may differ from the solver's by float noise only.
+_SOLVED_TOLERANCE = 1e-9
 
 
 class RecipeError(ValueError):
@@ -95,6 +113,8 @@ class Recipe:
     instance_weights: tuple[float, ...] = ()
     window: str = "1d"
     chaff_rate: float = 0.0  # sealed cover messages per device, crowd and instance (issue 12)
+    expected_crowd: int | None = None  # epsilon_local solved for this crowd (issue 13)
+    solve_bound: str | None = None  # the bound it is solved with (default variation_ratio)
     description: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -106,6 +126,7 @@ class Recipe:
         if isinstance(self.instance_weights, list | tuple):
             object.__setattr__(self, "instance_weights", tuple(self.instance_weights))
         self._check_plain_fields()
+        self._solve_epsilon_local()
         built = self._check_randomizer()
         object.__setattr__(self, "_randomizer", built)
         self._check_fragmentation(built)
@@ -175,6 +196,68 @@ class Recipe:
             )
         if not _is_number(self.delta) or not 0 < self.delta < 1:
             raise self._fail("delta", f"must be in (0, 1), got {self.delta!r}")
+
+    def _solve_epsilon_local(self) -> None:
+        """Resolve ``"epsilon_local": "solve"`` for expected_crowd (module docstring)."""
+        stated = self.epsilon_local
+        solve = stated == SOLVE
+        if isinstance(stated, str) and not solve:
+            raise self._fail(
+                "epsilon_local", f"must be a number, null or {SOLVE!r}, got {stated!r}"
+            )
+        params = dict(self.randomizer_params)
+        crowd = self.expected_crowd
+        if crowd is None:
+            if solve:
+                raise self._fail("expected_crowd", f"is required when epsilon_local is {SOLVE!r}")
+            if self.solve_bound is not None:
+                raise self._fail("solve_bound", "is only used with expected_crowd")
+            return
+        if not isinstance(crowd, int) or isinstance(crowd, bool) or crowd < 1:
+            raise self._fail("expected_crowd", f"must be a positive integer, got {crowd!r}")
+        mechanism = _SOLVABLE.get(self.randomizer)
+        if mechanism is None or self.fragmentation != ATTRIBUTE:
+            raise self._fail(
+                "expected_crowd",
+                f"epsilon_local can be solved only for {sorted(_SOLVABLE)} with attribute "
+                f"fragmentation, not {self.randomizer} with {self.fragmentation!r}",
+            )
+        bound = accounting.VARIATION_RATIO if self.solve_bound is None else self.solve_bound
+        known = [*accounting.mechanism_bounds(mechanism), accounting.TIGHTEST]
+        if bound not in known:
+            raise self._fail(
+                "solve_bound", f"unknown bound {bound!r} for {mechanism}; known: {known}"
+            )
+        try:
+            guarantee = accounting.solve_epsilon_local(
+                self.epsilon_central_target, crowd, self.delta, mechanism, bound=bound
+            )
+        except ValueError as error:
+            raise self._fail("expected_crowd", f"cannot solve epsilon_local: {error}") from error
+        # Rounded down to a whole micro-epsilon, the unit device budgets charge and allow in
+        # (privacy.budget): a smaller eps_l keeps the (increasing) bound under the target.
+        solved = (
+            math.floor(Fraction(guarantee.epsilon_local) * MICRO_PER_EPSILON) / MICRO_PER_EPSILON
+        )
+        object.__setattr__(self, "solve_bound", bound)
+        if solve:
+            if params.get("epsilon", SOLVE) != SOLVE:
+                raise self._fail(
+                    "randomizer_params",
+                    f"epsilon must be absent or {SOLVE!r} when epsilon_local is {SOLVE!r}, "
+                    f"got {params['epsilon']!r}",
+                )
+            params["epsilon"] = solved
+            object.__setattr__(self, "randomizer_params", _freeze(params))
+            object.__setattr__(self, "epsilon_local", solved)
+            return
+        if not _is_number(stated) or abs(stated - solved) > _SOLVED_TOLERANCE:
+            raise self._fail(
+                "epsilon_local",
+                f"is {stated!r} but solving for epsilon_central_target "
+                f"{self.epsilon_central_target!r} at expected_crowd {crowd} by {bound} gives "
+                f"{solved!r} (state {SOLVE!r} to have it solved)",
+            )
 
     def _check_randomizer(self) -> LocalRandomizer:
         if self.randomizer not in RANDOMIZERS:
@@ -312,6 +395,8 @@ class Recipe:
         result = {f.name: _thaw(getattr(self, f.name)) for f in fields(self)}
         if math.isinf(self.epsilon_local):
             result["epsilon_local"] = None
+        if self.expected_crowd is None:
+            del result["expected_crowd"], result["solve_bound"]
         return result
 
     def to_json(self) -> str:

@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from privacy import accounting
 from privacy.budget import Query
 from privacy.randomizers import RANDOMIZERS
 from schemas import recipes
@@ -147,6 +148,92 @@ def test_bad_recipes_are_refused_naming_the_field(data: dict, field: str, words:
         recipes.recipe_from_dict(data, source="test.json")
     message = str(raised.value)
     assert f"field {field!r}" in message and words in message, message
+
+
+SEALED = "image_grid_sealed"
+
+
+def test_a_solved_recipe_gets_exactly_the_solvers_epsilon_local() -> None:
+    recipe = recipes.load_recipe(SEALED)
+    assert (recipe.expected_crowd, recipe.solve_bound) == (40_000, accounting.VARIATION_RATIO)
+    assert recipe.epsilon_central_target == 0.7
+    solved = accounting.solve_epsilon_local(
+        0.7, 40_000, recipe.delta, accounting.ONE_HOT_RAPPOR, bound=accounting.VARIATION_RATIO
+    )
+    # The solver's eps_l rounded down to a whole micro-epsilon (device budgets' unit).
+    micro = math.floor(solved.epsilon_local * 1_000_000)
+    assert recipe.epsilon_local == micro / 1_000_000 == float(f"{micro / 1e6:.6f}")
+    assert solved.epsilon_local - 1e-6 < recipe.epsilon_local <= solved.epsilon_local
+    assert recipe.randomizer_params["epsilon"] == recipe.epsilon_local
+    assert recipe.build_randomizer().epsilon_local == recipe.epsilon_local
+    # The solver's certificate at the solution, and an independent evaluation of the same bound
+    # at the expected crowd: both at most the target (the solver rounds down until it holds).
+    assert solved.epsilon <= 0.7
+    achieved = accounting.central_epsilon(
+        accounting.VARIATION_RATIO,
+        recipe.epsilon_local,
+        40_000,
+        recipe.delta,
+        accounting.ONE_HOT_RAPPOR,
+    )
+    assert achieved <= 0.7 and achieved == pytest.approx(0.7, abs=1e-4)
+    # Today's picture: epsilon_local 6 gave 0.697 there; the solved one is barely above 6.
+    assert 6.0 < recipe.epsilon_local < 6.01
+
+
+def test_a_solved_recipe_round_trips_through_its_json_form() -> None:
+    recipe = recipes.load_recipe(SEALED)
+    data = json.loads(recipe.to_json())
+    assert data["epsilon_local"] == data["randomizer_params"]["epsilon"] == recipe.epsilon_local
+    assert (data["expected_crowd"], data["solve_bound"]) == (40_000, "variation_ratio")
+    assert recipes.recipe_from_dict(data) == recipe
+    assert "expected_crowd" not in recipes.load_recipe(GRID).to_dict()  # unsolved form unchanged
+
+
+def test_solve_with_another_bound_or_without_the_randomizers_epsilon() -> None:
+    params = {"domain_size": 1024}
+    recipe = recipes.recipe_from_dict(
+        mutated(
+            SEALED,
+            solve_bound=accounting.FMT_NUMERICAL,
+            epsilon_local="solve",
+            randomizer_params=params,
+        )
+    )
+    expected = accounting.solve_epsilon_local(
+        0.7, 40_000, 5e-8, accounting.ONE_HOT_RAPPOR, bound=accounting.FMT_NUMERICAL
+    )
+    micro = math.floor(expected.epsilon_local * 1_000_000)
+    assert recipe.epsilon_local == recipe.randomizer_params["epsilon"] == micro / 1_000_000
+    assert recipe.epsilon_local < recipes.load_recipe(SEALED).epsilon_local  # a looser bound
+
+
+SOLVE = {"epsilon_local": "solve", "randomizer_params": {"domain_size": 1024, "epsilon": "solve"}}
+BAD_SOLVES = [
+    (mutated(SEALED, expected_crowd=..., solve_bound=..., **SOLVE), "expected_crowd", "required"),
+    (mutated(SEALED, expected_crowd=0, **SOLVE), "expected_crowd", "positive integer"),
+    (mutated(SEALED, expected_crowd=-5, **SOLVE), "expected_crowd", "positive integer"),
+    (mutated(SEALED, expected_crowd=4e4, **SOLVE), "expected_crowd", "positive integer"),
+    (mutated(SEALED, solve_bound="chernoff", **SOLVE), "solve_bound", "unknown bound"),
+    (mutated(SEALED, epsilon_local="solved"), "epsilon_local", "'solve'"),
+    (mutated(SEALED, epsilon_local=6.0), "epsilon_local", "gives 6.006"),
+    (
+        mutated(
+            SEALED, epsilon_local="solve", randomizer_params={"domain_size": 1024, "epsilon": 6}
+        ),
+        "randomizer_params",
+        "absent",
+    ),
+    (mutated(GRID, solve_bound="variation_ratio"), "solve_bound", "expected_crowd"),
+    (mutated(FRAG, epsilon_local="solve", expected_crowd=1000), "expected_crowd", "attribute"),
+]
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "words"), BAD_SOLVES, ids=[f"{b[1]}-{i}" for i, b in enumerate(BAD_SOLVES)]
+)
+def test_bad_solved_forms_are_refused_naming_the_field(data: dict, field: str, words: str) -> None:
+    test_bad_recipes_are_refused_naming_the_field(data, field, words)
 
 
 def test_stated_epsilon_may_round_up_by_at_most_a_micro_epsilon() -> None:

@@ -14,7 +14,7 @@ from privacy.randomizers import build_randomizer
 from privacy.rng import seeded_generator
 from schemas import crc32c
 from schemas.payloads import CENSUS, EncodedPayloads, encode_payloads
-from schemas.recipes import Recipe, recipe_from_dict
+from schemas.recipes import Recipe, load_recipe, recipe_from_dict
 from transforms.analyze_core import (
     HISTOGRAM,
     LONGITUDINAL,
@@ -507,6 +507,20 @@ def test_privacy_summary_states_the_bound_and_adds_deletion_per_instance():
     assert deleted["delta_total"] == pytest.approx(1e-6 + 2e-8)
     nobody = privacy_summary(ONE_HOT, {})
     assert nobody["epsilon_central"] is None
+
+
+def test_privacy_summary_states_the_solved_epsilon_local_beside_the_achieved_one():
+    sealed = load_recipe("image_grid_sealed")
+    summary = privacy_summary(sealed, {0: 40_000, 1: 40_000})
+    assert summary["epsilon_local_solved"] == {
+        "epsilon_local": sealed.epsilon_local,
+        "epsilon_central_target": 0.7,
+        "expected_crowd": 40_000,
+        "bound": "variation_ratio",
+    }
+    assert summary["epsilon_central"] <= 0.7  # achieved at the expected crowd
+    assert privacy_summary(sealed, {0: 80_000, 1: 80_000})["epsilon_central"] < 0.5
+    assert "epsilon_local_solved" not in privacy_summary(ONE_HOT, {0: 50_000})
 
 
 def test_privacy_summary_of_report_fragments_zero_sum_and_longitudinal():

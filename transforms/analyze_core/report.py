@@ -89,6 +89,9 @@ def privacy_summary(
       numerical shuffle bound for the whole report. Bounds outside their validity range are not
       used (``privacy.accounting.amplify`` refuses them).
     * ``epsilon_central_without_attribute_fragmentation``: Table X's comparison for one-hot reports.
+    * ``epsilon_local_solved``: for a recipe whose ε_ℓ was solved (``schemas.recipes``), the
+      target ε_c, the expected crowd, the bound and the solved ε_ℓ, to read beside the ε_c
+      achieved at the released n.
     * deletion: each instance that ran Algorithm 3 released a crowd size that is (ε_cr, δ_cr)-DP
       (Theorem V.1); every respondent is counted by every instance, so these add up with ε_c by
       basic composition into ``epsilon_central_total``/``delta_total``.
@@ -109,6 +112,13 @@ def privacy_summary(
     epsilon_one = float(getattr(randomizer, "epsilon_single_fragment", epsilon_all))
     out["epsilon_local_all"] = _finite_or_none(epsilon_all)
     out["epsilon_local_one"] = _finite_or_none(epsilon_one)
+    if recipe.expected_crowd is not None:
+        out["epsilon_local_solved"] = {
+            "epsilon_local": float(recipe.epsilon_local),
+            "epsilon_central_target": float(recipe.epsilon_central_target),
+            "expected_crowd": int(recipe.expected_crowd),
+            "bound": recipe.solve_bound,
+        }
     central: dict[str, Any] | None = None
     without: dict[str, Any] | None = None
     if n < 1:
