@@ -23,13 +23,13 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from benchmarks.common import RAW_READ_SCRIPT, raw_read_note, run_child
-from schemas import SCHEMA_VERSION, release, schema_json
+from benchmarks.releases import DAY_MS, T0, commit_one_crowd
+from schemas import SCHEMA_VERSION, schema_json
 from schemas.avro.container import encode_container
 from schemas.avro.crc32c import crc32c_many
 from schemas.payloads import encode_message_batch
@@ -37,8 +37,6 @@ from schemas.recipes import load_recipe
 from simulators.shards import presence_payloads
 from transforms.analyze_core import payloads_subset
 
-DAY_MS = 86_400_000
-T0 = 1_704_067_200_000
 INSTANCES = 2
 ROWS_PER_FILE = 1_000_000
 
@@ -139,24 +137,8 @@ def generate(directory: Path, respondents: int, released: bool, seed: int = 0) -
                 _write(path, "report", columns, stop - start)
             paths[u].append(str(path))
         if released:
-            _commit(directory / "shuffled" / f"instance={u}", u, recipe, respondents)
+            commit_one_crowd(directory / "shuffled" / f"instance={u}", u, recipe, respondents)
     return {"recipe": recipe_path, "paths": paths, "messages": total}
-
-
-def _commit(directory: Path, instance: int, recipe: Any, respondents: int) -> None:
-    """The release's commit record, as the shuffler writes it (schemas/release.py)."""
-    files = [release.file_entry(str(directory), p) for p in release.release_files(str(directory))]
-    records = sum(f["records"] for f in files)
-    crowd = {"window_start_ms": T0, "window_end_ms": T0 + DAY_MS, "channel": recipe.channel,
-             "recipe_id": recipe.id, "crowd_id": None, "status": "released",
-             "respondents_released": respondents, "messages_released": records}  # fmt: skip
-    release.write_commit(
-        str(directory),
-        {"format": release.RELEASE_FORMAT, "instance": instance, "recipes": [recipe.id],
-         "parameters": {"crowd_threshold": 100, "deletion_epsilon": None, "deletion_delta": None,
-                        "window": "1d", "window_ms": DAY_MS},
-         "crowds": [crowd], "files": files, "records_released": records},
-    )  # fmt: skip
 
 
 def _released_files(directory: Path) -> list[str]:

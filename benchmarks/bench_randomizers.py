@@ -6,11 +6,9 @@ one binomial draw per bucket (the false positives alone)."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
 import numpy as np
 
+from benchmarks.common import best_seconds
 from privacy.randomizers import OneHotRappor
 from privacy.rng import seeded_generator
 
@@ -19,24 +17,14 @@ MAP_RESPONDENTS = 236_559_063
 MAP_EPSILON = 13.14
 
 
-def _best_seconds(function: Callable[[], object], repeats: int) -> float:
-    """Seconds of the fastest of ``repeats`` runs (the machine is shared and noisy)."""
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def run(quick: bool) -> list[dict]:
     respondents, repeats = (100_000, 2) if quick else (1_000_000, 5)
     randomizer = OneHotRappor(MAP_BUCKETS, MAP_EPSILON)
     rng = seeded_generator(2025)
     values = rng.integers(0, MAP_BUCKETS, respondents)
     messages = len(randomizer.randomize(values, rng))
-    randomize_seconds = _best_seconds(lambda: randomizer.randomize(values, rng), repeats)
-    baseline_seconds = _best_seconds(lambda: rng.integers(0, MAP_BUCKETS, messages), repeats)
+    randomize_seconds = best_seconds(lambda: randomizer.randomize(values, rng), repeats)
+    baseline_seconds = best_seconds(lambda: rng.integers(0, MAP_BUCKETS, messages), repeats)
     note = (
         f"OneHotRappor d={MAP_BUCKETS}, eps={MAP_EPSILON}, n={respondents}, "
         f"{messages / respondents:.2f} messages/respondent, best of {repeats}; "
@@ -61,9 +49,9 @@ def run(quick: bool) -> list[dict]:
         * 1000
     )
     true_counts[0] += MAP_RESPONDENTS - true_counts.sum()
-    sample_seconds = _best_seconds(lambda: randomizer.sample_bucket_sums(true_counts, rng), repeats)
+    sample_seconds = best_seconds(lambda: randomizer.sample_bucket_sums(true_counts, rng), repeats)
     absent = MAP_RESPONDENTS - true_counts
-    binomial_seconds = _best_seconds(lambda: rng.binomial(absent, randomizer.p_zero), repeats)
+    binomial_seconds = best_seconds(lambda: rng.binomial(absent, randomizer.p_zero), repeats)
     rows.append(
         {
             "benchmark": "one_hot_rappor_sample_bucket_sums",

@@ -31,7 +31,8 @@ import numpy as np
 import pyarrow as pa
 
 from benchmarks.common import run_child
-from schemas import SCHEMA_VERSION, release, schema_json, sealing
+from benchmarks.releases import DAY_MS, T0, commit_one_crowd
+from schemas import SCHEMA_VERSION, schema_json, sealing
 from schemas.avro.crc32c import crc32c_many
 from schemas.keys import KeyRing, generate_key, write_key_pair
 from schemas.payloads import EncodedPayloads, encode_message_batch
@@ -41,8 +42,6 @@ from simulators.sealing import DeviceSealing, recipe_pad_length
 from transforms import avro_io
 from transforms.sealed import ReleaseOpener
 
-DAY_MS = 86_400_000
-T0 = 1_704_067_200_000
 INSTANCES = 2
 REPEATS = 3
 STAGE_REPEATS = 2
@@ -155,23 +154,7 @@ def _write_release(directory: Path, recipe, payloads: list[bytes], rng) -> None:
         path.write_bytes(
             avro_io.encode_container(schema_json("shuffled_message"), columns, len(body), "null")
         )
-        _commit(directory / f"instance={u}", u, recipe, len(body))
-
-
-def _commit(directory: Path, instance: int, recipe, records: int) -> None:
-    """The release's commit record, as the shuffler writes it (schemas/release.py); n is not
-    what is measured here, so the crowd states its messages as respondents."""
-    files = [release.file_entry(str(directory), p) for p in release.release_files(str(directory))]
-    crowd = {"window_start_ms": T0, "window_end_ms": T0 + DAY_MS, "channel": recipe.channel,
-             "recipe_id": recipe.id, "crowd_id": None, "status": "released",
-             "respondents_released": records, "messages_released": records}  # fmt: skip
-    release.write_commit(
-        str(directory),
-        {"format": release.RELEASE_FORMAT, "instance": instance, "recipes": [recipe.id],
-         "parameters": {"crowd_threshold": 100, "deletion_epsilon": None, "deletion_delta": None,
-                        "window": "1d", "window_ms": DAY_MS},
-         "crowds": [crowd], "files": files, "records_released": records},
-    )  # fmt: skip
+        commit_one_crowd(directory / f"instance={u}", u, recipe, len(body))
 
 
 def run(quick: bool) -> list[dict]:

@@ -7,11 +7,9 @@ binomial draw per bucket."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
 import numpy as np
 
+from benchmarks.common import best_seconds
 from privacy.randomizers import build_randomizer
 from privacy.rng import seeded_generator
 from simulators.exact import paper_counts, simulate_exact
@@ -21,22 +19,13 @@ HEAVY_VALUES = 1_778_120
 HEAVY_RESPONDENTS = 203_950_512
 
 
-def _best_seconds(function: Callable[[], object], repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def run(quick: bool) -> list[dict]:
     repeats = 1 if quick else 3
     scale = 10 if quick else 1
     values, respondents = HEAVY_VALUES // scale, HEAVY_RESPONDENTS // scale
     rng = seeded_generator(11)
-    shape = _best_seconds(lambda: heavy_hitter_counts(values, respondents, seed=1), repeats)
-    ranked = _best_seconds(lambda: np.sort(rng.random(values)), repeats)
+    shape = best_seconds(lambda: heavy_hitter_counts(values, respondents, seed=1), repeats)
+    ranked = best_seconds(lambda: np.sort(rng.random(values)), repeats)
     rows = [
         {
             "benchmark": "heavy_hitter_counts",
@@ -52,9 +41,9 @@ def run(quick: bool) -> list[dict]:
     if quick:
         counts = counts[: counts.size // scale]
     randomizer = build_randomizer("one_hot_rappor", {"domain_size": counts.size, "epsilon": 8.0})
-    draw = _best_seconds(lambda: simulate_exact(randomizer, counts, rng), repeats)
+    draw = best_seconds(lambda: simulate_exact(randomizer, counts, rng), repeats)
     absent = int(counts.sum()) - counts
-    binomial = _best_seconds(lambda: rng.binomial(absent, randomizer.p_zero), repeats)
+    binomial = best_seconds(lambda: rng.binomial(absent, randomizer.p_zero), repeats)
     rows.append(
         {
             "benchmark": "simulate_exact_map",

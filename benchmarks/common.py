@@ -57,6 +57,16 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def best_seconds(function: Callable[[], object], repeats: int) -> float:
+    """Seconds of the fastest of ``repeats`` runs (the machine is shared and noisy)."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        function()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def run_child(script: str, argument: Any) -> dict[str, Any]:
     """Run ``script`` in a fresh interpreter with ``argument`` as JSON in ``argv[1]``; the JSON
     object on the last line of its output (with its own peak RSS in MB)."""
