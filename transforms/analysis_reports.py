@@ -25,6 +25,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from transforms import analyze_core as core
 from transforms import atomic_files
+from transforms.analysis_tables import group_by_part
 
 REPORTS_DIR = "reports.jsonl"
 WITHHELD_DIR = "withheld.jsonl"
@@ -132,16 +133,8 @@ class WriteJsonParts(beam.PTransform):
             return zlib.crc32(repr(order(record)).encode()) % shards
 
         keyed = records | "ByPart" >> beam.Map(lambda record: (shard_of(record), record))
-        every = records.pipeline | "PartIndices" >> beam.Create([(s, None) for s in range(shards)])
-        return (
-            {"records": keyed, "part": every}
-            | "GroupParts" >> beam.CoGroupByKey()
-            | "WriteParts"
-            >> beam.MapTuple(
-                lambda shard, grouped: write_json_part(
-                    directory, shard, shards, grouped["records"], order
-                )
-            )
+        return group_by_part(keyed, shards) | "WriteParts" >> beam.MapTuple(
+            lambda shard, parts: write_json_part(directory, shard, shards, parts, order)
         )
 
 

@@ -156,6 +156,17 @@ def write_part(
     return atomic_files.publish(directory, name, lambda sink: pq.write_table(table, sink))
 
 
+def group_by_part(keyed: beam.PCollection, shards: int) -> beam.PCollection:
+    """(part, value) pairs -> (part, values) for EVERY part in ``range(shards)``, empty ones
+    included, so each part file is written (and a retry rewrites it) whatever the data."""
+    every = keyed.pipeline | "PartIndices" >> beam.Create([(s, None) for s in range(shards)])
+    return (
+        {"values": keyed, "part": every}
+        | "GroupParts" >> beam.CoGroupByKey()
+        | "PartValues" >> beam.MapTuple(lambda shard, grouped: (shard, grouped["values"]))
+    )
+
+
 class WriteTableParts(beam.PTransform):
     """(crowd key, Arrow table) -> ``directory/part-SSSSS-of-NNNNN.parquet``: crowds are grouped
     into ``shards`` parts by :func:`shard_of`; each part is written by one worker holding only
@@ -171,16 +182,8 @@ class WriteTableParts(beam.PTransform):
     def expand(self, tables: beam.PCollection) -> beam.PCollection:
         directory, schema, shards = self._directory, self._schema, self._shards
         keyed = tables | "ByPart" >> beam.Map(lambda kv: (shard_of(kv[0], shards), kv[1]))
-        every = tables.pipeline | "PartIndices" >> beam.Create([(s, None) for s in range(shards)])
-        return (
-            {"tables": keyed, "part": every}
-            | "GroupParts" >> beam.CoGroupByKey()
-            | "WriteParts"
-            >> beam.MapTuple(
-                lambda shard, grouped: write_part(
-                    directory, shard, shards, grouped["tables"], schema
-                )
-            )
+        return group_by_part(keyed, shards) | "WriteParts" >> beam.MapTuple(
+            lambda shard, parts: write_part(directory, shard, shards, parts, schema)
         )
 
 
