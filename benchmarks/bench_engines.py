@@ -3,7 +3,8 @@
 ``esa run`` (simulate -> 2 shuffler instances one after the other -> analyze) with the same
 recipe, population and seed on each engine, each run in its own child process: FnApiRunner (the
 baseline, the project's default DirectRunner mode), Prism through PrismRunner, and Flink through
-FlinkRunner's embedded cluster when ``make engines`` could install Beam's Flink job server. Rows:
+FlinkRunner with the job server ``make engines`` installed, on its embedded cluster and on a
+standalone cluster (JobManager + TaskManager with 2 slots, pipelines/flink_cluster.py). Rows:
 the whole run's seconds and the shuffle stage's throughput (messages read per second; the
 shuffle's time includes each pipeline's start-up, which dominates at these sizes).
 
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from benchmarks.common import run_child
 from pipelines import engines
+from pipelines.flink_cluster import FlinkCluster
 
 RECIPE = {
     "name": "bench_engines",
@@ -58,12 +60,14 @@ print(json.dumps({"code": code, "wall": wall, "seconds": run["seconds"],
 
 
 def _esa_run(work: Path, engine: str, respondents: int, extra: list[str]) -> dict:
+    flags = engines.runner_flags(engine, master=_CLUSTER["master"]) if engine == "flink_cluster" \
+        else engines.runner_flags(engine)  # fmt: skip
     recipe = work / "recipe.json"
     recipe.write_text(json.dumps(RECIPE))
     output = work / f"run-{engine}"
     argv = ["run", "--output", str(output), "--overwrite", "--recipe", str(recipe),
             "--population", "uniform", "--respondents", str(respondents), "--seed", "7",
-            "--parallel-shuffles", "1", *engines.runner_flags(engine), *extra]  # fmt: skip
+            "--parallel-shuffles", "1", *flags, *extra]  # fmt: skip
     result = run_child(_RUN, {"argv": argv, "run_json": str(output / "run.json")})
     if result["code"] != 0 or not result["adds_up"]:
         raise RuntimeError(f"esa run on {engine} failed: {result}")
@@ -75,9 +79,14 @@ def _best(work: Path, engine: str, respondents: int, repeats: int, extra: list[s
     return min(runs, key=lambda run: run["wall"])
 
 
+_CLUSTER = {"master": "[local]"}  # the standalone Flink cluster's master while it runs
+
+
 def _missing(engine: str) -> str | None:
+    if engine == "flink_cluster" and engines.flink_cluster_lib() is None:
+        return "no assembled Flink jars for a standalone cluster (make engines)"
     try:
-        engines.runner_flags(engine)
+        engines.runner_flags("flink" if engine == "flink_cluster" else engine)
     except FileNotFoundError as missing:
         return str(missing)
     return None
@@ -100,13 +109,18 @@ def run(quick: bool) -> list[dict]:
             }
         )
         results = {"fnapi": baseline}
-        for engine in ("prism", "flink"):
+        for engine in ("prism", "flink", "flink_cluster"):
             missing = _missing(engine)
             if missing:
                 rows.append({"benchmark": "engines", "metric": f"{engine}_end_to_end_s",
                              "note": f"not measured: {missing}"})  # fmt: skip
                 continue
-            results[engine] = result = _best(work, engine, respondents, repeats, [])
+            if engine == "flink_cluster":
+                with FlinkCluster(engines.flink_cluster_lib(), slots=2) as cluster:
+                    _CLUSTER["master"] = cluster.master
+                    results[engine] = result = _best(work, engine, respondents, repeats, [])
+            else:
+                results[engine] = result = _best(work, engine, respondents, repeats, [])
             rows.append(
                 {
                     "benchmark": "engines",

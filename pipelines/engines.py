@@ -7,9 +7,14 @@ Engines, each matched to the installed Beam Python SDK (the portable job API mus
   tag into ``ENGINES/bin/prism-v<beam>``; run through Beam's ``PrismRunner``, which starts it as a
   subprocess job server (``--prism_location``). ``prism_server`` runs the same binary as a
   standing job server that ``PortableRunner`` submits to.
-- ``flink``: Apache Flink through Beam's ``FlinkRunner``, given the Flink job server jar
-  ``ENGINES/flink/beam-runners-flink-<flink>-job-server-<beam>.jar`` that Maven fetched;
-  ``--flink_master=[local]`` runs the job server's embedded Flink cluster in its JVM.
+- ``flink``: Apache Flink through Beam's ``FlinkRunner``, given a Flink job server jar:
+  Beam's published ``ENGINES/flink/beam-runners-flink-<flink>-job-server-<beam>.jar`` for the
+  installed SDK when Maven serves it, else the one ``make engines`` assembled from Beam's Flink
+  runner module and its dependencies (``ENGINES/flink/assembled-<beam>-<flink>/``, see
+  ``pipelines/flink_cluster.py``); ``--flink_master=[local]`` runs the job server's embedded
+  Flink cluster in its JVM.
+- ``flink_cluster``: the same job server submitting to a standalone Flink cluster (a JobManager
+  and a TaskManager, ``pipelines.flink_cluster.FlinkCluster``) at ``--flink_master=HOST:PORT``.
 
 ``ENGINES`` is ``$ESA_ENGINES_DIR``, else ``.engines/`` in the repository (ignored by git). The
 workers run in the submitting process (``LOOPBACK``), so local paths work on every engine.
@@ -22,10 +27,10 @@ from pathlib import Path
 
 from apache_beam.version import __version__ as BEAM_VERSION
 
-__all__ = ["BEAM_VERSION", "ENGINES", "engines_dir", "flink_job_server_jar", "prism_binary",
-           "runner_flags"]  # fmt: skip
+__all__ = ["BEAM_VERSION", "ENGINES", "engines_dir", "flink_cluster_lib", "flink_job_server_jar",
+           "prism_binary", "runner_flags"]  # fmt: skip
 
-ENGINES = ("fnapi", "prism", "flink")
+ENGINES = ("fnapi", "prism", "flink", "flink_cluster")
 
 
 def engines_dir() -> Path:
@@ -41,17 +46,34 @@ def prism_binary() -> Path | None:
 
 
 def flink_job_server_jar() -> Path | None:
-    """Beam's Flink job server jar for the installed Beam release (newest Flink first), or None."""
-    jars = sorted(
-        (engines_dir() / "flink").glob(f"beam-runners-flink-*-job-server-{BEAM_VERSION}.jar")
-    )
-    return jars[-1] if jars else None
+    """The Flink job server jar: Beam's published one for the installed release (newest Flink
+    first), else the assembled one (newest Beam release first), else None."""
+    flink = engines_dir() / "flink"
+    published = sorted(flink.glob(f"beam-runners-flink-*-job-server-{BEAM_VERSION}.jar"))
+    if published:
+        return published[-1]
+    assembled = sorted(flink.glob("assembled-*/beam-runners-flink-*-job-server-*.jar"),
+                       key=lambda jar: _release(jar.parent.name.split("-")[1]))  # fmt: skip
+    return assembled[-1] if assembled else None
 
 
-def runner_flags(engine: str, parallelism: int | None = None) -> list[str]:
+def flink_cluster_lib() -> Path | None:
+    """The assembled jars (Flink runtime and Beam's Flink runner) a standalone cluster runs on."""
+    jar = flink_job_server_jar()
+    lib = jar.parent / "lib" if jar is not None else None
+    return lib if lib is not None and lib.is_dir() else None
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) if part.isdigit() else 0 for part in version.split("."))
+
+
+def runner_flags(engine: str, parallelism: int | None = None, master: str = "[local]") -> list[str]:
     """Beam flags that run a pipeline on ``engine`` (one of :data:`ENGINES`).
 
-    Raises FileNotFoundError naming what is missing when the engine is not installed.
+    ``master`` is the Flink cluster's ``HOST:PORT`` for ``flink_cluster`` (``[local]``: the job
+    server's embedded cluster). Raises FileNotFoundError naming what is missing when the engine is
+    not installed.
     """
     if engine == "fnapi":
         return ["--runner=FnApiRunner"]
@@ -63,22 +85,23 @@ def runner_flags(engine: str, parallelism: int | None = None) -> list[str]:
                 "run `make engines`"
             )
         return ["--runner=PrismRunner", f"--prism_location={binary}", "--environment_type=LOOPBACK"]
-    if engine == "flink":
+    if engine in ("flink", "flink_cluster"):
         jar = flink_job_server_jar()
         if jar is None:
             unavailable = engines_dir() / "flink" / f"unavailable-{BEAM_VERSION}.txt"
             if unavailable.is_file():
                 raise FileNotFoundError(
                     f"Maven served no Beam {BEAM_VERSION} Flink job server jar to `make engines` "
-                    f"(its answers: {unavailable})"
+                    f"(its answers: {unavailable}) and none was assembled (see mvn-assemble.log)"
                 )
             raise FileNotFoundError(
-                f"no Beam {BEAM_VERSION} Flink job server jar in {engines_dir() / 'flink'}: "
-                "run `make engines`"
+                f"no Flink job server jar in {engines_dir() / 'flink'}: run `make engines`"
             )
+        if engine == "flink_cluster" and master == "[local]":
+            raise ValueError("flink_cluster needs the cluster's master HOST:PORT")
         flags = [
             "--runner=FlinkRunner",
-            "--flink_master=[local]",
+            f"--flink_master={master if engine == 'flink_cluster' else '[local]'}",
             f"--flink_job_server_jar={jar}",
             "--environment_type=LOOPBACK",
         ]
