@@ -115,13 +115,14 @@ class FlinkCluster:
     """A standalone Flink session cluster (one JobManager, one TaskManager) on this machine.
 
     ``lib`` is the directory of jars ``make engines`` assembled (Flink's runtime and Beam's Flink
-    runner); ``slots`` the TaskManager's task slots. Use as a context manager: entering starts both
+    runner); ``slots`` the TaskManager's task slots; ``restart_attempts`` how many times a failed
+    job region is restarted (Flink's fixed-delay restart strategy). Use as a context manager: entering starts both
     JVMs and waits until the TaskManager has registered its slots; leaving stops them and removes
     the configuration and logs unless ``keep_logs``. ``master`` is ``localhost:<rest port>``.
     """
 
     def __init__(self, lib: str | Path, slots: int = 2, rest_port: int | None = None,
-                 startup_timeout_s: float = 90.0) -> None:  # fmt: skip
+                 startup_timeout_s: float = 90.0, restart_attempts: int = 3) -> None:  # fmt: skip
         self.lib = Path(lib)
         if not any(self.lib.glob("flink-runtime-*.jar")):
             raise FileNotFoundError(f"no Flink runtime jar in {self.lib}: run `make engines`")
@@ -130,6 +131,7 @@ class FlinkCluster:
         self.slots = slots
         self.rest_port = rest_port or _free_port()
         self.startup_timeout_s = startup_timeout_s
+        self.restart_attempts = restart_attempts
         self.work: Path | None = None
         self.processes: list[subprocess.Popen] = []
 
@@ -151,6 +153,11 @@ class FlinkCluster:
             "taskmanager.numberOfTaskSlots": self.slots,
             "taskmanager.memory.process.size": "2048m",
             "parallelism.default": 1,
+            # A failed task is retried (the region it belongs to restarts), as on a production
+            # cluster: outputs must come out exactly once all the same (tests/engines).
+            "restart-strategy.type": "fixed-delay",
+            "restart-strategy.fixed-delay.attempts": self.restart_attempts,
+            "restart-strategy.fixed-delay.delay": "200 ms",
             "io.tmp.dirs": str(self.work / "tmp"),
         }
         return "".join(f"{key}: {value}\n" for key, value in settings.items())

@@ -30,7 +30,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines import cli, engines
-from pipelines.flink_cluster import FlinkCluster
 from transforms.analysis_reports import read_reports
 
 # Flink with LOOPBACK workers: when a job ends, the job server hangs up on the SDK worker's data
@@ -92,16 +91,6 @@ def _flags(engine: str, request) -> list[str]:
     return engines.runner_flags(engine)
 
 
-@pytest.fixture(scope="module")
-def flink_cluster():
-    """A standalone Flink cluster (JobManager + TaskManager with 2 slots) for the module."""
-    lib = engines.flink_cluster_lib()
-    if lib is None:
-        pytest.skip("no assembled Flink jars for a standalone cluster: run `make engines`")
-    with FlinkCluster(lib, slots=2) as cluster:
-        yield cluster
-
-
 def _records(root: Path, pattern: str) -> list[tuple]:
     """Every Avro record under ``root`` matching ``pattern``, as sorted tuples (a multiset)."""
     records = []
@@ -146,9 +135,9 @@ def test_pipeline_on_engine_matches_fnapi(engine, request):
     assert _summary(output) == _summary(reference)
     run = json.loads((output / "run.json").read_text())
     assert run["adds_up"] and run["respondents"] == RESPONDENTS
-    if engine == "flink_cluster":  # the jobs ran on the standalone cluster: simulate, 2 x shuffle,
-        overview = request.getfixturevalue("flink_cluster").overview()  # analyze
-        assert overview["jobs-finished"] == 4 and overview["jobs-failed"] == 0, overview
+    if engine == "flink_cluster":  # the 4 jobs (simulate, 2 x shuffle, analyze) ran on the cluster
+        overview = request.getfixturevalue("flink_cluster").overview()
+        assert overview["jobs-finished"] >= 4 and overview["jobs-failed"] == 0, overview
 
 
 def _free_port() -> int:
