@@ -17,8 +17,8 @@ hold: outside their conditions closed forms can fall below the true epsilon.
 * ``solvers``: :func:`amplify` (tightest valid guarantee), :func:`solve_epsilon_local` (the tables'
   eps_l for a target eps_c), :func:`min_respondents` (Check 3), :func:`privacy_report`.
 
-What reproduces the paper's tables (tests/privacy/test_accounting.py): the eps_l_inf columns are
-Theorem III.1 in its exact form (Lemma II.6 with lambda = 2n/(1+e^eps_l)) solved for eps_c; the
+What reproduces the paper's tables (tests/privacy/test_accounting_tables.py): the eps_l_inf columns
+are Theorem III.1 in its exact form (Lemma II.6 with lambda = 2n/(1+e^eps_l)) solved for eps_c; the
 report-fragment columns follow sinh(eps_f) = sinh(eps_b)/tau with Theorem IV.1 at t = tau and
 t = 1; the Gaussian sigma column is :func:`gaussian_sigma_paper`. Table III's first row (eps_l = 2,
 printed with two significant digits) is within 5% of the FMT numerical bound applied per attribute

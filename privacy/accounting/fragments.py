@@ -131,9 +131,9 @@ def theorem_iv2_epsilon(
     details (``fragments_term_as_printed``) but not used, because as printed it does not hold:
     it lacks the e^eps_f its own proof (Lemma II.6 per row) produces. With tau = 1, eps_b = eps_f
     = 20, n = 1e4, delta = 1e-6 it gives 2.13, while the shuffled bits (flip probability ~4e-9)
-    reveal the respondent's bit with probability ~1 (tests/privacy/test_accounting.py checks this
-    against the exact shuffled randomized response). The backstop term is Theorem III.1's
-    simplified form for eps_b (the fragments are a post-processing of the shuffled backstop
+    reveal the respondent's bit with probability ~1 (tests/privacy/test_accounting_composition.py
+    checks this against the exact shuffled randomized response). The backstop term is Theorem
+    III.1's simplified form for eps_b (the fragments are a post-processing of the shuffled backstop
     reports), held to Theorem III.1's range. Returns (eps_c, details).
     """
     eps_b = check_epsilon(epsilon_backstop, "epsilon_backstop")
