@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from operator import attrgetter
 from types import MappingProxyType
 from typing import Any
 
@@ -336,20 +337,26 @@ def _chosen_bound(mechanism: str, bound: str | None) -> str:
     return name
 
 
-def _solve_with_each_bound(
-    mechanism: str, solve: Callable[[str], CentralGuarantee]
-) -> list[CentralGuarantee]:
-    """``solve`` with every bound of the mechanism (``bound="tightest"``): the solutions of the
-    bounds that apply; BoundOutOfRange with every bound's reason when none does."""
+def _tightest(
+    solver: Callable[..., CentralGuarantee],
+    pick: Callable[..., CentralGuarantee],
+    field: str,
+    arguments: tuple[float, float, float],
+    mechanism: str,
+    local_model: str,
+) -> CentralGuarantee:
+    """``bound="tightest"``: ``solver(*arguments, mechanism, ...)`` with every bound of the
+    mechanism, and of the solutions of the bounds that apply the one whose ``field`` is ``pick``
+    (max or min, the first on ties); BoundOutOfRange with every bound's reason when none applies."""
     solutions, reasons = [], []
     for name in _MECHANISM_BOUNDS[mechanism]:
         try:
-            solutions.append(solve(name))
+            solutions.append(solver(*arguments, mechanism, bound=name, local_model=local_model))
         except BoundOutOfRange as error:
             reasons.append(f"{name}: {error}")
     if not solutions:
         raise BoundOutOfRange("no bound applies: " + "; ".join(reasons))
-    return solutions
+    return pick(solutions, key=attrgetter(field))
 
 
 def solve_epsilon_local(
@@ -383,13 +390,9 @@ def solve_epsilon_local(
     n = check_respondents(respondents)
     d = check_delta(delta)
     if bound == TIGHTEST:
-        solutions = _solve_with_each_bound(
-            mechanism,
-            lambda name: solve_epsilon_local(
-                target, n, d, mechanism, bound=name, local_model=local_model
-            ),
+        return _tightest(
+            solve_epsilon_local, max, "epsilon_local", (target, n, d), mechanism, local_model
         )
-        return max(solutions, key=lambda result: result.epsilon_local)
     name = _chosen_bound(mechanism, bound)
     low, high = _epsilon_local_range(name, mechanism, local_model, n, d, target)
 
@@ -464,13 +467,9 @@ def min_respondents(
     eps = check_epsilon(epsilon_local, "epsilon_local")
     d = check_delta(delta)
     if bound == TIGHTEST:
-        results = _solve_with_each_bound(
-            mechanism,
-            lambda name: min_respondents(
-                target, eps, d, mechanism, bound=name, local_model=local_model
-            ),
+        return _tightest(
+            min_respondents, min, "respondents", (target, eps, d), mechanism, local_model
         )
-        return min(results, key=lambda result: result.respondents)
     name = _chosen_bound(mechanism, bound)
 
     def meets(n: int) -> bool:
