@@ -76,6 +76,14 @@ def test_min_respondents_is_the_smallest_crowd():
     assert tightest.respondents <= rappor.respondents
 
 
+def test_tightest_names_every_bound_when_none_applies():
+    # No crowd up to 2^33 brings epsilon_local = 30 down to epsilon_central = 1e-9 by any bound.
+    with pytest.raises(acc.BoundOutOfRange, match="^no bound applies: ") as caught:
+        acc.min_respondents(1e-9, 30.0, 1e-6, bound=acc.TIGHTEST)
+    for name in acc.mechanism_bounds(acc.GENERIC):
+        assert f"{name}: " in str(caught.value)
+
+
 def test_privacy_report_table_i_row():
     n, delta = DATASETS["heavy_hitter"]
     backstop = acc.solve_epsilon_local(1.0, n, delta).epsilon_local
