@@ -167,6 +167,20 @@ class ByteStream:
                 bytes(self._buffer[offset - self._buffer_start : stop - self._buffer_start]),
             )
 
+    def read_to_end(self, start: int, piece: int) -> Iterator[tuple[int, bytes]]:
+        """Yield ``(offset, bytes)``: the bytes from ``start`` to the end of the file in pieces of
+        ``piece`` bytes, the last one shorter (empty when the file ends on a piece boundary); each
+        piece is released when the next one is asked for."""
+        self.rewind(start)
+        offset = start
+        while True:
+            chunk = self.read_up_to(piece)
+            yield offset, chunk
+            offset += len(chunk)
+            self.release_before(offset)
+            if len(chunk) < piece:
+                return
+
     def scan_for(self, marker: bytes, start: int, piece: int) -> Iterator[tuple[int, bytes]]:
         """Yield ``(offset, bytes)``: the bytes from ``start`` up to and including the next
         ``marker`` after ``start`` (or to the end of the file), in pieces of at most ``piece``

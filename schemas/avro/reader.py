@@ -223,16 +223,9 @@ def _file_problem(header: Header, expect: Mapping[str, Any] | None) -> tuple[str
 
 def _unreadable_file(source: str, stream: ByteStream, detail: str) -> Iterator[UnreadableChunk]:
     """The whole file as ``unreadable_file`` chunks of unknown records."""
-    stream.rewind(0)
-    offset = 0
-    while True:
-        piece = stream.read_up_to(MAX_RAW_BYTES)
+    for offset, piece in stream.read_to_end(0, MAX_RAW_BYTES):
         if piece or offset == 0:
             yield UnreadableChunk(source, offset, len(piece), UNREADABLE_FILE, detail, piece, None)
-        offset += len(piece)
-        stream.release_before(offset)
-        if len(piece) < MAX_RAW_BYTES:
-            return
 
 
 def _dead_blocks(
@@ -291,17 +284,10 @@ def _rest_of_file(
     source: str, stream: ByteStream, start: int, detail: str, records: int
 ) -> Iterator[UnreadableChunk]:
     """The bytes from ``start`` to the end as chunks; the first one holds ``records``."""
-    stream.rewind(start)
-    offset = start
-    while True:
-        piece = stream.read_up_to(MAX_RAW_BYTES)
+    for offset, piece in stream.read_to_end(start, MAX_RAW_BYTES):
         if piece:
             held = records if offset == start else 0
             yield UnreadableChunk(source, offset, len(piece), CORRUPT_BLOCK, detail, piece, held)
-        offset += len(piece)
-        stream.release_before(offset)
-        if len(piece) < MAX_RAW_BYTES:
-            return
 
 
 def _resync(

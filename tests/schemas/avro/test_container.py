@@ -16,7 +16,7 @@ import pytest
 
 from schemas import crc32c, parsed_schema, schema_json
 from schemas.avro import varint
-from schemas.avro.container import ContainerWriter, encode_container, header_bytes
+from schemas.avro.container import ByteStream, ContainerWriter, encode_container, header_bytes
 from schemas.avro.encode import encode_rows
 from schemas.records import dead_letter
 from tests.schemas.avro.hostile import corpus
@@ -148,3 +148,18 @@ def test_write_avro_files_on_beam_filesystems(tmp_path: Path) -> None:
     other = str(tmp_path / "d.avro")
     assert avro_io.write_avro(other, parsed_schema("dead_letter"), letters) == 1
     assert list(fastavro.reader(open(other, "rb"))) == letters
+
+
+@pytest.mark.parametrize(("size", "start"), [(0, 0), (2000, 0), (2500, 100)])
+def test_byte_stream_reads_to_the_end_in_pieces_and_releases_them(size: int, start: int) -> None:
+    data = (bytes(range(256)) * 10)[:size]
+    stream = ByteStream(io.BytesIO(data), read_chunk=300)
+    pieces = list(stream.read_to_end(start, 1000))
+    # Full pieces, then one short piece: empty when the file ends on a piece boundary.
+    assert pieces == [
+        (offset, data[offset : offset + 1000]) for offset in range(start, size + 1, 1000)
+    ]
+    assert stream.at_end()
+    if size - start > 300:  # more than a read chunk behind the end: released, no rewind there
+        with pytest.raises(ValueError, match="released"):
+            stream.rewind(start)
