@@ -27,6 +27,25 @@ def _esa(*args: str) -> list[str]:
     return [sys.executable, "-c", entry, *args]
 
 
+def _start_large(output: Path, *extra: str) -> subprocess.Popen:
+    """A run of 200,000 respondents in its own process group, to be killed part-way."""
+    return subprocess.Popen(
+        _esa("simulate", "--output", str(output), "--respondents", "200000", *extra, *FLAGS),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def _run_small(output: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    """A run of 300 respondents to its end, its output captured."""
+    return subprocess.run(
+        _esa("simulate", "--output", str(output), "--respondents", "300", *extra, *FLAGS),
+        capture_output=True,
+        text=True,
+    )
+
+
 def _kill_when(process: subprocess.Popen, ready, timeout: float = 120.0) -> bool:
     """SIGKILLs ``process`` (its own process group) once ``ready()``; False if it ended first."""
     deadline = time.monotonic() + timeout
@@ -50,12 +69,7 @@ def _committed(output: Path) -> bool:
 @pytest.mark.parametrize("point", ["start-up", "writing reports"])
 def test_killed_simulate_commits_nothing_and_overwrite_recovers(tmp_path, point):
     output = tmp_path / "sim"
-    process = subprocess.Popen(
-        _esa("simulate", "--output", str(output), "--respondents", "200000", *FLAGS),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    process = _start_large(output)
     started = time.monotonic()
     if point == "start-up":
         killed = _kill_when(process, lambda: time.monotonic() - started > 1.0)
@@ -69,20 +83,12 @@ def test_killed_simulate_commits_nothing_and_overwrite_recovers(tmp_path, point)
     # A rerun recovers (with --overwrite when something is there) and cleans the stale staging.
     output.mkdir(exist_ok=True)
     (output / "partial.avro").write_bytes(b"left by a killed run")
-    refused = subprocess.run(
-        _esa("simulate", "--output", str(output), "--respondents", "300", *FLAGS),
-        capture_output=True,
-        text=True,
-    )
+    refused = _run_small(output)
     assert refused.returncode == 2
     # One error line (Beam's own import warning aside, issue #10 item 7), no traceback.
     [line] = [x for x in refused.stderr.splitlines() if x.startswith("esa simulate: error:")]
     assert "pass --overwrite" in line and "Traceback" not in refused.stderr
-    recovered = subprocess.run(
-        _esa("simulate", "--output", str(output), "--respondents", "300", "--overwrite", *FLAGS),
-        capture_output=True,
-        text=True,
-    )
+    recovered = _run_small(output, "--overwrite")
     assert recovered.returncode == 0, recovered.stderr
     verified = release.verify_release(str(output))
     assert verified.commit["format"] == release.REPORTS_FORMAT
@@ -94,20 +100,10 @@ def test_killed_simulate_commits_nothing_and_overwrite_recovers(tmp_path, point)
 
 def test_killed_overwrite_keeps_the_previous_committed_output(tmp_path):
     output = tmp_path / "sim"
-    first = subprocess.run(
-        _esa("simulate", "--output", str(output), "--respondents", "300", *FLAGS),
-        capture_output=True,
-        text=True,
-    )
+    first = _run_small(output)
     assert first.returncode == 0, first.stderr
     before = release.verify_release(str(output)).commit
-    process = subprocess.Popen(
-        _esa("simulate", "--output", str(output), "--respondents", "200000", "--overwrite",
-             *FLAGS),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )  # fmt: skip
+    process = _start_large(output, "--overwrite")
     assert _kill_when(process, lambda: _staged_reports(tmp_path, "sim"))
     assert release.verify_release(str(output)).commit == before
 
@@ -116,12 +112,7 @@ def test_output_appears_committed_or_not_at_all(tmp_path):
     """Killed the moment DIR appears (the rename of the staging directory), DIR is already
     committed: no window in which a complete-looking DIR lacks its commit record."""
     output = tmp_path / "sim"
-    process = subprocess.Popen(
-        _esa("simulate", "--output", str(output), "--respondents", "200000", *FLAGS),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    process = _start_large(output)
     _kill_when(process, output.exists)  # the run may end first: DIR must be committed then too
     assert output.exists()
     assert release.verify_release(str(output)).commit["format"] == release.REPORTS_FORMAT
