@@ -12,7 +12,6 @@ import pytest
 
 from pipelines import cli
 from schemas import release as rel
-from schemas.recipes import RECIPE_DIR
 from tests.transforms import report_factory as rf
 from transforms.shuffle_core import MAX_EVENT_TIME_MS, latest_event_time_ms
 
@@ -22,11 +21,7 @@ LAST_DAY_MS = (MAX_EVENT_TIME_MS // DAY_MS) * DAY_MS  # 9999-12-31T00:00Z
 
 @pytest.fixture
 def recipe(tmp_path: Path) -> str:
-    body = json.loads((RECIPE_DIR / "image_grid_onehot.json").read_text())
-    body.update(name="edge_test", min_crowd_size=3)
-    path = tmp_path / "edge_test.json"
-    path.write_text(json.dumps(body))
-    return str(path)
+    return rf.write_recipe(tmp_path, "edge_test", min_crowd_size=3)[0]
 
 
 def _fields(recipe: str) -> dict[str, str]:

@@ -13,7 +13,6 @@ import pytest
 
 from pipelines import cli
 from schemas import release as rel
-from schemas.recipes import RECIPE_DIR
 from tests.transforms import report_factory as rf
 
 Mutation = Callable[[Path], None]
@@ -23,17 +22,13 @@ Mutation = Callable[[Path], None]
 def made(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """A committed release of one crowd of 30 respondents (and its private sibling)."""
     root = tmp_path_factory.mktemp("hostile")
-    body = json.loads((RECIPE_DIR / "image_grid_onehot.json").read_text())
-    body.update(name="hostile_test", min_crowd_size=5)
-    recipe = root / "hostile_test.json"
-    recipe.write_text(json.dumps(body))
+    recipe, fields = rf.write_recipe(root, "hostile_test", min_crowd_size=5)
     (root / "reports").mkdir()
-    fields = {"recipe_id": "hostile_test@1", "channel": body["channel"]}
     rf.write_reports(root / "reports" / "a.avro", rf.crowd(30, 2, **fields))
-    argv = ["shuffle", "--input", str(root / "reports" / "*.avro"), "--recipe", str(recipe)]
+    argv = ["shuffle", "--input", str(root / "reports" / "*.avro"), "--recipe", recipe]
     argv += ["--instance", "0"]
     assert cli.main([*argv, "--output", str(root / "rel"), "--crowd-threshold", "10"]) == 0
-    return root / "rel", str(recipe)
+    return root / "rel", recipe
 
 
 def _edit(change: Callable[[dict], None]) -> Mutation:

@@ -17,7 +17,6 @@ import pytest
 from pipelines import cli
 from pipelines.release_crowds import count_crowd_messages
 from schemas import release as rel
-from schemas.recipes import RECIPE_DIR
 from tests.transforms import report_factory as rf
 
 Edit = Callable[[dict], None]
@@ -26,19 +25,15 @@ Edit = Callable[[dict], None]
 @pytest.fixture(scope="module")
 def made(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     root = tmp_path_factory.mktemp("crowds")
-    body = json.loads((RECIPE_DIR / "image_grid_onehot.json").read_text())
-    body.update(name="crowds_test", min_crowd_size=5)
-    recipe = root / "crowds_test.json"
-    recipe.write_text(json.dumps(body))
+    recipe, fields = rf.write_recipe(root, "crowds_test", min_crowd_size=5)
     (root / "reports").mkdir()
-    fields = {"recipe_id": "crowds_test@1", "channel": body["channel"]}
     records = rf.crowd(30, 2, crowd_id="a", **fields)
     records += rf.crowd(20, 2, crowd_id="b", prefix="other", seed=1, **fields)
     rf.write_reports(root / "reports" / "a.avro", records)
-    argv = ["shuffle", "--input", str(root / "reports" / "*.avro"), "--recipe", str(recipe)]
+    argv = ["shuffle", "--input", str(root / "reports" / "*.avro"), "--recipe", recipe]
     argv += ["--instance", "0", "--output", str(root / "rel"), "--crowd-threshold", "10"]
     assert cli.main(argv) == 0
-    return root / "rel", str(recipe)
+    return root / "rel", recipe
 
 
 def _crowds(record: dict) -> dict[str, dict]:

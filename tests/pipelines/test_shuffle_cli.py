@@ -14,7 +14,7 @@ import pytest
 
 from pipelines import cli
 from schemas import release as rel
-from schemas.recipes import RECIPE_DIR, load_recipe
+from schemas.recipes import load_recipe
 from tests.transforms import report_factory as rf
 from transforms import release_core
 
@@ -22,11 +22,7 @@ from transforms import release_core
 @pytest.fixture
 def inputs(tmp_path: Path) -> tuple[str, str]:
     """A recipe file (a shipped recipe renamed, minimum crowd 5) and report files using it."""
-    recipe = json.loads((RECIPE_DIR / "image_grid_onehot.json").read_text())
-    recipe.update(name="cli_test", min_crowd_size=5)
-    recipe_path = tmp_path / "cli_test.json"
-    recipe_path.write_text(json.dumps(recipe))
-    fields = {"recipe_id": "cli_test@1", "channel": recipe["channel"]}
+    recipe, fields = rf.write_recipe(tmp_path, "cli_test", min_crowd_size=5)
     reports = tmp_path / "reports"
     reports.mkdir()
     rf.write_reports(reports / "a.avro", rf.crowd(30, 2, **fields))
@@ -35,7 +31,7 @@ def inputs(tmp_path: Path) -> tuple[str, str]:
         rf.crowd(3, 1, prefix="few", crowd_id="few", **fields)
         + [rf.report("x", instance=4, **fields), rf.report("y", crc=1, **fields)],
     )
-    return str(recipe_path), str(reports / "*.avro")
+    return recipe, str(reports / "*.avro")
 
 
 def _shuffle(tmp_path: Path, recipe: str, pattern: str, *extra: str) -> tuple[int, Path]:
@@ -151,11 +147,7 @@ def test_rerun_refuses_a_release_unless_overwrite(
 def test_one_origin_moves_respondents_released_by_at_most_one(tmp_path: Path) -> None:
     """A device that sends 10,000 presence and data messages into one crowd counts as one
     respondent and gets at most the recipe's per-origin cap of data messages released."""
-    recipe = json.loads((RECIPE_DIR / "image_grid_onehot.json").read_text())
-    recipe.update(name="cli_test", min_crowd_size=5)
-    recipe_path = tmp_path / "cli_test.json"
-    recipe_path.write_text(json.dumps(recipe))
-    fields = {"recipe_id": "cli_test@1", "channel": recipe["channel"]}
+    recipe, fields = rf.write_recipe(tmp_path, "cli_test", min_crowd_size=5)
     honest = []
     for index in range(30):  # one presence message and two data messages each
         honest.append(rf.report(f"d{index}", b"", **fields))
@@ -167,7 +159,7 @@ def test_one_origin_moves_respondents_released_by_at_most_one(tmp_path: Path) ->
     (tmp_path / "reports").mkdir()
     rf.write_reports(tmp_path / "reports" / "a.avro", honest + flood)
     status, output = _shuffle(
-        tmp_path, str(recipe_path), str(tmp_path / "reports" / "*.avro"), "--crowd-threshold", "10"
+        tmp_path, recipe, str(tmp_path / "reports" / "*.avro"), "--crowd-threshold", "10"
     )
     assert status == 0
     (crowd,) = rel.verify_release(str(output)).commit["crowds"]
@@ -178,7 +170,7 @@ def test_one_origin_moves_respondents_released_by_at_most_one(tmp_path: Path) ->
     assert rejected["duplicate_presence"] == 5_000 - 1
     cap = 10_000 // 2 - rejected["over_origin_cap"]
     # The recipe's cap for instance 0 (weight 1/4): the 1e-12 tail of k-RAPPOR's set bits.
-    assert cap == release_core.recipe_origin_caps(load_recipe(str(recipe_path)))[0]
+    assert cap == release_core.recipe_origin_caps(load_recipe(recipe))[0]
     assert crowd["messages_released"] == metrics["released"] == 60 + cap
 
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -17,7 +16,6 @@ import fastavro
 import pytest
 
 from schemas import release as rel
-from schemas.recipes import RECIPE_DIR
 from tests.transforms import report_factory as rf
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,11 +24,7 @@ CROWDS = 6
 
 
 def _inputs(tmp_path: Path) -> tuple[str, str]:
-    recipe = json.loads((RECIPE_DIR / "image_grid_onehot.json").read_text())
-    recipe.update(name="fault_test", min_crowd_size=5)
-    recipe_path = tmp_path / "fault_test.json"
-    recipe_path.write_text(json.dumps(recipe))
-    fields = {"recipe_id": "fault_test@1", "channel": recipe["channel"]}
+    recipe, fields = rf.write_recipe(tmp_path, "fault_test", min_crowd_size=5)
     (tmp_path / "reports").mkdir()
     for index in range(FILES):
         records = []
@@ -43,7 +37,7 @@ def _inputs(tmp_path: Path) -> tuple[str, str]:
                 for r in range(40)
             ]
         rf.write_reports(tmp_path / "reports" / f"r{index:02d}.avro", records)
-    return str(recipe_path), str(tmp_path / "reports" / "*.avro")
+    return recipe, str(tmp_path / "reports" / "*.avro")
 
 
 def _command(recipe: str, pattern: str, output: Path, *extra: str) -> list[str]:

@@ -4,7 +4,6 @@ no spill file ever holds a plaintext origin (only the keyed origin hash) beside 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -12,7 +11,6 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines import shuffle as shuffle_pipeline
-from schemas.recipes import RECIPE_DIR
 from tests.transforms import report_factory as rf
 from transforms import atomic_files
 from transforms import shuffle_spill as spill
@@ -22,11 +20,7 @@ RESPONDENTS, MESSAGES = 30, 3
 
 
 def _inputs(tmp_path: Path) -> tuple[str, str]:
-    recipe = json.loads((RECIPE_DIR / "image_grid_onehot.json").read_text())
-    recipe.update(name="spill_test", min_crowd_size=5)
-    recipe_path = tmp_path / "spill_test.json"
-    recipe_path.write_text(json.dumps(recipe))
-    fields = {"recipe_id": "spill_test@1", "channel": recipe["channel"]}
+    recipe, fields = rf.write_recipe(tmp_path, "spill_test", min_crowd_size=5)
     records = [
         rf.report(f"{ORIGIN_TAG.decode()}{r:04d}", f"payload {r} {m}".encode(), **fields)
         for r in range(RESPONDENTS)
@@ -34,7 +28,7 @@ def _inputs(tmp_path: Path) -> tuple[str, str]:
     ]
     (tmp_path / "reports").mkdir()
     rf.write_reports(tmp_path / "reports" / "r.avro", records)
-    return str(recipe_path), str(tmp_path / "reports" / "*.avro")
+    return recipe, str(tmp_path / "reports" / "*.avro")
 
 
 def _batches(path: str, positions: list[tuple[int, int]]) -> list[pa.RecordBatch]:

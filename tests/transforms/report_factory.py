@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ import fastavro
 import numpy as np
 
 from schemas import SCHEMA_VERSION, crc32c, parsed_schema
+from schemas.recipes import RECIPE_DIR
 from transforms.shuffle_core import RecipeRoute, ValidationRules
 
 DAY_MS = 86_400_000
@@ -111,3 +113,14 @@ def shuffled_key(record: Mapping[str, Any]) -> tuple[Any, ...]:
         record["crowd_id"],
         record["payload"],
     )
+
+
+def write_recipe(directory: Path, name: str, min_crowd_size: int) -> tuple[str, dict[str, str]]:
+    """A shipped recipe (image_grid_onehot) renamed ``name``, with ``min_crowd_size``, written to
+    ``directory/<name>.json``: its path, and the report fields (recipe_id, channel) that route
+    reports to it."""
+    body = json.loads((RECIPE_DIR / "image_grid_onehot.json").read_text())
+    body.update(name=name, min_crowd_size=min_crowd_size)
+    path = directory / f"{name}.json"
+    path.write_text(json.dumps(body))
+    return str(path), {"recipe_id": f"{name}@{body['version']}", "channel": body["channel"]}
