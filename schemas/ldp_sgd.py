@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from schemas.avro.columns import binary_buffers
+
 __all__ = [
     "PAYLOAD_TAG",
     "PAYLOAD_BYTES",
@@ -99,15 +101,7 @@ def decode_sgd_payloads(payloads: pa.Array) -> DecodedReports:
         else payloads
     )
     array = array.fill_null(b"")
-    buffers = array.buffers()
-    offsets = np.frombuffer(buffers[1], dtype=np.int64)[
-        array.offset : array.offset + len(array) + 1
-    ]
-    data = (
-        np.frombuffer(buffers[2], dtype=np.uint8)
-        if buffers[2] is not None
-        else np.zeros(0, np.uint8)
-    )
+    offsets, data = binary_buffers(array)
     lengths = np.diff(offsets)
     reasons = np.full(len(array), "", dtype=object)
     good = lengths == PAYLOAD_BYTES

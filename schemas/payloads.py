@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 
 from schemas import schema_json
+from schemas.avro.columns import binary_buffers
 from schemas.avro.varint import varint_lengths, zigzag
 
 __all__ = [
@@ -226,14 +227,8 @@ class EncodedPayloads:
             raise ValueError(f"expected a binary array, got {array.type}")
         if array.null_count:
             array = array.fill_null(b"")
-        _, offsets_buffer, data_buffer = array.buffers()
-        offsets = np.frombuffer(offsets_buffer, dtype=np.int64)[
-            array.offset : array.offset + len(array) + 1
-        ]
-        data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else None
+        offsets, data = binary_buffers(array)
         start, stop = int(offsets[0]), int(offsets[-1])
-        if data is None:
-            data = np.zeros(0, dtype=np.uint8)
         return cls(data[start:stop], offsets - start)
 
     @classmethod

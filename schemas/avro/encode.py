@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from schemas.avro import varint
+from schemas.avro.columns import binary_buffers
 
 __all__ = ["encode_rows"]
 
@@ -36,14 +37,7 @@ def _varint_segments(values: np.ndarray) -> _Ragged:
 def _binary_payload_segments(array: pa.Array) -> _Ragged:
     """The raw bytes of a string/binary Arrow array (no length prefix); nulls are empty."""
     array = array.cast(pa.large_binary()) if not pa.types.is_large_binary(array.type) else array
-    count = len(array)
-    buffers = array.buffers()
-    offsets = np.frombuffer(buffers[1], dtype=np.int64)[array.offset : array.offset + count + 1]
-    data = (
-        np.frombuffer(buffers[2], dtype=np.uint8)
-        if buffers[2] is not None
-        else np.zeros(0, np.uint8)
-    )
+    offsets, data = binary_buffers(array)
     lengths = np.diff(offsets)
     if array.null_count:
         lengths = np.where(array.is_null().to_numpy(zero_copy_only=False), 0, lengths)
@@ -244,12 +238,6 @@ def encode_rows(
         for piece in pieces
     ]
     joined = pc.binary_join_element_wise(*arguments, pa.scalar(b"", type=pa.large_binary()))
-    buffers = joined.buffers()
-    offsets = np.frombuffer(buffers[1], dtype=np.int64)[joined.offset : joined.offset + rows + 1]
-    data = (
-        np.frombuffer(buffers[2], dtype=np.uint8)
-        if buffers[2] is not None
-        else np.zeros(0, np.uint8)
-    )
+    offsets, data = binary_buffers(joined)
     start = int(offsets[0])
     return data[start : int(offsets[-1])], offsets - start
