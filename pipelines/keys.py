@@ -1,8 +1,10 @@
-"""``esa keys generate``: the analyzer's key pair for sealed reports, and the sealing flags.
+"""``esa keys generate``: key pairs (the analyzer's for sealed reports, the shufflers' for signed
+commit records) and the flags that take them.
 
 ::
 
     esa keys generate --output DIR [--valid-from ISO] [--valid-until ISO] [--key-id HEX16]
+        [--shuffler-instance U]
 
 writes ``DIR/<key id>.private.json`` (mode 0600: the analyzer's key ring) and
 ``DIR/<key id>.public.json`` (what devices are given: ``esa simulate --public-key``). Formats and
@@ -99,9 +101,14 @@ RUN_FLAGS: tuple[Flag, ...] = (
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("keys", help="Analyzer key pairs for sealed reports.")
+    parser = subparsers.add_parser(
+        "keys", help="Analyzer key pairs for sealed reports; shuffler commit-signing keys."
+    )
     actions = parser.add_subparsers(dest="keys_action", required=True, metavar="ACTION")
-    generate = actions.add_parser("generate", help="Write a new key pair with id and validity.")
+    generate = actions.add_parser(
+        "generate",
+        help="Write a new key pair with id and validity (--shuffler-instance: a signing key).",
+    )
     generate.add_argument("--output", required=True, help="Directory for the two key files.")
     generate.add_argument(
         "--valid-from",
