@@ -164,6 +164,11 @@ def test_shuffle_signs_only_with_its_own_instances_key(made: Path, tmp_path: Pat
     public = private[1].with_name(private[1].name.replace("private", "public"))
     assert cli.main([*argv, "--signing-key", str(public), "--instance", "1"]) == 2
     assert "not a private key" in _one_error(capsys, "shuffle")
+    expired = ["keys", "generate", "--output", str(tmp_path / "old"), "--shuffler-instance", "1"]
+    assert cli.main([*expired, "--valid-from", "2020-01-01", "--valid-until", "2021-01-01"]) == 0
+    [old] = (tmp_path / "old").glob("*.private.json")
+    assert cli.main([*argv, "--signing-key", str(old), "--instance", "1"]) == 2
+    assert "is not valid at" in _one_error(capsys, "shuffle")
     assert not (tmp_path / "rel").exists()
 
 
