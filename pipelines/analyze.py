@@ -13,6 +13,11 @@ truncated or altered file, and any shuffler-private file (dead letters, manifest
 is refused with one line naming it (exit 2). Only the committed files are read. Each crowd's
 messages in the files must match its commit record (``pipelines.release_crowds``): a crowd read
 but not released, or a ``messages_released`` other than the records read, is refused too.
+With ``--shuffler-keys KEYS`` (the shufflers' public signing keys) every commit record must also
+carry a valid Ed25519 signature of its own instance's key (schemas/commit_signing.py): an
+unsigned record, an unknown, wrong-instance or expired key, and a record altered after signing
+are refused the same way. Without it the summary states that the commit records were not
+authenticated.
 
 Respondent counts come only from the commit records: instance u states per crowd the respondents
 it released (``respondents_released``, after randomized deletion), and the analyzer de-biases with
@@ -62,6 +67,7 @@ from pipelines.options import AnalyzeOptions, with_default_runner
 from pipelines.release_crowds import check_crowd_counts
 from schemas import SUPPORTED_SCHEMA_VERSIONS, release
 from schemas.recipes import load_recipe, shipped_recipes
+from schemas.signing_keys import ShufflerKeys
 from transforms import analyze_core as core
 from transforms import atomic_files
 from transforms.aggregate import AggregateReleases
@@ -119,6 +125,7 @@ class Release:
     files: tuple[str, ...]
     deletion: tuple[float, float] | None
     crowd_threshold: Any
+    signed_by: str | None = None  # the verified signing key's id (--shuffler-keys)
 
 
 def _exists(path: str) -> bool:
@@ -197,10 +204,11 @@ def _check_crowds(path: str, crowds: Sequence[Any]) -> None:
         seen.add(key)
 
 
-def open_release(directory: str) -> Release:
-    """Verify ``directory`` against its commit record; UsageError (one line) if it may not be read."""
+def open_release(directory: str, shuffler_keys: ShufflerKeys | None = None) -> Release:
+    """Verify ``directory`` against its commit record (and its signature, given the shufflers'
+    keys); UsageError (one line) if it may not be read."""
     try:
-        verified = release.verify_release(directory)
+        verified = release.verify_release(directory, shuffler_keys=shuffler_keys)
     except release.ReleaseError as error:
         message = str(error)
         if directory not in message:
@@ -223,15 +231,20 @@ def open_release(directory: str) -> Release:
         files=tuple(verified.files),
         deletion=_commit_deletion(path, parameters),
         crowd_threshold=parameters.get("crowd_threshold"),
+        signed_by=verified.signed_by,
     )
 
 
-def discover_releases(inputs: Sequence[str]) -> list[Release]:
+def discover_releases(
+    inputs: Sequence[str], shuffler_keys: ShufflerKeys | None = None
+) -> list[Release]:
     """The verified releases ``--input`` names (see the module docstring); UsageError when one
     is refused or two releases claim one instance."""
     if not inputs:
         raise UsageError("--input is required (a release, or a directory of instance=<u>/)")
-    releases = [open_release(path) for given in inputs for path in _release_dirs(given)]
+    releases = [
+        open_release(path, shuffler_keys) for given in inputs for path in _release_dirs(given)
+    ]
     seen: dict[int, str] = {}
     for item in releases:
         if item.instance in seen:
@@ -251,6 +264,17 @@ def check_deletion_flags(releases: Sequence[Release], stated: tuple[float, float
                 f"{item.path}/{release.COMMIT_FILE} states deletion {item.deletion}, not the "
                 f"--deletion-epsilon/--deletion-delta given {stated}"
             )
+
+
+def commit_authentication(releases: Sequence[Release], shuffler_keys: str | None) -> str:
+    """One line for the summary: whether the commit records (hence every n) were authenticated."""
+    if shuffler_keys is None:
+        return (
+            "NOT authenticated: commit records (and so each n and epsilon_c) were read without "
+            "checking shuffler signatures (no --shuffler-keys)"
+        )
+    signed = ", ".join(f"instance {r.instance} by key {r.signed_by}" for r in releases)
+    return f"authenticated: Ed25519 signatures verified with {shuffler_keys} ({signed})"
 
 
 def recipe_book(names: Sequence[str] | None) -> core.RecipeBook:
@@ -320,7 +344,8 @@ def run(options: PipelineOptions) -> dict[str, Any]:
     stated = None
     if values.analyze_deletion_epsilon is not None:
         stated = (values.analyze_deletion_epsilon, values.analyze_deletion_delta)
-    releases = discover_releases(values.analyze_input or [])
+    shuffler_keys = keys_cli.load_shuffler_keys(values.analyze_shuffler_keys)
+    releases = discover_releases(values.analyze_input or [], shuffler_keys)
     check_deletion_flags(releases, stated)
     output = _prepare_output(values.analyze_output, values.analyze_overwrite)
     book = recipe_book(values.analyze_recipe)
@@ -362,6 +387,7 @@ def run(options: PipelineOptions) -> dict[str, Any]:
         "truth": [source.path for source in config.truth],
         "postprocessing": config.postprocessing,
         "deletion": {str(u): list(d) for u, d in config.deletion.items()},
+        "commit_records": commit_authentication(releases, values.analyze_shuffler_keys),
         "output": output,
     }
     with_default_runner(options)
@@ -491,6 +517,9 @@ def summary_table(
     more = totals.get("histograms", 0) + totals.get("longitudinal", 0) - shown
     if more > 0:
         lines.append(f"... and {more:,} more in {totals.get('path')}/")
+    authentication = summary.get("inputs", {}).get("commit_records")
+    if authentication:
+        lines.append(f"commit records {authentication}")
     metrics = summary.get("metrics", {})
     lines.append(
         f"messages read {metrics.get('read', 0):,}: randomized {metrics.get('messages', 0):,}, "

@@ -151,7 +151,7 @@ class ShuffleOptions(StageFlags, PipelineOptions):
             "Streaming: stop watching after this many seconds. Default: never.",
             type=float,
         ),
-    )
+    ) + keys_cli.SHUFFLE_FLAGS  # --signing-key (signed commit records)
 
     def validate(self, validator: Any = None) -> list[str]:
         streaming = bool(self.view_as(StandardOptions).streaming)
@@ -404,7 +404,7 @@ class AnalyzeOptions(StageFlags, PipelineOptions):
         ),
         Flag("no_pictures", "Skip the PNGs.", default=False, switch=True),
         Flag("overwrite", "Replace results already in --output.", default=False, switch=True),
-    ) + keys_cli.ANALYZE_FLAGS  # --key-ring (sealed payloads)
+    ) + keys_cli.ANALYZE_FLAGS  # --key-ring (sealed payloads), --shuffler-keys (signed commits)
 
     def validate(self, validator: Any = None) -> list[str]:
         value = self.value
@@ -486,7 +486,7 @@ class RunOptions(StageFlags, PipelineOptions):
             choices=POSTPROCESSING,
         ),
         Flag("overwrite", "Replace an existing --output directory.", default=False, switch=True),
-    ) + keys_cli.RUN_FLAGS  # --keys, --unsealed (sealed payloads)
+    ) + keys_cli.RUN_FLAGS  # --keys, --unsealed (sealed payloads), --unsigned (commits)
 
     def validate(self, validator: Any = None) -> list[str]:
         value = self.value

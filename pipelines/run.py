@@ -8,12 +8,17 @@ Steps (each a Beam pipeline on the same runner flags):
 
 1. ``esa simulate``: the fleet writes ``OUTPUT/simulation/instance=<u>/reports-*.avro`` with the
    truth (``truth.parquet``);
-2. ``esa shuffle --instance u`` for each of the K instances, on that instance's reports only:
-   ``OUTPUT/shuffled/instance=<u>/`` (its own release). The K runs are independent (as in a
+2. ``esa shuffle --instance u --signing-key`` for each of the K instances, on that instance's
+   reports only: ``OUTPUT/shuffled/instance=<u>/`` (its own release, its commit record signed
+   with instance u's throwaway Ed25519 key from ``OUTPUT/shuffler_keys``). The K runs are independent (as in a
    deployment, where each instance sits in its own trust domain), so up to ``--parallel-shuffles``
    of them run at once, each in its own process;
-3. ``esa analyze`` over the K releases with the simulation's truth: ``OUTPUT/analysis/``
+3. ``esa analyze --shuffler-keys OUTPUT/shuffler_keys`` over the K releases (each commit record
+   must carry its instance's valid signature) with the simulation's truth: ``OUTPUT/analysis/``
    (histograms.parquet, longitudinal.parquet, summary.json, pictures/*.png).
+
+``--unsigned`` leaves the commit records unsigned (and the analyzer says it read them
+unauthenticated).
 
 K defaults to the recipe's own number of shuffler instances. Given another K, the recipe is
 re-issued for K instances as ``<name>-k<K>`` (uniform instance weights; everything else
@@ -146,7 +151,8 @@ def _prepare(output: Path, overwrite: bool, throwaway_keys: bool = False) -> Non
             raise UsageError(
                 f"--output {output} holds something other than an earlier esa run; --overwrite"
             )
-        names = [*SUBDIRECTORIES, RUN_FILE, "recipe.json"] + (["keys"] if throwaway_keys else [])
+        names = [*SUBDIRECTORIES, RUN_FILE, "recipe.json", keys_cli.SIGNING_KEYS_DIR]
+        names += ["keys"] if throwaway_keys else []
         for name in names:
             path = output / name
             if path.is_dir():
@@ -181,6 +187,10 @@ def run(
     seconds: dict[str, float] = {}
     # Sealed by default: devices seal to the newest public key, the analyzer opens with the ring.
     keys = None if values.run_unsealed else keys_cli.run_keys(output, values.run_keys)
+    # Signed by default: each instance signs its commit record, the analyzer requires it.
+    signing = (
+        {} if values.run_unsigned else keys_cli.run_signing_keys(output, recipe.shuffler_instances)
+    )
 
     def say(text: str) -> None:
         if echo:
@@ -219,6 +229,7 @@ def run(
             "crowd_threshold": values.run_crowd_threshold,
             "deletion_epsilon": values.run_deletion_epsilon,
             "deletion_delta": values.run_deletion_delta,
+            "signing_key": str(signing[instance]) if signing else None,
         }
         for instance in range(recipe.shuffler_instances)
     }
@@ -260,6 +271,7 @@ def run(
             analyze_deletion_epsilon=values.run_deletion_epsilon,
             analyze_deletion_delta=values.run_deletion_delta,
             analyze_key_ring=keys and str(keys),
+            analyze_shuffler_keys=str(output / keys_cli.SIGNING_KEYS_DIR) if signing else None,
         )
     )
     seconds["analyze"] = round(time.monotonic() - began, 2)

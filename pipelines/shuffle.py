@@ -18,7 +18,10 @@ serves every instance, keeping them apart in the crowd key.
 Output: the release ``--output DIR`` holds only ``messages/<window>-<crowd digest>-g<group>.avro``
 (ShuffledMessage files, deterministic names) and ``_COMMIT.json`` (schemas/release.py: every file
 with size, records and SHA-256; per crowd its status and the distinct respondents released; the
-parameters the privacy report needs), written last and atomically. Everything shuffler-private
+parameters the privacy report needs), written last and atomically; with ``--signing-key KEY``
+(this instance's Ed25519 key, ``esa keys generate --shuffler-instance I``; needs ``--instance
+I``) the record carries the instance's signature (schemas/commit_signing.py), the key read on the
+driver when the commit is written and never placed in the job graph. Everything shuffler-private
 goes to ``--private-output PDIR`` (default ``DIR.private``, a sibling): ``manifest/`` (one
 CrowdManifest per crowd, in part files per window and shard of crowds), ``dead_letter/*.avro``,
 ``metrics.json`` (read = released + deleted + withheld + dead-lettered + presence, in records,
@@ -61,6 +64,7 @@ from apache_beam.options.pipeline_options import (
 )
 from apache_beam.utils.timestamp import Timestamp
 
+from pipelines import keys as keys_cli
 from pipelines.cli import UsageError
 from pipelines.options import (
     ShuffleOptions,
@@ -276,10 +280,15 @@ def _read_manifests(private: str) -> list[dict[str, Any]]:
 
 
 def commit_release(
-    output: str, private: str, config: shuffle_transforms.ShuffleConfig, window: str
+    output: str,
+    private: str,
+    config: shuffle_transforms.ShuffleConfig,
+    window: str,
+    signing_key: str | None = None,
 ) -> dict[str, Any]:
-    """Write ``_COMMIT.json`` from the run's release index and manifests (last, atomically);
-    refuses if the message files on disk are not exactly the indexed ones."""
+    """Write ``_COMMIT.json`` from the run's release index and manifests (last, atomically),
+    signed with the key file ``signing_key`` when given; refuses if the message files on disk
+    are not exactly the indexed ones."""
     files = sinks.read_index(private)
     messages = os.path.join(output, "messages")
     present = (
@@ -305,7 +314,8 @@ def commit_release(
         files,
     )
     os.makedirs(output, exist_ok=True)
-    release_format.write_commit(output, record)
+    key = None if signing_key is None else keys_cli.load_signing_key(signing_key)
+    release_format.write_commit(output, record, signing_key=key)
     return record
 
 
@@ -322,6 +332,7 @@ def run(
     config = shuffle_config(shuffle_options, streaming, routes)
     output = shuffle_options.output
     private = private_path(output, shuffle_options.private_output)
+    keys_cli.check_signing_key(shuffle_options.signing_key, config.rules.instance)
     paths = None if streaming else _input_paths(shuffle_options.input)
     temp_location = options.view_as(GoogleCloudOptions).temp_location
     spill_root = spill_root_path(output, private, temp_location)
@@ -365,7 +376,7 @@ def run(
             _remove_empty(spill_root)
             if temp_location:
                 _remove_empty(os.path.dirname(spill_root.rstrip("/")))
-    commit_release(output, private, config, shuffle_options.window)
+    commit_release(output, private, config, shuffle_options.window, shuffle_options.signing_key)
     elapsed = time.monotonic() - started
 
     metrics_path = FileSystems.join(private, "metrics.json")
@@ -375,6 +386,7 @@ def run(
     summary["release"] = output
     summary["private_output"] = private
     summary["instance"] = shuffle_options.instance
+    summary["commit_signed"] = shuffle_options.signing_key is not None
     summary["deletion"] = (
         {"epsilon": config.deletion.epsilon, "delta": config.deletion.delta}
         if config.deletion is not None

@@ -13,7 +13,9 @@ Each epoch t = 1..T is three kinds of Beam pipeline on the same runner flags:
    analyzer's key (``transforms/sealed.py``; ``--unsealed`` sends them in the clear), to one of K
    shuffler instances: ``OUTPUT/epochs/epoch=<t>/reports/instance=<u>/*.avro``;
 2. one shuffler run per instance, as ``esa run`` calls them (threshold, randomized deletion,
-   strip, permute), on the epoch's own channel: ``.../shuffled/instance=<u>/``;
+   strip, permute), on the epoch's own channel: ``.../shuffled/instance=<u>/``, its commit record
+   signed with the instance's throwaway Ed25519 key in ``OUTPUT/shuffler_keys`` and verified
+   (signature, files) before its respondent count is used;
 3. the server (Algorithm 5) over every instance's release: open the sealed payloads with the key
    ring of --keys (default: a throwaway pair in ``OUTPUT/keys``), regenerate directions, average
    with the unbiased scale, step with eta_t = c/sqrt(t), project onto the ball of --radius; the
@@ -52,6 +54,7 @@ from pipelines import shuffle as shuffle_pipeline
 from pipelines.cli import UsageError
 from pipelines.options import with_default_runner
 from privacy.accounting.ldp_sgd import ldp_sgd_guarantee
+from schemas import release as release_format
 from schemas.ldp_sgd import SgdChannel
 from simulators.sgd_data import (
     DeviceData,
@@ -70,7 +73,10 @@ __all__ = ["register", "train", "run_epoch", "DEFAULT_GRID"]
 DEFAULT_GRID = (0.5, 1.0, 1.9, 4.0, 8.0)
 METRICS_FILE = "metrics.json"
 MODEL_FILE = "model.npz"
-_OUTPUT_ENTRIES = ("epochs", "checkpoints", "pictures", METRICS_FILE, MODEL_FILE, "keys")
+_OUTPUT_ENTRIES = (
+    "epochs", "checkpoints", "pictures", METRICS_FILE, MODEL_FILE, "keys",
+    keys_cli.SIGNING_KEYS_DIR,
+)  # fmt: skip
 _DAY_MS = 86_400_000
 _BASE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z: epoch t reports on day t
 
@@ -192,13 +198,22 @@ def _released_files(release: Path) -> list[str]:
     return sorted(str(path) for path in (release / "messages").rglob("*.avro"))
 
 
-def _released_respondents(release: Path, summary: dict[str, Any], tau: int) -> int:
+def _released_respondents(
+    release: Path, summary: dict[str, Any], tau: int, shuffler_keys: str | None = None
+) -> int:
     """Respondents one shuffler run released: the commit record's count when the release has
-    one, else its released messages / tau (each device sends its tau reports to one instance)."""
-    commit = release / "_COMMIT.json"
-    if commit.exists():
-        crowds = json.loads(commit.read_text()).get("crowds", [])
-        return sum(int(c.get("respondents_released") or 0) for c in crowds)
+    one (verified, and its signature too given ``shuffler_keys``), else its released messages /
+    tau (each device sends its tau reports to one instance)."""
+    if (release / release_format.COMMIT_FILE).exists():
+        try:
+            commit = release_format.verify_release(
+                str(release),
+                formats=(release_format.RELEASE_FORMAT,),
+                shuffler_keys=keys_cli.load_shuffler_keys(shuffler_keys),
+            ).commit
+        except release_format.ReleaseError as error:
+            raise UsageError(f"refusing release: {error}") from None
+        return sum(int(c.get("respondents_released") or 0) for c in commit["crowds"])
     return int(summary.get("released", 0)) // tau
 
 
@@ -253,6 +268,7 @@ def _run_shufflers(
             "crowd_threshold": settings["crowd_threshold"],
             "deletion_epsilon": settings["deletion_epsilon"],
             "deletion_delta": settings["deletion_delta"],
+            "signing_key": (settings.get("signing_keys") or {}).get(instance),
         }
         summaries[instance] = shuffle_pipeline.run(PipelineOptions(flags, **job), routes=routes)
     return summaries
@@ -339,7 +355,8 @@ def run_epoch(
     written = _run_devices(flags, data, settings, plan, channel, theta, epoch_dir / "reports")
     shuffles = _run_shufflers(flags, settings, channel, epoch_dir)
     releases = [epoch_dir / "shuffled" / f"instance={u}" for u in range(instances)]
-    crowds = [_released_respondents(r, shuffles[u], tau) for u, r in enumerate(releases)]
+    verify = settings.get("shuffler_keys")
+    crowds = [_released_respondents(r, shuffles[u], tau, verify) for u, r in enumerate(releases)]
     paths = [path for release in releases for path in _released_files(release)]
     checkpoint = output / "checkpoints" / f"epoch-{epoch:04d}.npz"
     checkpoint.parent.mkdir(parents=True, exist_ok=True)
@@ -376,6 +393,10 @@ def train(
     settings["public_key_json"] = keys and keys_cli.public_key_json(
         str(keys_cli.newest_public_key(keys))
     )
+    # Signed commit records, as esa run: a throwaway key per instance, verified before use.
+    signing = keys_cli.run_signing_keys(output, settings["instances"])
+    settings["signing_keys"] = {instance: str(path) for instance, path in signing.items()}
+    settings["shuffler_keys"] = str(output / keys_cli.SIGNING_KEYS_DIR)
 
     def say(text: str) -> None:
         if echo:

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import x25519
@@ -44,6 +44,10 @@ __all__ = [
     "write_key_pair",
     "load_public_key",
     "parse_time_ms",
+    "format_time_ms",
+    "check_key_id",
+    "hex_field",
+    "default_key_id",
 ]
 
 KEY_FORMAT = "esa-key/1"
@@ -79,7 +83,8 @@ def parse_time_ms(text: str | int) -> int:
     return value
 
 
-def _iso(ms: int) -> str:
+def format_time_ms(ms: int) -> str:
+    """ISO 8601 (UTC, ``Z``) of milliseconds since the epoch: how key files state validity."""
     return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat().replace("+00:00", "Z")
 
 
@@ -88,7 +93,8 @@ def default_key_id(public_bytes: bytes) -> str:
     return hashlib.sha256(public_bytes).digest()[:KEY_ID_BYTES].hex()
 
 
-def _check_key_id(key_id: str, source: str) -> str:
+def check_key_id(key_id: str, source: str) -> str:
+    """``key_id`` when it is 16 lower-case hex digits (KeyError_ naming ``source`` otherwise)."""
     if not isinstance(key_id, str) or not _KEY_ID.match(key_id):
         raise KeyError_(f"{source}: key id must be 16 lower-case hex digits, got {key_id!r}")
     return key_id
@@ -104,7 +110,7 @@ class PublicKeyInfo:
     valid_until_ms: int = MAX_TIME_MS
 
     def __post_init__(self) -> None:
-        _check_key_id(self.key_id, "public key")
+        check_key_id(self.key_id, "public key")
         if len(self.public_bytes) != 32:
             raise KeyError_(f"key {self.key_id}: public key must be 32 bytes")
         if not self.valid_from_ms < self.valid_until_ms:
@@ -130,8 +136,8 @@ class PublicKeyInfo:
             "kind": "public",
             "suite": SUITE_NAME,
             "key_id": self.key_id,
-            "valid_from": _iso(self.valid_from_ms),
-            "valid_until": _iso(self.valid_until_ms),
+            "valid_from": format_time_ms(self.valid_from_ms),
+            "valid_until": format_time_ms(self.valid_until_ms),
             "public_key": self.public_bytes.hex(),
         }
 
@@ -139,10 +145,10 @@ class PublicKeyInfo:
     def from_json(cls, text: str, source: str = "<key>") -> PublicKeyInfo:
         data = _parse(text, source)
         return cls(
-            key_id=_check_key_id(data.get("key_id"), source),
-            public_bytes=_hex(data, "public_key", 32, source),
-            valid_from_ms=parse_time_ms(data.get("valid_from", _iso(MIN_TIME_MS))),
-            valid_until_ms=parse_time_ms(data.get("valid_until", _iso(MAX_TIME_MS))),
+            key_id=check_key_id(data.get("key_id"), source),
+            public_bytes=hex_field(data, "public_key", 32, source),
+            valid_from_ms=parse_time_ms(data.get("valid_from", format_time_ms(MIN_TIME_MS))),
+            valid_until_ms=parse_time_ms(data.get("valid_until", format_time_ms(MAX_TIME_MS))),
         )
 
 
@@ -179,7 +185,7 @@ class PrivateKeyInfo:
         if data.get("kind") != "private":
             raise KeyError_(f"{source}: not a private key file (kind {data.get('kind')!r})")
         private_key = x25519.X25519PrivateKey.from_private_bytes(
-            _hex(data, "private_key", 32, source)
+            hex_field(data, "private_key", 32, source)
         )
         public = PublicKeyInfo.from_json(text, source)
         derived = private_key.public_key().public_bytes(
@@ -202,7 +208,8 @@ def _parse(text: str, source: str) -> Mapping[str, Any]:
     return data
 
 
-def _hex(data: Mapping[str, Any], name: str, size: int, source: str) -> bytes:
+def hex_field(data: Mapping[str, Any], name: str, size: int, source: str) -> bytes:
+    """Field ``name`` of a key file: ``size`` bytes in hex (KeyError_ naming ``source``)."""
     try:
         value = bytes.fromhex(data[name])
     except (KeyError, TypeError, ValueError) as error:
@@ -231,7 +238,19 @@ def generate_key(
     return PrivateKeyInfo(public, private_key)
 
 
-def write_key_pair(key: PrivateKeyInfo, directory: str | os.PathLike[str]) -> tuple[Path, Path]:
+class _KeyPair(Protocol):
+    """A private key object that writes its two files (analyzer or shuffler signing key)."""
+
+    @property
+    def key_id(self) -> str: ...
+
+    @property
+    def public(self) -> Any: ...
+
+    def to_json(self) -> str: ...
+
+
+def write_key_pair(key: _KeyPair, directory: str | os.PathLike[str]) -> tuple[Path, Path]:
     """Write ``<id>.private.json`` (mode 0600, created exclusively) and ``<id>.public.json``."""
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)

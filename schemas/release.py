@@ -19,6 +19,14 @@ listed but missing, a file present but not listed (a copy counted twice), a file
 SHA-256 or record count differs from the record (truncated or altered), and any shuffler-private
 file (dead letters with origins, manifests with exact counts, metrics, spill data) inside it.
 
+**Signed records.** A shuffler release may carry its instance's Ed25519 signature in the field
+``"signature"`` (``{"algorithm": "Ed25519", "key_id", "signed_at_ms", "value"}``) over the
+canonical JSON of the whole record minus ``signature.value``, prefixed by a context string
+(``schemas/commit_signing.py`` states the canonical form and what it does and does not protect).
+:func:`write_commit` signs when given a ``signing_key``; :func:`verify_release` given
+``shuffler_keys`` refuses an unsigned record, an unknown, wrong-instance or expired key, and a
+record altered after signing.
+
 Pure: the local file system and the standard library only (plus fastavro and pyarrow to count\nrecords).
 """
 
@@ -33,6 +41,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import fastavro
+
+from schemas import commit_signing
+from schemas.signing_keys import ShufflerKeys, SigningKey
 
 __all__ = [
     "COMMIT_FILE",
@@ -100,6 +111,7 @@ class VerifiedRelease:
     commit: Mapping[str, Any]
     files: tuple[str, ...]
     entries: tuple[FileEntry, ...]
+    signed_by: str | None = None  # the key id whose signature was verified
 
     @property
     def directory(self) -> str:
@@ -272,11 +284,14 @@ def _check_release_fields(commit: Mapping[str, Any], files: Sequence[FileEntry])
         )
 
 
-def write_commit(directory: str, record: Mapping[str, Any]) -> str:
+def write_commit(
+    directory: str, record: Mapping[str, Any], signing_key: SigningKey | None = None
+) -> str:
     """Write ``record`` as ``directory/_COMMIT.json`` atomically; returns its path.
 
     ``record`` must have ``format`` and ``files`` (FileEntry objects or their JSON form); an
-    ``esa-release/1`` record is checked field by field before anything is written.
+    ``esa-release/1`` record is checked field by field before anything is written, then signed
+    with ``signing_key`` when given (ValueError if the key is another instance's or expired).
     """
     body = dict(record)
     if not isinstance(body.get("format"), str) or not body["format"]:
@@ -293,6 +308,8 @@ def write_commit(directory: str, record: Mapping[str, Any]) -> str:
             _check_release_fields(body, entries)
         except ReleaseError as error:
             raise ValueError(str(error)) from error
+    if signing_key is not None:
+        body = commit_signing.sign_commit(body, signing_key)
     target = os.path.join(directory, COMMIT_FILE)
     temporary = os.path.join(directory, f".{COMMIT_FILE}.{secrets.token_hex(8)}.tmp")
     with open(temporary, "w", encoding="utf-8") as handle:
@@ -342,12 +359,14 @@ def verify_release(
     directory: str,
     formats: Sequence[str] = (RELEASE_FORMAT, REPORTS_FORMAT),
     check_records: bool = True,
+    shuffler_keys: ShufflerKeys | None = None,
 ) -> VerifiedRelease:
     """Check every file of ``directory`` against its commit record (see the module docstring).
 
     ``formats``: the commit formats the caller accepts (check ``.format`` when both are fine).
     ``check_records``: also count every Avro or Parquet file's records (block headers, footer) (a file whose SHA-256 matches holds what its
     writer committed; the count catches a record that states a wrong number).
+    ``shuffler_keys``: require a release's record to carry a valid signature by one of them.
     """
     directory = directory.rstrip("/") or "/"
     commit = read_commit(directory)
@@ -356,6 +375,12 @@ def verify_release(
             f"{os.path.join(directory, COMMIT_FILE)}: format {commit['format']!r} is not one of "
             f"{list(formats)}"
         )
+    signed_by = None
+    if shuffler_keys is not None and commit["format"] == RELEASE_FORMAT:
+        try:
+            signed_by = commit_signing.verify_commit(commit, shuffler_keys).key_id
+        except commit_signing.SignatureError as error:
+            raise ReleaseError(f"{os.path.join(directory, COMMIT_FILE)}: {error}") from None
     entries = [_check_entry(raw, index) for index, raw in enumerate(commit["files"])]
     listed = {entry.path: entry for entry in entries}
     if len(listed) != len(entries):
@@ -389,4 +414,4 @@ def verify_release(
             if counted != entry.records:
                 raise ReleaseError(f"{path}: {counted} records, committed {entry.records}")
     paths = tuple(os.path.join(directory, *entry.path.split("/")) for entry in entries)
-    return VerifiedRelease(directory, commit, paths, tuple(entries))
+    return VerifiedRelease(directory, commit, paths, tuple(entries), signed_by)

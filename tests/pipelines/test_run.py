@@ -304,6 +304,7 @@ def test_esa_run_makes_files_pictures_and_a_table(tmp_path):
     assert code == 0
     text = printed.getvalue()
     assert "eps_c" in text and "RMSE" in text and str(output / "analysis") in text
+    assert "commit records authenticated: Ed25519" in text  # signed by default
     run = json.loads((output / "run.json").read_text())
     assert run["instances"] == 2 and run["recipe"] == "small-grid-k2@1"
     for name in ("histograms", "longitudinal", "summary"):

@@ -47,6 +47,14 @@ def test_tiny_training_run_matches_the_numpy_epochs(tmp_path, capsys):
         with open(picture, "rb") as handle:
             assert handle.read(8) == b"\x89PNG\r\n\x1a\n"
     assert len(metrics["pictures"]) == 2
+    # Each instance's commit record is signed with its own key (verified before its n is used).
+    for instance in (0, 1):
+        commit = output / "epochs" / "epoch=0001" / "shuffled" / f"instance={instance}"
+        signature = json.loads((commit / "_COMMIT.json").read_text())["signature"]
+        key = json.loads(
+            (output / "shuffler_keys" / f"{signature['key_id']}.public.json").read_text()
+        )
+        assert key["shuffler_instance"] == instance
     # A second run into the same output is refused; --overwrite never deletes foreign files.
     assert cli.main(argv) == 2
     assert "--overwrite" in capsys.readouterr().err

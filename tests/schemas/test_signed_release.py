@@ -1,0 +1,54 @@
+"""Signed release commit records on disk (schemas/release.py with schemas/commit_signing.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from schemas import release as rel
+from schemas import signing_keys as sk
+from tests.schemas.test_release import _release
+
+
+@pytest.fixture(scope="module")
+def key() -> sk.SigningKey:
+    return sk.generate_signing_key(0)
+
+
+def _signed(directory: Path, key: sk.SigningKey) -> dict:
+    record = _release(directory)
+    rel.write_commit(str(directory), record, signing_key=key)
+    return json.loads((directory / rel.COMMIT_FILE).read_text())
+
+
+def test_a_signed_release_verifies_and_names_its_key(tmp_path: Path, key) -> None:
+    on_disk = _signed(tmp_path, key)
+    assert on_disk["signature"]["key_id"] == key.key_id
+    verified = rel.verify_release(str(tmp_path), shuffler_keys=sk.ShufflerKeys([key.public]))
+    assert verified.signed_by == key.key_id and verified.records == 8
+    assert rel.verify_release(str(tmp_path)).signed_by is None  # not asked: not checked
+
+
+def test_an_edited_signed_record_is_refused_naming_the_file(tmp_path: Path, key) -> None:
+    on_disk = _signed(tmp_path, key)
+    on_disk["crowds"][0]["respondents_released"] = 40  # still a valid record, n ten times
+    (tmp_path / rel.COMMIT_FILE).write_text(json.dumps(on_disk, indent=1))
+    rel.verify_release(str(tmp_path))  # unauthenticated, the lie passes every other check
+    with pytest.raises(rel.ReleaseError, match="_COMMIT.json: .*altered after signing"):
+        rel.verify_release(str(tmp_path), shuffler_keys=sk.ShufflerKeys([key.public]))
+
+
+def test_unsigned_release_is_refused_when_keys_are_required(tmp_path: Path, key) -> None:
+    _release(tmp_path)
+    with pytest.raises(rel.ReleaseError, match="not signed"):
+        rel.verify_release(str(tmp_path), shuffler_keys=sk.ShufflerKeys([key.public]))
+
+
+def test_a_key_of_another_instance_does_not_sign(tmp_path: Path) -> None:
+    record = _release(tmp_path)
+    before = (tmp_path / rel.COMMIT_FILE).read_text()
+    with pytest.raises(ValueError, match="instance 1's"):
+        rel.write_commit(str(tmp_path), record, signing_key=sk.generate_signing_key(1))
+    assert (tmp_path / rel.COMMIT_FILE).read_text() == before  # nothing written
