@@ -22,13 +22,28 @@ workers run in the submitting process (``LOOPBACK``), so local paths work on eve
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from apache_beam.options.pipeline_options import (
+    FlinkRunnerOptions,
+    JobServerOptions,
+    PipelineOptions,
+    PortableOptions,
+    StandardOptions,
+)
+from apache_beam.runners.portability.flink_runner import (
+    MAGIC_HOST_NAMES,
+    FlinkJarJobServer,
+    FlinkRunner,
+)
 from apache_beam.version import __version__ as BEAM_VERSION
 
 __all__ = ["BEAM_VERSION", "ENGINES", "engines_dir", "flink_cluster_lib", "flink_job_server_jar",
-           "prism_binary", "runner_flags"]  # fmt: skip
+           "one_job_server", "prism_binary", "runner_flags"]  # fmt: skip
 
 ENGINES = ("fnapi", "prism", "flink", "flink_cluster")
 
@@ -109,3 +124,57 @@ def runner_flags(engine: str, parallelism: int | None = None, master: str = "[lo
             flags.append(f"--parallelism={parallelism}")
         return flags
     raise ValueError(f"unknown engine {engine!r}; have {', '.join(ENGINES)}")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("localhost", 0))
+        return probe.getsockname()[1]
+
+
+def _without_runner(flags: Sequence[str]) -> list[str]:
+    kept, skip = [], False
+    for flag in flags:
+        if skip:
+            skip = False
+        elif flag == "--runner":
+            skip = True  # "--runner NAME": drop the name too
+        elif not flag.startswith("--runner="):
+            kept.append(flag)
+    return kept
+
+
+@contextlib.contextmanager
+def one_job_server(flags: Sequence[str]) -> Iterator[list[str]]:
+    """The Beam flags for a command that runs several pipelines (``esa run``), with one job server.
+
+    Beam's FlinkRunner starts a Flink job server (a JVM, with its embedded cluster for
+    ``[local]``) for every pipeline and stops them only when the process exits, so a
+    simulate -> shuffle x K -> analyze run kept K + 2 of them alive, busy, at once. With FlinkRunner
+    flags this starts the job server once, yields the same flags submitting through
+    ``PortableRunner`` to it (``--job_endpoint``; LOOPBACK workers for an embedded cluster, as
+    FlinkRunner does), and stops it on leaving. Other runners' flags are yielded unchanged.
+    """
+    flags = list(flags)
+    options = PipelineOptions(flags)
+    runner = options.view_as(StandardOptions).runner or ""
+    if runner.rsplit(".", 1)[-1] != "FlinkRunner":
+        yield flags
+        return
+    flink = options.view_as(FlinkRunnerOptions)
+    flink.flink_master = FlinkRunner.add_http_scheme(flink.flink_master)
+    job_server = options.view_as(JobServerOptions)
+    job_server.job_port = job_server.job_port or _free_port()
+    endpoint = f"localhost:{job_server.job_port}"
+    server = FlinkJarJobServer(options)
+    server.start()  # returns once the job service answers at the endpoint
+    try:
+        shared = [*_without_runner(flags), "--runner=PortableRunner", f"--job_endpoint={endpoint}"]
+        if (
+            flink.flink_master in MAGIC_HOST_NAMES
+            and not options.view_as(PortableOptions).environment_type
+        ):
+            shared.append("--environment_type=LOOPBACK")
+        yield shared
+    finally:
+        server.stop()

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import importlib.util
 import json
 import math
@@ -46,6 +47,7 @@ from typing import Any
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines import analyze as analyze_pipeline
+from pipelines import engines
 from pipelines import keys as keys_cli
 from pipelines import shuffle as shuffle_pipeline
 from pipelines import simulate as simulate_pipeline
@@ -167,8 +169,19 @@ def run(
 ) -> dict[str, Any]:
     """Run the three stages; returns run.json's content (stage summaries, seconds, paths).
 
-    ``pipeline_args`` are Beam's own flags (runner and its settings), passed to every stage.
+    ``pipeline_args`` are Beam's own flags (runner and its settings), passed to every stage (on
+    Flink through one job server for all of them, ``engines.one_job_server``).
     """
+    with contextlib.ExitStack() as resources:
+        return _run(options, pipeline_args, echo, resources)
+
+
+def _run(
+    options: PipelineOptions,
+    pipeline_args: list[str] | None,
+    echo: bool,
+    resources: contextlib.ExitStack,
+) -> dict[str, Any]:
     values = options.view_as(RunOptions)
     flags = list(pipeline_args or [])
     output = Path(values.run_output)
@@ -184,6 +197,7 @@ def run(
     recipe_path = output / "recipe.json"
     recipe_path.write_text(recipe.to_json())
     population = values.run_population or default_population(recipe)
+    flags = resources.enter_context(engines.one_job_server(flags))
     seconds: dict[str, float] = {}
     # Sealed by default: devices seal to the newest public key, the analyzer opens with the ring.
     keys = None if values.run_unsealed else keys_cli.run_keys(output, values.run_keys)
