@@ -266,6 +266,9 @@ def _main(argv: Sequence[str] | None = None) -> int:
     if lib is None:
         print("flink_cluster: no assembled Flink jars: run `make engines`", file=sys.stderr)
         return 2
+    # Ctrl-C or SIGTERM stop the cluster (a shell starts background jobs with SIGINT ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with FlinkCluster(lib, slots=arguments.slots, rest_port=arguments.rest_port) as cluster:
         print(f"Flink cluster up: {cluster.overview()['slots-total']} slots, {cluster.master}")
         print(
