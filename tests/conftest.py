@@ -1,0 +1,26 @@
+"""Suite-wide hooks: a short account of the real-engine tests at the end of every run."""
+
+from __future__ import annotations
+
+ENGINE_TESTS = "tests/engines/"
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """One line per engine test (Prism, Flink embedded and standalone) with its outcome, so a CI
+    log shows which engines really ran and matched FnApiRunner, not only a count of passes."""
+    lines = []
+    for outcome in ("passed", "failed", "error", "skipped"):
+        for report in terminalreporter.stats.get(outcome, []):
+            nodeid = getattr(report, "nodeid", "")
+            if not nodeid.startswith(ENGINE_TESTS) or (
+                outcome == "passed" and report.when != "call"
+            ):
+                continue
+            detail = f"{report.duration:.0f} s"
+            if outcome == "skipped" and isinstance(report.longrepr, tuple):
+                detail = report.longrepr[2].removeprefix("Skipped: ")
+            lines.append(f"{outcome.upper():8} {nodeid.removeprefix(ENGINE_TESTS)} ({detail})")
+    if lines:
+        terminalreporter.section("real engines")
+        for line in sorted(lines, key=lambda line: line.split(" ", 1)[1]):
+            terminalreporter.write_line(line)
