@@ -51,7 +51,7 @@ import os
 import re
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +70,8 @@ from schemas.recipes import load_recipe, shipped_recipes
 from schemas.signing_keys import ShufflerKeys
 from transforms import analyze_core as core
 from transforms import atomic_files
-from transforms.aggregate import AggregateReleases
-from transforms.analysis_reports import read_reports
+from transforms.aggregate import AggregateReleases, commit_crowd_records
+from transforms.analysis_reports import REPORTS_DIR, WITHHELD_DIR, read_reports
 from transforms.analysis_tables import table_parts
 from transforms.analyze import (
     HISTOGRAMS_FILE,
@@ -126,6 +126,7 @@ class Release:
     deletion: tuple[float, float] | None
     crowd_threshold: Any
     signed_by: str | None = None  # the verified signing key's id (--shuffler-keys)
+    commit_sha256: str | None = None  # of the verified _COMMIT.json: workers re-read only it
 
 
 def _exists(path: str) -> bool:
@@ -207,6 +208,8 @@ def _check_crowds(path: str, crowds: Sequence[Any]) -> None:
 def open_release(directory: str, shuffler_keys: ShufflerKeys | None = None) -> Release:
     """Verify ``directory`` against its commit record (and its signature, given the shufflers'
     keys); UsageError (one line) if it may not be read."""
+    commit_path = os.path.join(directory, release.COMMIT_FILE)
+    digest = release.sha256_of(commit_path) if os.path.isfile(commit_path) else None
     try:
         verified = release.verify_release(directory, shuffler_keys=shuffler_keys)
     except release.ReleaseError as error:
@@ -223,6 +226,8 @@ def open_release(directory: str, shuffler_keys: ShufflerKeys | None = None) -> R
         raise UsageError(f"{path}: states no shuffler instance (an int >= 0)")
     _check_crowds(path, commit["crowds"])
     check_crowd_counts(directory, commit["crowds"], verified.files)
+    if digest is None or release.sha256_of(commit_path) != digest:
+        raise UsageError(f"refusing release: {commit_path} changed while it was verified")
     parameters = commit["parameters"]
     return Release(
         instance=instance,
@@ -232,6 +237,7 @@ def open_release(directory: str, shuffler_keys: ShufflerKeys | None = None) -> R
         deletion=_commit_deletion(path, parameters),
         crowd_threshold=parameters.get("crowd_threshold"),
         signed_by=verified.signed_by,
+        commit_sha256=digest,
     )
 
 
@@ -350,10 +356,12 @@ def run(options: PipelineOptions) -> dict[str, Any]:
     output = _prepare_output(values.analyze_output, values.analyze_overwrite)
     book = recipe_book(values.analyze_recipe)
     files = [path for r in releases for path in r.files]
-    crowds = [(r.instance, dict(crowd)) for r in releases for crowd in r.commit["crowds"]]
+    # Driver-side per crowd: only counts, the pictured keys and the withheld crowds; the
+    # respondent counts are read from each (verified, digest-pinned) commit record by a worker.
     released = {
         core.crowd_key(recipe, crowd): recipe
-        for _, crowd in crowds
+        for r in releases
+        for crowd in r.commit["crowds"]
         if crowd["status"] == "released" and (recipe := book.get(crowd["recipe_id"])) is not None
     }
     keys_cli.check_key_ring(values.analyze_key_ring)  # one-line error before the pipeline
@@ -365,11 +373,16 @@ def run(options: PipelineOptions) -> dict[str, Any]:
         truth=truth_sources(values.analyze_truth, values.analyze_truth_recipe),
         pictured=frozenset() if values.analyze_no_pictures else pictures.pictured_crowds(released),
     )
+    parts = table_parts(_table_rows(released))
+    del released
     withheld = [
-        {**crowd, "instance": instance}
-        for instance, crowd in crowds
+        {**crowd, "instance": r.instance}
+        for r in releases
+        for crowd in r.commit["crowds"]
         if crowd["status"] != "released"
     ]
+    releases = [replace(r, commit={k: v for k, v in r.commit.items() if k != "crowds"})
+                for r in releases]  # fmt: skip
     inputs = {
         "releases": [
             {
@@ -396,7 +409,13 @@ def run(options: PipelineOptions) -> dict[str, Any]:
     message_files = (
         pipeline | "ReleaseFiles" >> beam.Create(files) | "SpreadFiles" >> beam.Reshuffle()
     )
-    commit_crowds = pipeline | "CommitCrowds" >> beam.Create(crowds)
+    commits = [(r.instance, os.path.join(r.path, release.COMMIT_FILE), r.commit_sha256)
+               for r in releases]  # fmt: skip
+    commit_crowds = (
+        pipeline
+        | "CommitRecords" >> beam.Create(commits)
+        | "CommitCrowds" >> beam.FlatMap(commit_crowd_records)
+    )
     aggregated = (message_files, commit_crowds) | "Aggregate" >> AggregateReleases(
         book,
         SUPPORTED_SCHEMA_VERSIONS,
@@ -407,13 +426,13 @@ def run(options: PipelineOptions) -> dict[str, Any]:
     estimates = aggregated.crowds | "EstimateCrowds" >> EstimateCrowds(config)
     _ = aggregated.dead_letters | "WriteDeadLetters" >> WriteDeadLetters(output)
     _ = (estimates, aggregated.counts) | "WriteAnalysis" >> WriteAnalysis(
-        output, config, inputs, withheld, parts=table_parts(_table_rows(released))
+        output, config, inputs, withheld, parts=parts
     )
     _ = estimates.pictures | "DrawPictures" >> beam.ParDo(pictures.DrawPictures(output, book))
     try:
         pipeline.run().wait_until_finish()
     finally:  # failed attempts' temporary part files (transforms/atomic_files.py)
-        for table in (HISTOGRAMS_FILE, LONGITUDINAL_FILE):
+        for table in (HISTOGRAMS_FILE, LONGITUDINAL_FILE, REPORTS_DIR, WITHHELD_DIR):
             atomic_files.remove_temporary(FileSystems.join(output, table))
     summary = _read_json(FileSystems.join(output, SUMMARY_FILE))
     if summary is None:

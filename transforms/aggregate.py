@@ -16,11 +16,15 @@ their reason; counters account for every record read.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import typing
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from schemas import schema_json
@@ -122,6 +126,22 @@ class DecodeReleaseFile(beam.DoFn):
             yield beam.pvalue.TaggedOutput(
                 DEAD_LETTER_TAG, letters[start : start + DEAD_LETTERS_PER_ELEMENT]
             )
+
+
+def commit_crowd_records(
+    commit: tuple[int, str, str | None],
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(instance, path of a _COMMIT.json, its SHA-256)`` -> ``(instance, crowd record)`` for
+    every crowd the record lists, read on a worker (so no list of every crowd is built on the
+    driver or pickled into the job). The driver verified the record and pinned its SHA-256: a
+    record that differs now is refused (ValueError), never read."""
+    instance, path, sha256 = commit
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        content = handle.read()
+    if sha256 is None or hashlib.sha256(content).hexdigest() != sha256:
+        raise ValueError(f"{path} is not the commit record that was verified (SHA-256 differs)")
+    for crowd in json.loads(content)["crowds"]:
+        yield instance, crowd
 
 
 class CombineCrowd(beam.CombineFn):

@@ -22,6 +22,8 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.transforms.window import GlobalWindows
+from apache_beam.utils.windowed_value import WindowedValue
 
 from transforms import analyze_core as core
 from transforms import atomic_files
@@ -98,25 +100,78 @@ def part_name(shard: int, shards: int) -> str:
     return f"part-{shard:05d}-of-{shards:05d}.jsonl"
 
 
+def json_line(record: Mapping[str, Any]) -> str:
+    """One JSON Lines line of ``record`` (numpy values as JSON types, no NaN)."""
+    return json.dumps(json_ready(record), sort_keys=False, allow_nan=False)
+
+
+# A bundle's lines of one part are joined and compressed into one element every this many bytes.
+BATCH_BYTES = 1 << 22
+
+
+class BatchLines(beam.DoFn):
+    """(part, line) -> (part, zlib-compressed lines): a bundle's finished lines of one part,
+    joined with newlines and compressed, every :data:`BATCH_BYTES` and at the bundle's end.
+
+    What crosses the grouping into parts is then a few compressed blobs per bundle, not a dict
+    (or even a string) per record: a runner that keeps grouped values in memory (Beam's
+    FnApiRunner) holds about a tenth of the lines' bytes (per-crowd reports repeat their privacy
+    wording). Which records share a batch does not matter: :func:`write_json_part` sorts a part.
+    """
+
+    def __init__(self, batch_bytes: int = BATCH_BYTES) -> None:
+        self._batch_bytes = int(batch_bytes)
+        self._pending: dict[int, tuple[list[str], int]] = {}
+
+    def start_bundle(self) -> None:
+        self._pending = {}
+
+    def process(self, element: tuple[int, str]) -> Iterator[tuple[int, bytes]]:
+        part, line = element
+        lines, size = self._pending.get(part, ([], 0))
+        lines.append(line)
+        size += len(line) + 1
+        if size >= self._batch_bytes:
+            del self._pending[part]
+            yield part, _pack(lines)
+        else:
+            self._pending[part] = (lines, size)
+
+    def finish_bundle(self) -> Iterator[WindowedValue]:
+        pending, self._pending = self._pending, {}
+        for part, (lines, _) in sorted(pending.items()):
+            yield GlobalWindows.windowed_value((part, _pack(lines)))
+
+
+def _pack(lines: list[str]) -> bytes:
+    return zlib.compress("\n".join(lines).encode(), 6)
+
+
+def unpack_lines(batch: bytes) -> list[str]:
+    """The lines of a :class:`BatchLines` batch."""
+    return zlib.decompress(batch).decode().split("\n")
+
+
 def write_json_part(
     directory: str,
     shard: int,
     shards: int,
-    records: Iterable[Mapping[str, Any]],
+    batches: Iterable[bytes],
     order: Callable[[Mapping[str, Any]], tuple],
 ) -> str:
-    """One JSON Lines part: the shard's records, sorted by ``order``."""
-    lines = [
-        json.dumps(json_ready(record), sort_keys=False, allow_nan=False)
-        for record in sorted(records, key=order)
-    ]
-    content = "".join(line + "\n" for line in lines).encode()
+    """One JSON Lines part: the lines of the shard's :class:`BatchLines` batches, sorted by
+    ``order`` of the record each line holds (the same order as the records')."""
+    lines = [line for batch in batches for line in unpack_lines(batch)]
+    keys = [order(json.loads(line)) for line in lines]
+    ordered = sorted(range(len(lines)), key=keys.__getitem__)
+    content = "".join(lines[index] + "\n" for index in ordered).encode()
     return atomic_files.publish_bytes(directory, part_name(shard, shards), content)
 
 
 class WriteJsonParts(beam.PTransform):
     """Dicts -> ``directory/part-SSSSS-of-NNNNN.jsonl``, a record's part chosen by a stable hash
-    of ``order(record)``."""
+    of ``order(record)``. Records cross the grouping into parts as their finished lines, in
+    compressed batches per bundle (:class:`BatchLines`)."""
 
     def __init__(
         self, directory: str, shards: int, order: Callable[[Mapping[str, Any]], tuple]
@@ -129,24 +184,37 @@ class WriteJsonParts(beam.PTransform):
     def expand(self, records: beam.PCollection) -> beam.PCollection:
         directory, shards, order = self._directory, self._shards, self._order
 
-        def shard_of(record: Mapping[str, Any]) -> int:
-            return zlib.crc32(repr(order(record)).encode()) % shards
+        def part_line(record: Mapping[str, Any]) -> tuple[int, str]:
+            return zlib.crc32(repr(order(record)).encode()) % shards, json_line(record)
 
-        keyed = records | "ByPart" >> beam.Map(lambda record: (shard_of(record), record))
+        keyed = (
+            records | "ToLines" >> beam.Map(part_line) | "BatchLines" >> beam.ParDo(BatchLines())
+        )
         return group_by_part(keyed, shards) | "WriteParts" >> beam.MapTuple(
-            lambda shard, parts: write_json_part(directory, shard, shards, parts, order)
+            lambda shard, batches: write_json_part(directory, shard, shards, batches, order)
         )
 
 
 class WithheldNotes(beam.PTransform):
     """(reports, withheld commit records) -> one note per withheld crowd
-    (``analyze_core.withheld_notes``), joined per crowd: nothing gathers every crowd."""
+    (``analyze_core.withheld_notes``), joined per crowd: nothing gathers every crowd.
+
+    ``withheld``: the crowds some commit record lists as withheld, when known while the graph is
+    built; only estimates of those crowds then enter the join (not one marker per crowd)."""
+
+    def __init__(self, withheld: Iterable[WindowCrowd] | None = None) -> None:
+        super().__init__()
+        self._withheld = None if withheld is None else frozenset(withheld)
 
     def expand(self, inputs: tuple[beam.PCollection, beam.PCollection]) -> beam.PCollection:
         reports, withheld = inputs
-        estimated = reports | "EstimatedCrowds" >> beam.FlatMap(
-            lambda report: [(crowd, True) for crowd in estimated_crowds(report)]
-        )
+        wanted = self._withheld
+
+        def markers(report: Mapping[str, Any]) -> list[tuple[WindowCrowd, bool]]:
+            crowds = estimated_crowds(report)
+            return [(c, True) for c in crowds if wanted is None or c in wanted]
+
+        estimated = reports | "EstimatedCrowds" >> beam.FlatMap(markers)
         records = withheld | "ByCrowd" >> beam.Map(lambda record: (withheld_crowd(record), record))
 
         def notes(element: tuple[WindowCrowd, Mapping[str, list]]) -> Iterator[dict[str, Any]]:

@@ -39,6 +39,7 @@ from transforms.analysis_reports import (
     note_order,
     report_order,
     report_totals,
+    withheld_crowd,
 )
 from transforms.analysis_tables import (
     WriteTableParts,
@@ -299,7 +300,8 @@ class WriteAnalysis(beam.PTransform):
         summary_path = join(output_dir, SUMMARY_FILE)
         pipeline = estimates.reports.pipeline
         withheld = pipeline | "WithheldCrowds" >> beam.Create(self._withheld_crowds)
-        notes = (estimates.reports, withheld) | "WithheldNotes" >> WithheldNotes()
+        withheld_keys = [withheld_crowd(record) for record in self._withheld_crowds]
+        notes = (estimates.reports, withheld) | "WithheldNotes" >> WithheldNotes(withheld_keys)
         written = [
             estimates.histograms
             | "WriteHistograms"
