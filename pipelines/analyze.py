@@ -70,7 +70,7 @@ from schemas.recipes import load_recipe, shipped_recipes
 from schemas.signing_keys import ShufflerKeys
 from transforms import analyze_core as core
 from transforms import atomic_files
-from transforms.aggregate import AggregateReleases, commit_crowd_records
+from transforms.aggregate import AggregateReleases, commit_crowd_records, commit_file_paths
 from transforms.analysis_reports import REPORTS_DIR, WITHHELD_DIR, read_reports
 from transforms.analysis_tables import table_parts
 from transforms.analyze import (
@@ -355,7 +355,7 @@ def run(options: PipelineOptions) -> dict[str, Any]:
     check_deletion_flags(releases, stated)
     output = _prepare_output(values.analyze_output, values.analyze_overwrite)
     book = recipe_book(values.analyze_recipe)
-    files = [path for r in releases for path in r.files]
+    message_files = sum(len(r.files) for r in releases)
     # Driver-side per crowd: only counts, the pictured keys and the withheld crowds; the
     # respondent counts are read from each (verified, digest-pinned) commit record by a worker.
     released = {
@@ -381,8 +381,10 @@ def run(options: PipelineOptions) -> dict[str, Any]:
         for crowd in r.commit["crowds"]
         if crowd["status"] != "released"
     ]
-    releases = [replace(r, commit={k: v for k, v in r.commit.items() if k != "crowds"})
-                for r in releases]  # fmt: skip
+    releases = [
+        replace(r, commit={k: v for k, v in r.commit.items() if k not in ("crowds", "files")})
+        for r in releases
+    ]
     inputs = {
         "releases": [
             {
@@ -395,7 +397,7 @@ def run(options: PipelineOptions) -> dict[str, Any]:
             }
             for r in releases
         ],
-        "message_files": len(files),
+        "message_files": message_files,
         "recipes": book.ids(),
         "truth": [source.path for source in config.truth],
         "postprocessing": config.postprocessing,
@@ -406,17 +408,18 @@ def run(options: PipelineOptions) -> dict[str, Any]:
     with_default_runner(options)
     started = time.monotonic()
     pipeline = beam.Pipeline(options=options)
-    message_files = (
-        pipeline | "ReleaseFiles" >> beam.Create(files) | "SpreadFiles" >> beam.Reshuffle()
+    # Workers read the committed file list and crowds from each commit record, pinned to the
+    # SHA-256 the driver verified: nothing per file or crowd is pickled into the job.
+    commits = pipeline | "CommitRecords" >> beam.Create(
+        [(r.instance, r.path, r.commit_sha256) for r in releases]
     )
-    commits = [(r.instance, os.path.join(r.path, release.COMMIT_FILE), r.commit_sha256)
-               for r in releases]  # fmt: skip
-    commit_crowds = (
-        pipeline
-        | "CommitRecords" >> beam.Create(commits)
-        | "CommitCrowds" >> beam.FlatMap(commit_crowd_records)
+    release_files = (
+        commits
+        | "ReleaseFiles" >> beam.FlatMap(commit_file_paths)
+        | "SpreadFiles" >> beam.Reshuffle()
     )
-    aggregated = (message_files, commit_crowds) | "Aggregate" >> AggregateReleases(
+    commit_crowds = commits | "CommitCrowds" >> beam.FlatMap(commit_crowd_records)
+    aggregated = (release_files, commit_crowds) | "Aggregate" >> AggregateReleases(
         book,
         SUPPORTED_SCHEMA_VERSIONS,
         batch_records=values.analyze_batch_records,

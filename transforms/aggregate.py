@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import typing
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
@@ -29,6 +30,7 @@ from apache_beam.metrics import Metrics
 
 from schemas import schema_json
 from schemas.records import dead_letter
+from schemas.release import COMMIT_FILE
 from transforms import analyze_core as core
 from transforms import avro_io
 from transforms import sealed as sealed_payloads
@@ -128,20 +130,34 @@ class DecodeReleaseFile(beam.DoFn):
             )
 
 
-def commit_crowd_records(
-    commit: tuple[int, str, str | None],
-) -> Iterator[tuple[int, dict[str, Any]]]:
-    """``(instance, path of a _COMMIT.json, its SHA-256)`` -> ``(instance, crowd record)`` for
-    every crowd the record lists, read on a worker (so no list of every crowd is built on the
-    driver or pickled into the job). The driver verified the record and pinned its SHA-256: a
-    record that differs now is refused (ValueError), never read."""
-    instance, path, sha256 = commit
+def read_pinned_commit(directory: str, sha256: str | None) -> dict[str, Any]:
+    """The commit record ``directory/_COMMIT.json``, read on a worker, if its SHA-256 is the one
+    the driver verified (ValueError otherwise: a changed record is never read)."""
+    path = FileSystems.join(directory, COMMIT_FILE)
     with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
         content = handle.read()
     if sha256 is None or hashlib.sha256(content).hexdigest() != sha256:
         raise ValueError(f"{path} is not the commit record that was verified (SHA-256 differs)")
-    for crowd in json.loads(content)["crowds"]:
+    return json.loads(content)
+
+
+def commit_crowd_records(
+    commit: tuple[int, str, str | None],
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(instance, release directory, SHA-256 of its verified _COMMIT.json)`` -> ``(instance,
+    crowd record)`` for every crowd the record lists (:func:`read_pinned_commit`), so that no
+    list of every crowd is built on the driver or pickled into the job."""
+    instance, directory, sha256 = commit
+    for crowd in read_pinned_commit(directory, sha256)["crowds"]:
         yield instance, crowd
+
+
+def commit_file_paths(commit: tuple[int, str, str | None]) -> Iterator[str]:
+    """``(instance, release directory, SHA-256)`` -> the path of every file the verified record
+    commits (joined as ``schemas.release.verify_release`` joins them)."""
+    _, directory, sha256 = commit
+    for entry in read_pinned_commit(directory, sha256)["files"]:
+        yield os.path.join(directory, *entry["path"].split("/"))
 
 
 class CombineCrowd(beam.CombineFn):

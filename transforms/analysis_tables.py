@@ -169,8 +169,11 @@ def group_by_part(keyed: beam.PCollection, shards: int) -> beam.PCollection:
     )
 
 
-# A bundle's crowd tables of one part are concatenated into one table every this many rows.
+# A bundle's crowd tables of one part are concatenated into one table every this many rows; the
+# pending crowd tables are compacted every this many tables (a small Arrow table costs kilobytes
+# of buffers and wrappers whatever its rows).
 ROWS_PER_BATCH = 1 << 16
+TABLES_PER_COMPACTION = 256
 
 
 def concat_compact(tables: list[pa.Table]) -> pa.Table:
@@ -207,8 +210,10 @@ class BatchCrowdTables(beam.DoFn):
         if rows >= self._rows_per_batch:
             del self._pending[part]
             yield part, concat_compact(tables)
-        else:
-            self._pending[part] = (tables, rows)
+            return
+        if len(tables) >= TABLES_PER_COMPACTION:
+            tables = [concat_compact(tables)]
+        self._pending[part] = (tables, rows)
 
     def finish_bundle(self) -> Iterator[WindowedValue]:
         pending, self._pending = self._pending, {}

@@ -40,8 +40,8 @@ class BucketCounts:
             raise ValueError(f"dense_limit must be >= 0, got {dense_limit}")
         self.domain_size = int(domain_size)
         self._dense: np.ndarray | None = None
-        self._keys = np.zeros(0, dtype=np.int64)
-        self._values = np.zeros(0, dtype=np.int64)
+        self._keys = _EMPTY
+        self._values = _EMPTY
         self._pending: list[tuple[np.ndarray, np.ndarray]] = []
         self._pending_size = 0
         if self.domain_size <= int(dense_limit):
@@ -52,11 +52,16 @@ class BucketCounts:
         return self._dense is not None
 
     def __getstate__(self) -> tuple:
+        # Raw int64 bytes, not pickled arrays: Beam encodes an accumulator per crowd and batch,
+        # and runners that keep grouped values (FnApiRunner) hold every one of them.
         self.compact()
-        return (self.domain_size, self._dense, self._keys, self._values)
+        dense = None if self._dense is None else self._dense.tobytes()
+        return (self.domain_size, dense, self._keys.tobytes(), self._values.tobytes())
 
     def __setstate__(self, state: tuple) -> None:
-        self.domain_size, self._dense, self._keys, self._values = state
+        self.domain_size, dense, keys, values = state
+        self._dense = None if dense is None else _int64s(dense)
+        self._keys, self._values = _int64s(keys), _int64s(values)
         self._pending = []
         self._pending_size = 0
 
@@ -109,8 +114,8 @@ class BucketCounts:
             keys, values = self.sparse()
             self._dense = other._dense.copy()
             np.add.at(self._dense, keys, values)
-            self._keys = np.zeros(0, dtype=np.int64)
-            self._values = np.zeros(0, dtype=np.int64)
+            self._keys = _EMPTY
+            self._values = _EMPTY
             return
         if self._dense is not None and other._dense is not None:
             self._dense += other._dense
@@ -127,9 +132,7 @@ class BucketCounts:
     def copy(self) -> BucketCounts:
         """An independent accumulator with the same sums."""
         out = BucketCounts.__new__(BucketCounts)
-        self.compact()
-        dense = None if self._dense is None else self._dense.copy()
-        out.__setstate__((self.domain_size, dense, self._keys.copy(), self._values.copy()))
+        out.__setstate__(self.__getstate__())
         return out
 
     def compact(self) -> None:
@@ -171,6 +174,20 @@ class BucketCounts:
         if self._dense is not None:
             return int(self._dense.sum())
         return int(self._values.sum()) + int(sum(int(v.sum()) for _, v in self._pending))
+
+
+# One shared, read-only empty array for every accumulator without sparse keys (most of them).
+_EMPTY = np.zeros(0, dtype=np.int64)
+_EMPTY.flags.writeable = False
+
+
+def _int64s(raw: bytes | np.ndarray) -> np.ndarray:
+    """A writable int64 array of ``raw`` (its own copy), or the shared empty one."""
+    if isinstance(raw, np.ndarray):  # state of an accumulator pickled as arrays
+        raw = raw.astype(np.int64, copy=False).tobytes()
+    if not raw:
+        return _EMPTY
+    return np.frombuffer(bytearray(raw), dtype=np.int64)
 
 
 def _bincount(indices: np.ndarray, weights: np.ndarray | None, size: int) -> np.ndarray:
