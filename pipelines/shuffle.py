@@ -50,7 +50,7 @@ import secrets
 import socket
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import apache_beam as beam
@@ -270,13 +270,12 @@ def prepare_outputs(
             FileSystems.delete([path])
 
 
-def _read_manifests(private: str) -> list[dict[str, Any]]:
+def _read_manifests(private: str) -> Iterator[dict[str, Any]]:
+    """The run's manifests, one file at a time (the commit keeps only what it states of each)."""
     pattern = FileSystems.join(private, sinks.MANIFEST_DIR, "*", "*.avro")
-    records: list[dict[str, Any]] = []
     for metadata in FileSystems.match([pattern])[0].metadata_list:
         with FileSystems.open(metadata.path) as handle:
-            records.extend(fastavro.reader(handle))
-    return records
+            yield from fastavro.reader(handle)
 
 
 def commit_release(

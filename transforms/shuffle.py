@@ -77,7 +77,14 @@ from transforms.shuffle_sinks import (  # noqa: F401 - re-exported: pipelines/an
 )
 from transforms.shuffle_spill import CrowdKey, Piece
 from transforms.shuffle_steps import count as _count
-from transforms.shuffle_steps import manifest_record, origin_cap, screen, spilled_dead_letters
+from transforms.shuffle_steps import (
+    manifest_dict,
+    manifest_record,
+    manifest_row,
+    origin_cap,
+    screen,
+    spilled_dead_letters,
+)
 
 # Allowed lateness in streaming: effectively unbounded, so Beam never drops a late element
 # silently; late panes are dead-lettered by PlanShards instead.
@@ -187,7 +194,7 @@ class Decide(beam.DoFn):
         decision = decide.decide_crowd(respondents, threshold, self._config.deletion, self._source)
         window_end = key[0] + self._config.window.period_ms
         counts: dict[str, int] = {}
-        manifest = manifest_record(key, window_end, decision, messages, 0, 0)
+        manifest = manifest_row(manifest_record(key, window_end, decision, messages, 0, 0))
         if decision.status == decide.WITHHELD:
             _count(counts, WITHHELD, messages)
             _count(counts, "crowds_withheld", 1)
@@ -283,10 +290,10 @@ class CompleteCrowd(beam.DoFn):
         deleted = sum(stat[0] for stat in joined["stats"])
         released = sum(stat[1] for stat in joined["stats"])
         for draft in joined["draft"]:
-            manifest = dict(draft)
+            manifest = manifest_dict(draft)
             manifest["messages_deleted"] = deleted
             manifest["messages_released"] = released
-            yield beam.pvalue.TaggedOutput("manifest", manifest)
+            yield beam.pvalue.TaggedOutput("manifest", manifest_row(manifest))
         buckets: list[spill.BucketPiece] = sorted(joined["buckets"])
         if not buckets:
             return
@@ -348,7 +355,7 @@ class LateToDeadLetter(beam.DoFn):
 
 class ShuffleOutputs(NamedTuple):
     released: beam.PCollection  # ReleasedGroup
-    manifests: beam.PCollection  # CrowdManifest dicts
+    manifests: beam.PCollection  # CrowdManifest rows (shuffle_steps.manifest_row tuples)
     dead_letters: beam.PCollection  # lists of DeadLetter dicts
     counts: beam.PCollection  # dicts of counts (sum them: metrics_summary)
 

@@ -35,6 +35,7 @@ from schemas.avro.container import encode_container
 from transforms import atomic_files, avro_io
 from transforms.combiners import SumCounts
 from transforms.shuffle_config import metrics_summary
+from transforms.shuffle_steps import manifest_dict, manifest_row
 
 INDEX_DIR = "index"
 
@@ -169,8 +170,13 @@ def commit_record(
             manifest["crowd_id"] or "",
         )
 
-    crowds = [commit_crowd(m, instance is None) for m in sorted(manifests, key=order)]
-    files = [dict(entry) for entry in files]
+    # Each manifest becomes its small commit crowd as it is read (``manifests`` may be a stream
+    # of a run's whole manifest files): only those, with their order keys, are held and sorted.
+    keyed = [(order(m), commit_crowd(m, instance is None)) for m in manifests]
+    keyed.sort(key=lambda pair: pair[0])
+    crowds = [crowd for _, crowd in keyed]
+    del keyed
+    files = list(files)  # the entries are not changed: no copy per file
     return {
         "format": release_format.RELEASE_FORMAT,
         "instance": instance,
@@ -221,7 +227,8 @@ def manifest_part(record: Mapping[str, Any], parts: int = MANIFEST_PARTS) -> int
 
 
 class WriteManifests(beam.PTransform):
-    """CrowdManifest dicts -> DIR/manifest/window_start=<ms>/part-SSSSS-of-NNNNN.avro: per window
+    """CrowdManifests (dicts or ``shuffle_steps.manifest_row`` tuples, which cross the grouping)
+    -> DIR/manifest/window_start=<ms>/part-SSSSS-of-NNNNN.avro: per window
     :data:`MANIFEST_PARTS` parts by crowd (:func:`manifest_part`), each written by one worker with
     its own crowds only, under a name fixed by window and part (a retried bundle replaces it,
     ``transforms.atomic_files``).
@@ -239,9 +246,14 @@ class WriteManifests(beam.PTransform):
         output_dir, streaming = self._output_dir, self._streaming
         schema = parsed_schema("manifest")
 
-        def write_part(element: tuple[tuple[int, int], Iterable[dict[str, Any]]]) -> str:
-            (window_start, part), records = element
-            records = _sorted_manifests(records)
+        def by_part(manifest: Any) -> tuple[tuple[int, int], tuple]:
+            row = manifest_row(manifest) if isinstance(manifest, Mapping) else tuple(manifest)
+            record = manifest_dict(row)
+            return (record["window_start"], manifest_part(record)), row
+
+        def write_part(element: tuple[tuple[int, int], Iterable[tuple]]) -> str:
+            (window_start, part), rows = element
+            records = _sorted_manifests(manifest_dict(row) for row in rows)
             if streaming:
                 content = json.dumps(records, sort_keys=True, default=str).encode()
                 name = f"part-{part:05d}-{hashlib.sha256(content).hexdigest()[:32]}.avro"
@@ -255,8 +267,7 @@ class WriteManifests(beam.PTransform):
 
         return (
             manifests
-            | "KeyByWindowAndPart"
-            >> beam.Map(lambda record: ((record["window_start"], manifest_part(record)), record))
+            | "KeyByWindowAndPart" >> beam.Map(by_part)
             | "GroupByWindowAndPart" >> beam.GroupByKey()
             | "WriteManifestPart" >> beam.Map(write_part)
         )

@@ -7,6 +7,7 @@ same name (``metrics.json`` sums the dicts; the counters are a cross-check).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -171,6 +172,28 @@ def manifest_record(
         "messages_deleted": messages_deleted,
         "messages_released": messages_released,
     }
+
+
+# The fields of a CrowdManifest in manifest_record's order. Between steps a manifest travels as
+# the tuple of its values (manifest_row): a dict per crowd, decoded and held by runners that keep
+# grouped values in memory (FnApiRunner), costs several times the tuple.
+MANIFEST_FIELDS = (
+    "window_start", "window_end", "shuffler_instance", "channel", "recipe_id", "crowd_id",
+    "respondents", "messages_in", "threshold", "status", "withheld_reason",
+    "respondents_deleted", "messages_deleted", "messages_released",
+)  # fmt: skip
+
+
+def manifest_row(record: Mapping[str, Any]) -> tuple:
+    """A manifest's values in :data:`MANIFEST_FIELDS` order (a dict passes through converted)."""
+    return tuple(record[name] for name in MANIFEST_FIELDS)
+
+
+def manifest_dict(row: Sequence[Any] | Mapping[str, Any]) -> dict[str, Any]:
+    """The CrowdManifest dict of a :func:`manifest_row` (or a copy of a dict)."""
+    if isinstance(row, Mapping):
+        return dict(row)
+    return dict(zip(MANIFEST_FIELDS, row, strict=True))
 
 
 def origin_cap(rules: core.ValidationRules, key: CrowdKey) -> int | None:
