@@ -142,6 +142,12 @@ def measure(work: Path, crowds: int) -> dict[str, dict]:
     return {"shuffle": shuffled, "analyze": analyzed}
 
 
+def kb_per_crowd(big: dict, little: dict) -> float:
+    """Peak RSS added per crowd between two runs (KB, 1 KB = 1,024 bytes)."""
+    added = big["crowds"] - little["crowds"]
+    return (big["peak_rss_mb"] - little["peak_rss_mb"]) * 1024 / added if added else 0.0
+
+
 def run(quick: bool) -> list[dict]:
     large = 10_000 if quick else 100_000
     small = large // 10
@@ -166,6 +172,16 @@ def run(quick: bool) -> list[dict]:
                 "baseline": little["peak_rss_mb"],
                 "ratio": big["peak_rss_mb"] / little["peak_rss_mb"],
                 "note": "baseline: the same at a tenth of the crowds (ratio ~1 = flat); " + note,
+            }
+        )
+        rows.append(
+            {
+                "benchmark": f"crowds_{stage}",
+                "metric": "peak_rss_kb_per_crowd",
+                "value": kb_per_crowd(big, little),
+                "baseline": None,
+                "ratio": None,
+                "note": "growth of peak RSS from the smaller run to the larger, per added crowd",
             }
         )
         rows.append(

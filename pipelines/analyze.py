@@ -10,7 +10,9 @@ Input: one committed release per shuffler instance, as ``esa shuffle`` writes it
 ``instance=<u>/`` releases. Every release is verified against its commit record first
 (``schemas.release.verify_release``): an uncommitted directory, a missing, unlisted (e.g. copied),
 truncated or altered file, and any shuffler-private file (dead letters, manifests, metrics, spill)
-is refused with one line naming it (exit 2). Only the committed files are read. Each crowd's
+is refused with one line naming it (exit 2). Only the committed files are read: workers take the
+file list and the crowds from the commit record itself, refusing it unless its SHA-256 is the one
+the driver verified (nothing per crowd or file is pickled into the job). Each crowd's
 messages in the files must match its commit record (``pipelines.release_crowds``): a crowd read
 but not released, or a ``messages_released`` other than the records read, is refused too.
 With ``--shuffler-keys KEYS`` (the shufflers' public signing keys) every commit record must also

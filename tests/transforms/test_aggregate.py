@@ -4,12 +4,19 @@ combiner tests do: results match a sequential sum and no input or merged accumul
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import pickle
 
 import numpy as np
 import pytest
 
-from transforms.aggregate import CombineCrowd, metrics_summary
+from transforms.aggregate import (
+    CombineCrowd,
+    commit_crowd_records,
+    commit_file_paths,
+    metrics_summary,
+)
 from transforms.analyze_core import CrowdAccumulator, LongitudinalAccumulator
 from transforms.combiners import SumCounts
 
@@ -110,3 +117,29 @@ def test_sum_counts_adds_counter_dicts_without_touching_inputs():
     summary = metrics_summary(total)
     assert summary["adds_up"] and summary["dead_lettered"] == 1
     assert not metrics_summary({"read": 9, "messages": 7})["adds_up"]
+
+
+@pytest.mark.parametrize("dense_limit", [1 << 20, 0])
+def test_accumulators_survive_pickling_as_raw_bytes_and_stay_writable(dense_limit):
+    accumulator = _histogram([0, 3, 3, 7], {0: 4}, dense_limit)
+    restored = pickle.loads(pickle.dumps(accumulator))
+    assert _state(restored) == _state(accumulator)
+    restored.add_messages(np.array([3, 5]))  # the restored arrays are writable copies
+    assert restored.counts.dense().tolist() == [1, 0, 0, 3, 0, 1, 0, 1]
+    assert _state(accumulator)[0] == [1, 0, 0, 2, 0, 0, 0, 1]
+
+
+def test_commit_records_are_read_only_with_the_verified_digest(tmp_path):
+    crowd = {"status": "released", "respondents_released": 3, "crowd_id": "a"}
+    record = {"crowds": [crowd], "files": [{"path": "messages/x.avro"}]}
+    content = json.dumps(record).encode()
+    (tmp_path / "_COMMIT.json").write_bytes(content)
+    pinned = (2, str(tmp_path), hashlib.sha256(content).hexdigest())
+    assert list(commit_crowd_records(pinned)) == [(2, crowd)]
+    assert list(commit_file_paths(pinned)) == [str(tmp_path / "messages" / "x.avro")]
+    crowd["respondents_released"] = 300  # edited after the driver verified it: refused
+    (tmp_path / "_COMMIT.json").write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="SHA-256 differs"):
+        list(commit_crowd_records(pinned))
+    with pytest.raises(ValueError, match="SHA-256 differs"):
+        list(commit_file_paths((2, str(tmp_path), None)))
