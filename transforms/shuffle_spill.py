@@ -18,6 +18,7 @@ run killed before it could, by the next run into the same private path (:func:`r
 from __future__ import annotations
 
 import secrets
+import sys
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -34,7 +35,12 @@ CrowdKey = tuple[int, int, str, str, str | None]
 
 class Piece(NamedTuple):
     """Pointer to rows spilled as one Arrow IPC record batch message: bytes
-    ``offset .. offset + length - 1`` of the spill file at ``path``."""
+    ``offset .. offset + length - 1`` of the spill file at ``path``.
+
+    Unpickled pieces share their path strings (:func:`_piece`): every crowd of an input batch
+    points into one spill file from one input file, and a runner that holds grouped values
+    decoded (FnApiRunner) would otherwise keep two path strings per crowd and batch.
+    """
 
     path: str
     offset: int
@@ -42,6 +48,13 @@ class Piece(NamedTuple):
     rows: int
     source: str  # the input file the rows came from
     min_crowd: int  # the largest min_crowd_size among the rows
+
+    def __reduce__(self) -> tuple:
+        return (_piece, tuple(self))
+
+
+def _piece(path: str, offset: int, length: int, rows: int, source: str, min_crowd: int) -> Piece:
+    return Piece(sys.intern(path), offset, length, rows, sys.intern(source), min_crowd)
 
 
 class ShardTask(NamedTuple):
