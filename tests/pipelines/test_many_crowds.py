@@ -18,12 +18,12 @@ from pipelines import shuffle as shuffle_pipeline
 pytestmark = pytest.mark.slow
 
 SMALL, LARGE = 150, 1500
-# Peak RSS here is mostly the interpreter and Beam (~280 MB). FnApiRunner keeps every
-# PCollection between stages in memory, a few small elements per crowd, so peak RSS is not flat
-# on this runner: benchmarks/bench_crowds.py measured ~5.6 KB per crowd in the shuffler and
-# ~31 KB per crowd in the analyzer at 100,000 crowds (+13 and +42 MB from 150 to 1,500 crowds).
-# The margin catches a gross regression (a worker holding whole crowds' tables or messages, or a
-# larger per-crowd cost) without failing on a loaded machine.
+# Peak RSS here is mostly the interpreter and Beam (~250 MB). FnApiRunner keeps what crosses
+# each grouping in memory until the next stage ran, a few small elements per crowd, so peak RSS
+# is not flat on this runner: benchmarks/bench_crowds.py states the KB added per crowd at
+# 10,000 vs 100,000 crowds (README: "No whole-dataset gathers"). The margin catches a gross
+# regression (a worker holding whole crowds' tables or messages, or a much larger per-crowd
+# cost) without failing on a loaded machine.
 MARGIN = 1.5
 
 
