@@ -9,7 +9,10 @@ The same is done at a tenth of the crowds in the same run; the rows give the pea
 larger size against the smaller (ratio ~1: memory flat in the number of crowds) and crowds/s.
 
 Full mode: 100,000 vs 10,000 crowds; quick mode: 10,000 vs 1,000. ``peak_rss_kb_per_crowd`` is
-the growth of peak RSS per added crowd between the two sizes.
+the growth of peak RSS per added crowd between the two sizes. The ``crowds_flink_*`` rows run
+the same stages on a standalone Flink cluster (``make engines``) at 10,000 vs 1,000 crowds in
+both modes, with the peak RSS of the Python process (driver and LOOPBACK worker), the
+TaskManager and the JobManager.
 
 Why memory grows with the crowds on FnApiRunner (measured by instrumenting its data buffers per
 stage, and with memray at the peak): a grouping's input is held decoded (Python objects) and its
@@ -35,6 +38,8 @@ import numpy as np
 import pyarrow as pa
 
 from benchmarks.common import run_child
+from pipelines import engines
+from pipelines.flink_cluster import FlinkCluster
 from schemas import SCHEMA_VERSION, schema_json
 from schemas.avro.container import encode_container
 from schemas.avro.crc32c import crc32c_many
@@ -57,13 +62,13 @@ a = json.loads(sys.argv[1])
 start = time.perf_counter()
 if a["stage"] == "shuffle":
     summary = shuffle.run(PipelineOptions(
-        ["--runner=FnApiRunner"], input=a["input"], output=a["output"], instance=0,
+        a["flags"], input=a["input"], output=a["output"], instance=0,
         recipe=a["recipes"], crowd_threshold=2, messages_per_file=10000))
     result = {"records": summary["read"], "adds_up": summary["adds_up"],
               "crowds": summary["crowds_released"]}
 else:
     summary = analyze.run(PipelineOptions(
-        ["--runner=FnApiRunner"], analyze_input=[a["input"]], analyze_output=a["output"],
+        a["flags"], analyze_input=[a["input"]], analyze_output=a["output"],
         analyze_recipe=a["recipes"], analyze_no_pictures=True))
     result = {"records": summary["metrics"]["read"], "adds_up": summary["metrics"]["adds_up"],
               "crowds": summary["reports"]["histograms"]}
@@ -138,18 +143,42 @@ def generate(directory: Path, crowds: int, seed: int = 0) -> list[str]:
     return recipe_paths
 
 
-def measure(work: Path, crowds: int) -> dict[str, dict]:
+FNAPI = ["--runner=FnApiRunner"]
+
+
+def _vm_hwm_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _stage(stage: dict, engine: str) -> dict:
+    """One stage in a child process; on ``flink_cluster`` on a fresh standalone cluster, with the
+    JobManager's and TaskManager's peak RSS beside the Python process's (driver + LOOPBACK worker)."""
+    if engine == "fnapi":
+        return run_child(_STAGES, {**stage, "flags": FNAPI})
+    with FlinkCluster(engines.flink_cluster_lib(), slots=2) as cluster:
+        flags = engines.runner_flags("flink_cluster", master=cluster.master)
+        result = run_child(_STAGES, {**stage, "flags": flags})
+        jobmanager, taskmanager = (process.pid for process in cluster.processes)
+        result.update(jobmanager_mb=_vm_hwm_mb(jobmanager), taskmanager_mb=_vm_hwm_mb(taskmanager))
+    return result
+
+
+def measure(work: Path, crowds: int, engine: str = "fnapi") -> dict[str, dict]:
     """Generate, shuffle and analyze ``crowds`` crowds; each stage's child result."""
     recipes = generate(work / "reports", crowds)
-    shuffled = run_child(
-        _STAGES,
+    shuffled = _stage(
         {"stage": "shuffle", "input": str(work / "reports" / "*.avro"),
          "output": str(work / "shuffled"), "recipes": recipes},
+        engine,
     )  # fmt: skip
-    analyzed = run_child(
-        _STAGES,
+    analyzed = _stage(
         {"stage": "analyze", "input": str(work / "shuffled"), "output": str(work / "analysis"),
          "recipes": recipes},
+        engine,
     )  # fmt: skip
     return {"shuffle": shuffled, "analyze": analyzed}
 
@@ -168,7 +197,7 @@ def run(quick: bool) -> list[dict]:
         results = {size: measure(work / str(size), size) for size in (small, large)}
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    rows = []
+    rows = _flink_rows()
     for stage in ("shuffle", "analyze"):
         big, little = results[large][stage], results[small][stage]
         note = (
@@ -206,6 +235,39 @@ def run(quick: bool) -> list[dict]:
                 "note": f"{big['seconds']:.0f} s vs {little['seconds']:.0f} s",
             }
         )
+    return rows
+
+
+def _flink_rows() -> list[dict]:
+    """The same on a standalone Flink cluster at 1,000 vs 10,000 crowds (both modes: Flink's job
+    submission makes each stage slow); a row per process whose peak RSS was measured."""
+    if engines.flink_cluster_lib() is None:
+        return [{"benchmark": "crowds_flink", "metric": "peak_rss_mb",
+                 "note": "not measured: no assembled Flink jars (make engines)"}]  # fmt: skip
+    work = Path(tempfile.mkdtemp(prefix="bench-crowds-flink-"))
+    try:
+        results = {
+            size: measure(work / str(size), size, "flink_cluster") for size in (1_000, 10_000)
+        }
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    rows = []
+    for stage in ("shuffle", "analyze"):
+        big, little = results[10_000][stage], results[1_000][stage]
+        for process, key in (("python", "peak_rss_mb"), ("taskmanager", "taskmanager_mb"),
+                             ("jobmanager", "jobmanager_mb")):  # fmt: skip
+            rows.append(
+                {
+                    "benchmark": f"crowds_flink_{stage}",
+                    "metric": f"{process}_peak_rss_mb",
+                    "value": big[key],
+                    "baseline": little[key],
+                    "ratio": big[key] / little[key],
+                    "note": f"standalone Flink cluster, {big['crowds']:,} vs {little['crowds']:,} "
+                    f"crowds; {big['seconds']:.0f} s vs {little['seconds']:.0f} s; adds up: "
+                    f"{big['adds_up'] and little['adds_up']}",
+                }
+            )
     return rows
 
 
