@@ -40,9 +40,14 @@ else
     started=$(date +%s)
     # -modcacherw: the module cache stays removable with rm -rf; GOTOOLCHAIN=local: never fetch a
     # toolchain (only the module proxy is reachable).
-    GOMODCACHE="$DIR/go/mod" GOCACHE="$DIR/go/cache" GOBIN="$DIR/go/bin" \
+    # Its "go: downloading" lines go to a log, shown only if the build fails.
+    if ! GOMODCACHE="$DIR/go/mod" GOCACHE="$DIR/go/cache" GOBIN="$DIR/go/bin" \
         GOFLAGS=-modcacherw GOTOOLCHAIN=local \
-        go install "github.com/apache/beam/sdks/v2/go/cmd/prism@v$BEAM"
+        go install "github.com/apache/beam/sdks/v2/go/cmd/prism@v$BEAM" >"$DIR/go-install.log" 2>&1; then
+        tail -20 "$DIR/go-install.log" >&2
+        say "prism v$BEAM failed to build (log: $DIR/go-install.log)" >&2
+        exit 1
+    fi
     mv "$DIR/go/bin/prism" "$PRISM"
     say "prism v$BEAM built in $(($(date +%s) - started)) s: $PRISM"
 fi
