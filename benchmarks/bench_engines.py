@@ -59,9 +59,8 @@ print(json.dumps({"code": code, "wall": wall, "seconds": run["seconds"],
 """
 
 
-def _esa_run(work: Path, engine: str, respondents: int, extra: list[str]) -> dict:
-    flags = engines.runner_flags(engine, master=_CLUSTER["master"]) if engine == "flink_cluster" \
-        else engines.runner_flags(engine)  # fmt: skip
+def _esa_run(work: Path, engine: str, respondents: int, extra: list[str], master: str) -> dict:
+    flags = engines.runner_flags(engine, master=master)
     recipe = work / "recipe.json"
     recipe.write_text(json.dumps(RECIPE))
     output = work / f"run-{engine}"
@@ -74,12 +73,10 @@ def _esa_run(work: Path, engine: str, respondents: int, extra: list[str]) -> dic
     return result
 
 
-def _best(work: Path, engine: str, respondents: int, repeats: int, extra: list[str]) -> dict:
-    runs = [_esa_run(work, engine, respondents, extra) for _ in range(repeats)]
+def _best(work: Path, engine: str, respondents: int, repeats: int, extra: list[str],
+          master: str = "[local]") -> dict:  # fmt: skip
+    runs = [_esa_run(work, engine, respondents, extra, master) for _ in range(repeats)]
     return min(runs, key=lambda run: run["wall"])
-
-
-_CLUSTER = {"master": "[local]"}  # the standalone Flink cluster's master while it runs
 
 
 def _missing(engine: str) -> str | None:
@@ -117,8 +114,9 @@ def run(quick: bool) -> list[dict]:
                 continue
             if engine == "flink_cluster":
                 with FlinkCluster(engines.flink_cluster_lib(), slots=2) as cluster:
-                    _CLUSTER["master"] = cluster.master
-                    results[engine] = result = _best(work, engine, respondents, repeats, [])
+                    results[engine] = result = _best(
+                        work, engine, respondents, repeats, [], cluster.master
+                    )
             else:
                 results[engine] = result = _best(work, engine, respondents, repeats, [])
             rows.append(

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -41,6 +40,8 @@ from apache_beam.runners.portability.flink_runner import (
     FlinkRunner,
 )
 from apache_beam.version import __version__ as BEAM_VERSION
+
+from pipelines.flink_cluster import free_port
 
 __all__ = ["BEAM_VERSION", "ENGINES", "engines_dir", "flink_cluster_lib", "flink_job_server_jar",
            "one_job_server", "prism_binary", "runner_flags"]  # fmt: skip
@@ -126,12 +127,6 @@ def runner_flags(engine: str, parallelism: int | None = None, master: str = "[lo
     raise ValueError(f"unknown engine {engine!r}; have {', '.join(ENGINES)}")
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("localhost", 0))
-        return probe.getsockname()[1]
-
-
 def _without_runner(flags: Sequence[str]) -> list[str]:
     kept, skip = [], False
     for flag in flags:
@@ -164,7 +159,7 @@ def one_job_server(flags: Sequence[str]) -> Iterator[list[str]]:
     flink = options.view_as(FlinkRunnerOptions)
     flink.flink_master = FlinkRunner.add_http_scheme(flink.flink_master)
     job_server = options.view_as(JobServerOptions)
-    job_server.job_port = job_server.job_port or _free_port()
+    job_server.job_port = job_server.job_port or free_port()
     endpoint = f"localhost:{job_server.job_port}"
     server = FlinkJarJobServer(options)
     server.start()  # returns once the job service answers at the endpoint

@@ -37,7 +37,7 @@ import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["ADD_OPENS", "FlinkCluster", "write_launcher"]
+__all__ = ["ADD_OPENS", "FlinkCluster", "free_port", "write_launcher"]
 
 JOB_SERVER_MAIN = "org.apache.beam.runners.flink.FlinkJobServerDriver"
 JOB_MANAGER_MAIN = "org.apache.flink.runtime.entrypoint.StandaloneSessionClusterEntrypoint"
@@ -101,7 +101,8 @@ def _holds(jar: Path, entry: str) -> bool:
         return entry in archive.namelist()
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on this machine now (for a server about to start)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
@@ -129,7 +130,7 @@ class FlinkCluster:
         if slots < 1:
             raise ValueError(f"slots must be at least 1, got {slots}")
         self.slots = slots
-        self.rest_port = rest_port or _free_port()
+        self.rest_port = rest_port or free_port()
         self.startup_timeout_s = startup_timeout_s
         self.restart_attempts = restart_attempts
         self.work: Path | None = None
@@ -142,7 +143,7 @@ class FlinkCluster:
     def _configuration(self) -> str:
         settings = {
             "jobmanager.rpc.address": "localhost",
-            "jobmanager.rpc.port": _free_port(),
+            "jobmanager.rpc.port": free_port(),
             "jobmanager.bind-host": "localhost",
             "jobmanager.memory.process.size": "1024m",
             "rest.address": "localhost",

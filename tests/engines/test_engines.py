@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines import cli, engines
+from pipelines.flink_cluster import free_port
 from transforms.analysis_reports import read_reports
 
 # Flink with LOOPBACK workers: when a job ends, the job server hangs up on the SDK worker's data
@@ -144,19 +145,13 @@ def test_pipeline_on_engine_matches_fnapi(engine, request):
         assert overview["jobs-finished"] >= 4 and overview["jobs-failed"] == 0, overview
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def test_analyze_on_a_standing_prism_job_server_matches_fnapi(request, tmp_path):
     """``prism`` started on its own (as on a server), jobs submitted with PortableRunner."""
     binary = engines.prism_binary()
     if binary is None:
         pytest.skip(f"no Prism binary for Beam {engines.BEAM_VERSION}: run `make engines`")
     reference = request.getfixturevalue("reference")
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(
         [str(binary), "--job_port", str(port), "--serve_http=false", "--log_level", "warn"],
         stdout=subprocess.DEVNULL,
