@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from benchmarks.common import run_child
+from benchmarks.common import peak_rss_mb, run_child
 from pipelines import engines
 from pipelines.flink_cluster import FlinkCluster
 from schemas import SCHEMA_VERSION, schema_json
@@ -146,14 +146,6 @@ def generate(directory: Path, crowds: int, seed: int = 0) -> list[str]:
 FNAPI = ["--runner=FnApiRunner"]
 
 
-def _vm_hwm_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def _stage(stage: dict, engine: str) -> dict:
     """One stage in a child process; on ``flink_cluster`` on a fresh standalone cluster, with the
     JobManager's and TaskManager's peak RSS beside the Python process's (driver + LOOPBACK worker)."""
@@ -163,7 +155,9 @@ def _stage(stage: dict, engine: str) -> dict:
         flags = engines.runner_flags("flink_cluster", master=cluster.master)
         result = run_child(_STAGES, {**stage, "flags": flags})
         jobmanager, taskmanager = (process.pid for process in cluster.processes)
-        result.update(jobmanager_mb=_vm_hwm_mb(jobmanager), taskmanager_mb=_vm_hwm_mb(taskmanager))
+        result.update(
+            jobmanager_mb=peak_rss_mb(jobmanager), taskmanager_mb=peak_rss_mb(taskmanager)
+        )
     return result
 
 

@@ -45,15 +45,18 @@ print(json.dumps(raw_read(json.loads(sys.argv[1]))))
 """
 
 
-def peak_rss_mb() -> float:
-    """This process's peak resident memory in MB (``VmHWM``; ``ru_maxrss`` where that is absent)."""
+def peak_rss_mb(pid: int | None = None) -> float:
+    """Peak resident memory in MB (``VmHWM``) of process ``pid``, by default this one (where
+    ``/proc`` is absent: this process's ``ru_maxrss``; another process's: NaN)."""
     try:
-        with open("/proc/self/status") as status:
+        with open(f"/proc/{pid or 'self'}/status") as status:
             for line in status:
                 if line.startswith("VmHWM:"):
                     return int(line.split()[1]) / 1024.0
     except OSError:
         pass
+    if pid is not None:
+        return float("nan")
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
