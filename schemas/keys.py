@@ -196,16 +196,23 @@ class PrivateKeyInfo:
         return cls(public, private_key)
 
 
-def _parse(text: str, source: str) -> Mapping[str, Any]:
+def parse_key_file(text: str, source: str, suite: str, what: str = "") -> Mapping[str, Any]:
+    """The fields of an ``esa-key/1`` file of ``suite`` (KeyError_ naming ``source`` otherwise;
+    ``what`` says, in the refusal, what kind of key the file should have been)."""
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as error:
+    except (ValueError, RecursionError) as error:
         raise KeyError_(f"{source}: not a key file: {error}") from error
     if not isinstance(data, dict) or data.get("format") != KEY_FORMAT:
         raise KeyError_(f"{source}: not an {KEY_FORMAT} key file")
-    if data.get("suite") != SUITE_NAME:
-        raise KeyError_(f"{source}: suite {data.get('suite')!r} is not {SUITE_NAME!r}")
+    if data.get("suite") != suite:
+        refusal = f"{source}: suite {str(data.get('suite'))[:80]!r} is not {suite!r}"
+        raise KeyError_(refusal + (f" ({what})" if what else ""))
     return data
+
+
+def _parse(text: str, source: str) -> Mapping[str, Any]:
+    return parse_key_file(text, source, SUITE_NAME)
 
 
 def hex_field(data: Mapping[str, Any], name: str, size: int, source: str) -> bytes:

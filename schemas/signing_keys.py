@@ -40,6 +40,7 @@ from schemas.keys import (
     default_key_id,
     format_time_ms,
     hex_field,
+    parse_key_file,
     parse_time_ms,
 )
 
@@ -168,18 +169,7 @@ class SigningKey:
 
 
 def _parse(text: str, source: str) -> Mapping[str, Any]:
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError) as error:
-        raise KeyError_(f"{source}: not a key file: {error}") from error
-    if not isinstance(data, dict) or data.get("format") != KEY_FORMAT:
-        raise KeyError_(f"{source}: not an {KEY_FORMAT} key file")
-    if data.get("suite") != SIGNING_SUITE:
-        raise KeyError_(
-            f"{source}: suite {str(data.get('suite'))[:80]!r} is not {SIGNING_SUITE!r} (not a "
-            "shuffler signing key)"
-        )
-    return data
+    return parse_key_file(text, source, SIGNING_SUITE, "not a shuffler signing key")
 
 
 def generate_signing_key(
