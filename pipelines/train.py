@@ -49,6 +49,7 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from pipelines import engines
 from pipelines import keys as keys_cli
 from pipelines import shuffle as shuffle_pipeline
 from pipelines.cli import UsageError
@@ -414,33 +415,35 @@ def train(
     history: list[dict[str, Any]] = []
     smallest_crowd = data.devices
     adds_up = True
-    for epoch in range(1, epochs + 1):
-        began = time.monotonic()
-        theta, info = run_epoch(flags, data, settings, epoch, theta, output)
-        crowds, shuffles = info.pop("crowds"), info.pop("shuffles")
-        smallest_crowd = min([smallest_crowd, *[c for c in crowds if c > 0]])
-        guarantee = ldp_sgd_guarantee(settings["epsilon"], smallest_crowd, epochs,
-                                      settings["delta"], tau)  # fmt: skip
-        row = {
-            "epoch": epoch,
-            "accuracy": accuracy(theta, data.test_x, data.test_y, data.classes),
-            "test_loss": mean_loss(theta, data.test_x, data.test_y, data.classes),
-            "epsilon_central_so_far": guarantee.epsilon_central_so_far[epoch - 1],
-            "reports_written": info["written"].get("reports", 0),
-            "released_respondents_per_instance": crowds,
-            "reports_used": info["reports"],
-            "messages_read": info["read"],
-            "rejected": info["rejected"],
-            "learning_rate": info["learning_rate"],
-            "gradient_norm": info["gradient_norm"],
-            "adds_up": bool(info["adds_up"]) and all(s.get("adds_up", True) for s in shuffles.values()),
-            "seconds": round(time.monotonic() - began, 2),
-        }  # fmt: skip
-        adds_up = adds_up and row["adds_up"]
-        history.append(row)
-        say(f"  epoch {epoch}: accuracy {row['accuracy']:.3f}, test loss {row['test_loss']:.3f}, "
-            f"eps_c so far {row['epsilon_central_so_far']:.3f}, {info['reports']} reports "
-            f"({row['seconds']} s)")  # fmt: skip
+    # On Flink, one job server serves every epoch's pipelines (engines.one_job_server).
+    with engines.one_job_server(flags) as shared_flags:
+        for epoch in range(1, epochs + 1):
+            began = time.monotonic()
+            theta, info = run_epoch(shared_flags, data, settings, epoch, theta, output)
+            crowds, shuffles = info.pop("crowds"), info.pop("shuffles")
+            smallest_crowd = min([smallest_crowd, *[c for c in crowds if c > 0]])
+            guarantee = ldp_sgd_guarantee(settings["epsilon"], smallest_crowd, epochs,
+                                          settings["delta"], tau)  # fmt: skip
+            row = {
+                "epoch": epoch,
+                "accuracy": accuracy(theta, data.test_x, data.test_y, data.classes),
+                "test_loss": mean_loss(theta, data.test_x, data.test_y, data.classes),
+                "epsilon_central_so_far": guarantee.epsilon_central_so_far[epoch - 1],
+                "reports_written": info["written"].get("reports", 0),
+                "released_respondents_per_instance": crowds,
+                "reports_used": info["reports"],
+                "messages_read": info["read"],
+                "rejected": info["rejected"],
+                "learning_rate": info["learning_rate"],
+                "gradient_norm": info["gradient_norm"],
+                "adds_up": bool(info["adds_up"]) and all(s.get("adds_up", True) for s in shuffles.values()),
+                "seconds": round(time.monotonic() - began, 2),
+            }  # fmt: skip
+            adds_up = adds_up and row["adds_up"]
+            history.append(row)
+            say(f"  epoch {epoch}: accuracy {row['accuracy']:.3f}, test loss {row['test_loss']:.3f}, "
+                f"eps_c so far {row['epsilon_central_so_far']:.3f}, {info['reports']} reports "
+                f"({row['seconds']} s)")  # fmt: skip
     np.savez(output / MODEL_FILE, theta=theta)
     privacy = ldp_sgd_guarantee(settings["epsilon"], smallest_crowd, epochs, settings["delta"], tau)
     reference = train_reference(data, epochs, settings["radius"])
