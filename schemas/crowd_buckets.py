@@ -1,0 +1,102 @@
+"""Crowd buckets: how a shuffler release packs many crowds into few files (``esa-release/2``).
+
+A release of many small crowds must not cost one file, one commit entry or one pipeline element
+per crowd (issue: no whole-dataset gathers; memory flat in the number of crowds). A crowd is
+placed in one of ``buckets`` buckets by a digest of its key (channel, recipe, crowd ID), the same
+in every window, instance and run; the unit of the shuffler's work and of the release layout is
+the bucket of a window and an instance, named by its *stem*:
+
+* ``messages/<stem>-g<group>.avro``: ShuffledMessage files of the bucket's released crowds, rows
+  grouped by crowd in :func:`crowd_order`, each crowd's rows in uniformly random order;
+* ``crowds/<stem>.avro``: one ReleasedCrowd record (``released_crowd.avsc``) per crowd of the
+  bucket, released or withheld, in :func:`crowd_order`.
+
+Pure: the standard library only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import NamedTuple
+
+__all__ = [
+    "DEFAULT_CROWD_BUCKETS",
+    "MAX_CROWD_BUCKETS",
+    "BucketKey",
+    "crowd_bucket",
+    "crowd_order",
+    "bucket_stem",
+    "message_file_path",
+    "crowd_table_path",
+    "parse_release_path",
+]
+
+DEFAULT_CROWD_BUCKETS = 16
+MAX_CROWD_BUCKETS = 1 << 16
+MESSAGES_DIR = "messages"
+CROWDS_DIR = "crowds"
+_PATH = re.compile(
+    r"^(?P<dir>messages|crowds)/(?P<window>-?[0-9]{1,19})-u(?P<instance>[0-9]{1,10})"
+    r"-b(?P<bucket>[0-9]{5})(?:-g(?P<group>[0-9]{5}))?\.avro$"
+)
+
+
+class BucketKey(NamedTuple):
+    """The unit of a release: a bucket of crowds in one window of one instance."""
+
+    window_start: int
+    instance: int
+    bucket: int
+
+
+def crowd_bucket(channel: str, recipe_id: str, crowd_id: str | None, buckets: int) -> int:
+    """The bucket in ``[0, buckets)`` of a crowd: the first 8 bytes of SHA-256 over the JSON of
+    ``[channel, recipe_id, crowd_id]``, big-endian, modulo ``buckets`` (window and instance are
+    not hashed: they are parts of the stem)."""
+    if (
+        isinstance(buckets, bool)
+        or not isinstance(buckets, int)
+        or not 1 <= buckets <= MAX_CROWD_BUCKETS
+    ):
+        raise ValueError(
+            f"crowd buckets must be an int in [1, {MAX_CROWD_BUCKETS}], got {buckets!r}"
+        )
+    text = json.dumps([channel, recipe_id, crowd_id], separators=(",", ":"), ensure_ascii=False)
+    digest = hashlib.sha256(text.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") % buckets
+
+
+def crowd_order(channel: str, recipe_id: str, crowd_id: str | None) -> tuple[str, str, int, str]:
+    """Sort key of crowds inside a bucket's files (a null crowd ID before every string)."""
+    return (channel, recipe_id, 0 if crowd_id is None else 1, crowd_id or "")
+
+
+def bucket_stem(key: BucketKey | tuple[int, int, int]) -> str:
+    """``<window_start ms>-u<instance>-b<bucket, 5 digits>``."""
+    window_start, instance, bucket = (int(part) for part in key)
+    return f"{window_start}-u{instance}-b{bucket:05d}"
+
+
+def message_file_path(key: BucketKey | tuple[int, int, int], group: int) -> str:
+    """``messages/<stem>-g<group, 5 digits>.avro``: the same in every attempt of a run."""
+    return f"{MESSAGES_DIR}/{bucket_stem(key)}-g{int(group):05d}.avro"
+
+
+def crowd_table_path(key: BucketKey | tuple[int, int, int]) -> str:
+    """``crowds/<stem>.avro``."""
+    return f"{CROWDS_DIR}/{bucket_stem(key)}.avro"
+
+
+def parse_release_path(relative: str) -> tuple[str, BucketKey, int | None] | None:
+    """``(directory, bucket key, group)`` of a release file's relative path (group None for a
+    crowd table), or None when the path is not one of the two layouts."""
+    match = _PATH.match(relative)
+    if match is None:
+        return None
+    group = match["group"]
+    if (match["dir"] == CROWDS_DIR) != (group is None):
+        return None
+    key = BucketKey(int(match["window"]), int(match["instance"]), int(match["bucket"]))
+    return match["dir"], key, None if group is None else int(group)
