@@ -112,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         problem = _check_stage_flags(args.command, args, extra)
         if problem:
             return _fail(args.command, problem)
+        from pipelines.engines import quiet_worker_hangups
+
+        quiet_worker_hangups()  # Flink's job-end hang-up is not an error (pipelines/engines.py)
         return int(handler(args, extra) or 0)
     except (UsageError, ValueError) as error:
         return _fail(args.command, str(error))

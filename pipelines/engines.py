@@ -23,7 +23,9 @@ workers run in the submitting process (``LOOPBACK``), so local paths work on eve
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -44,7 +46,7 @@ from apache_beam.version import __version__ as BEAM_VERSION
 from pipelines.flink_cluster import free_port
 
 __all__ = ["BEAM_VERSION", "ENGINES", "engines_dir", "flink_cluster_lib", "flink_job_server_jar",
-           "one_job_server", "prism_binary", "runner_flags"]  # fmt: skip
+           "one_job_server", "prism_binary", "quiet_worker_hangups", "runner_flags"]  # fmt: skip
 
 ENGINES = ("fnapi", "prism", "flink", "flink_cluster")
 
@@ -173,3 +175,60 @@ def one_job_server(flags: Sequence[str]) -> Iterator[list[str]]:
         yield shared
     finally:
         server.stop()
+
+
+# The LOOPBACK worker's data-plane reader thread (apache_beam/runners/worker/data_plane.py) and the
+# logger it reports through; the job server's words when it closes the channel after a job.
+_READER_THREAD = "read_grpc_client_inputs"
+_DATA_PLANE_LOGGER = "apache_beam.runners.worker.data_plane"
+_HANGUP = "Multiplexer hanging up"
+
+
+def is_worker_hangup(error: BaseException | None) -> bool:
+    """Whether ``error`` is the gRPC CANCELLED a Flink job server sends a LOOPBACK worker's data
+    channel when a job has finished ("Multiplexer hanging up"): the end of a job, not a fault."""
+    code, details = getattr(error, "code", None), getattr(error, "details", None)
+    if not (callable(code) and callable(details)):
+        return False
+    try:
+        return getattr(code(), "name", None) == "CANCELLED" and _HANGUP in str(details() or "")
+    except Exception:  # noqa: BLE001 - an object that only looks like an RpcError
+        return False
+
+
+class _HangupFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and is_worker_hangup(record.exc_info[1]))
+
+
+_quiet = threading.Lock()
+_installed: list[bool] = []
+
+
+def quiet_worker_hangups() -> None:
+    """Keep the job-end hang-up of Flink's data channel off stderr (the CLI calls this once).
+
+    When a job on Flink ends, the job server closes the data channel of the SDK worker that runs
+    in this process; Beam's reader thread then logs "Failed to read inputs in the data plane" and
+    re-raises, and Python prints the thread's traceback, after the results are complete. Exactly
+    that exception, from that thread and that logger, is dropped; every other one is reported
+    as before.
+    """
+    with _quiet:
+        if _installed:
+            return
+        _installed.append(True)
+        logging.getLogger(_DATA_PLANE_LOGGER).addFilter(_HangupFilter())
+        previous = threading.excepthook
+
+        def hook(args: threading.ExceptHookArgs) -> None:
+            thread = args.thread
+            if (
+                thread is not None
+                and thread.name == _READER_THREAD
+                and is_worker_hangup(args.exc_value)
+            ):
+                return
+            previous(args)
+
+        threading.excepthook = hook

@@ -1,0 +1,83 @@
+"""Flink's job-end hang-up of a LOOPBACK worker's data channel stays off stderr; other errors of
+the same thread do not (pipelines/engines.quiet_worker_hangups)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent import futures
+
+import grpc
+import pytest
+
+from pipelines import engines
+
+_METHOD = "/esa.test.Data/Stream"
+
+
+def _rpc_error(code: grpc.StatusCode, details: str) -> grpc.RpcError:
+    """A real gRPC error: a streaming call to an in-process server that aborts it."""
+
+    def stream(request_iterator, context):
+        context.abort(code, details)
+        yield b""  # pragma: no cover - abort raises
+
+    handler = grpc.method_handlers_generic_handler(
+        "esa.test.Data", {"Stream": grpc.stream_stream_rpc_method_handler(stream)}
+    )
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("localhost:0")
+    server.start()
+    try:
+        with grpc.insecure_channel(f"localhost:{port}") as channel:
+            call = channel.stream_stream(_METHOD)(iter([b""]))
+            with pytest.raises(grpc.RpcError) as raised:
+                list(call)
+            return raised.value
+    finally:
+        server.stop(None)
+
+
+def _raise_in_reader_thread(error: BaseException, name: str = engines._READER_THREAD) -> None:
+    def read() -> None:
+        logging.getLogger(engines._DATA_PLANE_LOGGER).error(
+            "Failed to read inputs in the data plane.", exc_info=error
+        )
+        raise error
+
+    thread = threading.Thread(target=read, name=name)
+    thread.start()
+    thread.join()
+
+
+def test_only_the_job_end_hangup_is_recognised() -> None:
+    assert engines.is_worker_hangup(_rpc_error(grpc.StatusCode.CANCELLED, engines._HANGUP))
+    assert not engines.is_worker_hangup(_rpc_error(grpc.StatusCode.CANCELLED, "other"))
+    assert not engines.is_worker_hangup(_rpc_error(grpc.StatusCode.UNAVAILABLE, engines._HANGUP))
+    assert not engines.is_worker_hangup(RuntimeError(engines._HANGUP))
+    assert not engines.is_worker_hangup(None)
+
+
+def test_hangup_is_dropped_and_other_errors_still_reported(capsys, caplog) -> None:
+    seen: list[BaseException] = []
+    original = threading.excepthook
+    threading.excepthook = lambda args: seen.append(args.exc_value)
+    engines._installed.clear()
+    try:
+        engines.quiet_worker_hangups()
+        engines.quiet_worker_hangups()  # idempotent: one hook, one filter
+        hangup = _rpc_error(grpc.StatusCode.CANCELLED, engines._HANGUP)
+        failure = _rpc_error(grpc.StatusCode.UNAVAILABLE, "connection refused")
+        with caplog.at_level(logging.ERROR, logger=engines._DATA_PLANE_LOGGER):
+            _raise_in_reader_thread(hangup)
+            _raise_in_reader_thread(failure)
+            _raise_in_reader_thread(hangup, name="another-thread")
+        assert seen == [failure, hangup]
+        # the logger drops the hang-up whichever thread logs it; the thread hook only the reader's
+        assert [record.exc_info[1] for record in caplog.records] == [failure]
+    finally:
+        threading.excepthook = original
+        for installed in list(logging.getLogger(engines._DATA_PLANE_LOGGER).filters):
+            logging.getLogger(engines._DATA_PLANE_LOGGER).removeFilter(installed)
+        engines._installed.clear()
