@@ -39,6 +39,7 @@ from pipelines.flags import (
     window_error,
     with_default_runner,
 )
+from schemas.crowd_buckets import MAX_CROWD_BUCKETS
 from simulators.fleet import DEFAULT_START
 from simulators.plan import SimulationPlan
 from simulators.populations import MAX_RESPONDENTS
@@ -141,6 +142,15 @@ class ShuffleOptions(StageFlags, PipelineOptions):
             type=int,
         ),
         Flag(
+            "crowd_buckets",
+            "Number of crowd buckets B: crowds are placed in B buckets by a digest of their "
+            "key; a bucket of a window and instance is the unit of work and of the release's "
+            f"files (esa-release/2). Default {_SHUFFLE.crowd_buckets}, at most "
+            f"{MAX_CROWD_BUCKETS}.",
+            default=_SHUFFLE.crowd_buckets,
+            type=int,
+        ),
+        Flag(
             "watch_interval",
             "Streaming: seconds between looks for new input files. Default 10.",
             default=10.0,
@@ -163,6 +173,7 @@ class ShuffleOptions(StageFlags, PipelineOptions):
             int_in("--batch-records", self.batch_records, 1, 2**31 - 1),
             int_in("--messages-per-shard", self.messages_per_shard, 1),
             int_in("--messages-per-file", self.messages_per_file, 1),
+            int_in("--crowd-buckets", self.crowd_buckets, 1, MAX_CROWD_BUCKETS),
             positive_finite("--watch-interval", self.watch_interval),
             positive_finite("--watch-for", self.watch_for, allow_zero=True),
             output_directory("--output", self.output),

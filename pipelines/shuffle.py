@@ -15,15 +15,18 @@ Each of the K shuffler instances is a separate run: ``--instance I`` on that ins
 (other instances' reports are dead-lettered ``wrong_instance``). Without ``--instance`` one run
 serves every instance, keeping them apart in the crowd key.
 
-Output: the release ``--output DIR`` holds only ``messages/<window>-<crowd digest>-g<group>.avro``
-(ShuffledMessage files, deterministic names) and ``_COMMIT.json`` (schemas/release.py: every file
-with size, records and SHA-256; per crowd its status and the distinct respondents released; the
-parameters the privacy report needs), written last and atomically; with ``--signing-key KEY``
+Output: the release ``--output DIR`` (``esa-release/2``) holds only, per crowd bucket of a window
+and instance (``--crowd-buckets B``, schemas/crowd_buckets.py: the unit of work, so memory and
+elements do not grow with the number of crowds), ``messages/<stem>-g<group>.avro`` (ShuffledMessage
+files grouped by crowd, deterministic names) and ``crowds/<stem>.avro`` (per crowd its status and
+the distinct respondents and messages released), and ``_COMMIT.json`` (schemas/release.py: every
+file with size, records and SHA-256; totals of records, crowds and respondents; the parameters the
+privacy report needs), written last and atomically from the run's index; with ``--signing-key KEY``
 (this instance's Ed25519 key, ``esa keys generate --shuffler-instance I``; needs ``--instance
 I``) the record carries the instance's signature (schemas/commit_signing.py), the key read on the
 driver when the commit is written and never placed in the job graph. Everything shuffler-private
 goes to ``--private-output PDIR`` (default ``DIR.private``, a sibling): ``manifest/`` (one
-CrowdManifest per crowd, in part files per window and shard of crowds), ``dead_letter/*.avro``,
+CrowdManifest per crowd, in a file per window and crowd bucket), ``dead_letter/*.avro``,
 ``metrics.json`` (read = released + deleted + withheld + dead-lettered + presence, in records,
 checked), ``index/`` and the spill directory ``spill/`` (under the runner's ``--temp_location`` when given:
 ``<temp_location>/esa-spill/<digest of DIR>/``; removed on every exit path; a run killed before it
@@ -50,11 +53,10 @@ import secrets
 import socket
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import apache_beam as beam
-import fastavro
 from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import (
@@ -74,6 +76,7 @@ from pipelines.options import (
 )
 from schemas import SUPPORTED_SCHEMA_VERSIONS
 from schemas import release as release_format
+from schemas.crowd_buckets import CROWDS_DIR, MESSAGES_DIR
 from transforms import atomic_files, shuffle_spill
 from transforms import shuffle as shuffle_transforms
 from transforms import shuffle_core as core
@@ -151,6 +154,7 @@ def shuffle_config(
         batch_records=options.batch_records,
         messages_per_shard=options.messages_per_shard,
         messages_per_file=options.messages_per_file,
+        crowd_buckets=options.crowd_buckets,
     )
 
 
@@ -270,12 +274,14 @@ def prepare_outputs(
             FileSystems.delete([path])
 
 
-def _read_manifests(private: str) -> Iterator[dict[str, Any]]:
-    """The run's manifests, one file at a time (the commit keeps only what it states of each)."""
-    pattern = FileSystems.join(private, sinks.MANIFEST_DIR, "*", "*.avro")
-    for metadata in FileSystems.match([pattern])[0].metadata_list:
-        with FileSystems.open(metadata.path) as handle:
-            yield from fastavro.reader(handle)
+def _release_files(output: str) -> list[str]:
+    """Relative paths of the message files and crowd tables in the release directory."""
+    present = []
+    for directory in (MESSAGES_DIR, CROWDS_DIR):
+        path = os.path.join(output, directory)
+        if os.path.isdir(path):
+            present.extend(f"{directory}/{name}" for name in os.listdir(path))
+    return sorted(present)
 
 
 def commit_release(
@@ -285,18 +291,12 @@ def commit_release(
     window: str,
     signing_key: str | None = None,
 ) -> dict[str, Any]:
-    """Write ``_COMMIT.json`` from the run's release index and manifests (last, atomically),
-    signed with the key file ``signing_key`` when given; refuses if the message files on disk
-    are not exactly the indexed ones."""
-    files = sinks.read_index(private)
-    messages = os.path.join(output, "messages")
-    present = (
-        sorted(f"messages/{name}" for name in os.listdir(messages))
-        if os.path.isdir(messages)
-        else []
-    )
-    if present != [entry["path"] for entry in files]:
-        raise RuntimeError(f"{output}: message files differ from the run's index; not committed")
+    """Write ``_COMMIT.json`` from the run's release index only (last, atomically), signed
+    with the key file ``signing_key`` when given; refuses if the message files and crowd tables
+    on disk are not exactly the indexed ones."""
+    entries = sinks.read_index(private)
+    if _release_files(output) != [entry["path"] for entry in entries]:
+        raise RuntimeError(f"{output}: release files differ from the run's index; not committed")
     deletion = config.deletion
     parameters = {
         "crowd_threshold": config.crowd_threshold,
@@ -304,13 +304,10 @@ def commit_release(
         "deletion_delta": None if deletion is None else deletion.delta,
         "window": window,
         "window_ms": config.window.period_ms,
+        "crowd_buckets": config.crowd_buckets,
     }
     record = sinks.commit_record(
-        config.rules.instance,
-        config.rules.recipe_ids,
-        parameters,
-        _read_manifests(private),
-        files,
+        config.rules.instance, config.rules.recipe_ids, parameters, entries
     )
     os.makedirs(output, exist_ok=True)
     key = None if signing_key is None else keys_cli.load_signing_key(signing_key)
@@ -361,6 +358,7 @@ def run(
             )
         outputs = input_paths | "Shuffle" >> shuffle_transforms.ShuffleReports(config, spill_dir)
         outputs.released | "WriteMessages" >> sinks.WriteShuffledMessages(output, private)
+        outputs.crowds | "WriteCrowdTables" >> sinks.WriteCrowdTables(output, private)
         outputs.dead_letters | "WriteDeadLetters" >> sinks.WriteDeadLetters(private)
         outputs.manifests | "WriteManifests" >> sinks.WriteManifests(private, streaming)
         outputs.counts | "WriteMetrics" >> sinks.WriteMetrics(private, streaming)

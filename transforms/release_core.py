@@ -189,16 +189,33 @@ def screen_origin_messages(
     read twice is screened the same way.
     """
     hashes = np.asarray(origin_hashes, dtype=np.uint64)
+    caps = np.full(hashes.size, -1 if cap is None else int(cap), dtype=np.int64)
+    return screen_crowd_messages(np.zeros(hashes.size, np.int64), hashes, presence, caps)
+
+
+def screen_crowd_messages(
+    crowds: np.ndarray, origin_hashes: np.ndarray, presence: np.ndarray, caps: np.ndarray
+) -> np.ndarray:
+    """:func:`screen_origin_messages` for the messages of many crowds at once: ``crowds`` gives
+    each message's crowd (an integer code), ``caps`` its crowd's per-origin cap (-1: none). An
+    origin is screened within each crowd separately (a cap is per origin and crowd)."""
+    crowds = np.asarray(crowds, dtype=np.int64)
+    hashes = np.asarray(origin_hashes, dtype=np.uint64)
     presence = np.asarray(presence, dtype=bool)
+    caps = np.asarray(caps, dtype=np.int64)
     codes = np.where(presence, PRESENCE, DATA).astype(np.uint8)
     if hashes.size == 0:
         return codes
-    # Rank of each message among its origin's messages of the same kind, in the given order.
-    order = np.lexsort((np.arange(hashes.size), presence, hashes))
-    sorted_hashes, sorted_presence = hashes[order], presence[order]
+    # Rank of each message among its origin's messages of the same kind and crowd, in the given
+    # order.
+    order = np.lexsort((np.arange(hashes.size), presence, hashes, crowds))
+    sorted_crowds, sorted_hashes = crowds[order], hashes[order]
+    sorted_presence = presence[order]
     new_run = np.ones(hashes.size, dtype=bool)
-    new_run[1:] = (sorted_hashes[1:] != sorted_hashes[:-1]) | (
-        sorted_presence[1:] != sorted_presence[:-1]
+    new_run[1:] = (
+        (sorted_hashes[1:] != sorted_hashes[:-1])
+        | (sorted_presence[1:] != sorted_presence[:-1])
+        | (sorted_crowds[1:] != sorted_crowds[:-1])
     )
     starts = np.flatnonzero(new_run)
     rank_sorted = np.arange(hashes.size) - np.repeat(
@@ -207,8 +224,7 @@ def screen_origin_messages(
     rank = np.empty(hashes.size, dtype=np.int64)
     rank[order] = rank_sorted
     codes[presence & (rank >= 1)] = DUPLICATE_PRESENCE
-    if cap is not None:
-        codes[~presence & (rank >= int(cap))] = OVER_ORIGIN_CAP
+    codes[~presence & (caps >= 0) & (rank >= caps)] = OVER_ORIGIN_CAP
     return codes
 
 
@@ -369,7 +385,8 @@ def release_order(messages: int, source: RandomSource) -> np.ndarray:
 
 
 def group_bits(bucket_bits: int, released_messages: int, messages_per_file: int) -> int:
-    """log2 of the number of output groups of a crowd: from its released message count only
+    """log2 of the number of output groups of a crowd bucket (one file each): from its released
+    message count only
     (which the analyzer sees anyway), never more than the buckets drawn."""
     return min(int(bucket_bits), split_bits(int(released_messages), int(messages_per_file)))
 
@@ -377,8 +394,8 @@ def group_bits(bucket_bits: int, released_messages: int, messages_per_file: int)
 def complete_groups(
     buckets: Sequence[int], bucket_bits: int, released_messages: int, messages_per_file: int
 ) -> dict[int, list[int]]:
-    """Group completion: ``{group: [indices of the buckets it holds]}`` for a crowd whose
-    surviving messages were scattered over uniform buckets (:func:`assign_groups`). Buckets are
+    """Group completion: ``{group: [indices of the buckets it holds]}`` for a crowd bucket whose
+    surviving messages (``buckets`` here: the uniform slots they drew) were scattered over uniform buckets (:func:`assign_groups`). Buckets are
     merged by contiguous ranges (:func:`group_of_bucket`), so every message's group is uniform and
     independent of everything else, and the groups are listed in order."""
     bits = group_bits(bucket_bits, released_messages, messages_per_file)

@@ -1,26 +1,35 @@
 """The ESA shuffler as Beam transforms (esa-privacy-revisited, Sections II-C and V).
 
 ``ShuffleReports`` takes a PCollection of Avro report file paths and returns the released groups,
-the crowd manifests, the dead letters and the counts. Each step is a thin DoFn over column
-batches; the row work is in ``shuffle_core`` (validation, windows, hashes), the release decisions
-in ``release_core`` (pure, injected randomness), the spill format in ``shuffle_spill``:
+the crowd tables, the crowd manifests, the dead letters and the counts. The unit of work is the
+crowd bucket ``BucketKey(window_start, instance, crowd_bucket(channel, recipe, crowd ID, B))``
+(``schemas/crowd_buckets.py``), never the crowd: many crowds share one element through every
+grouping, one set of files and one commit entry, with per-crowd data in numpy/Arrow columns
+inside (issue: memory and element counts flat in the number of crowds). Each step is a thin
+DoFn over column batches; the row work is in ``shuffle_core`` (validation, windows, hashes) and
+``shuffle_steps``, the release decisions in ``release_core`` (pure, injected randomness), the
+spill format in ``shuffle_spill``:
 
 1. ``ReadReportFile``: a file in fastavro blocks (``avro_io``) -> column batches; unreadable
    bytes -> ``UnreadableToDeadLetter`` (counted in records when the block header says how many).
 2. ``ValidateBatch``: every record checked (``shuffle_core.validate_reports``); rejected ones
    dead-lettered with their reason.
-3. ``SpillBatch``: event-time windows, keyed origin hashes, sort by (crowd, hash), drop the
-   plaintext origin, spill (one Arrow IPC message per crowd) and emit one pointer per (crowd,
-   batch), timestamped with its window.
-4. Window by event time; group pointers by crowd = (window, instance, channel, recipe, crowd ID);
-   ``PlanShards`` splits a crowd into 2**b origin shards by hash range (late panes are
-   dead-lettered ``late_data``: nothing is dropped).
-5. ``CountShard``: screens each origin's messages (one presence message counts, the data messages
-   up to the recipe's per-origin cap; the rest dead-lettered) and counts distinct origins.
-6. ``Decide``: threshold and Algorithm 3 per crowd on distinct respondents; deletions split over
-   shards. ``DeleteAndScatter``: delete whole respondents, strip everything but payload and CRC,
-   drop presence messages, scatter survivors over uniform buckets. ``CompleteCrowd``: buckets ->
-   2**g groups. ``PermuteGroup``: a uniform permutation per group, one released file per group.
+3. ``SpillBatch``: event-time windows, keyed origin hashes, the bucket of each DISTINCT crowd,
+   sort by (bucket, hash), drop the plaintext origin, spill (one Arrow IPC stream per bucket,
+   each row naming its crowd in a dictionary column) and emit one pointer per (bucket, batch),
+   timestamped with its window.
+4. Window by event time; group pointers by bucket; ``PlanShards`` splits a bucket into 2**b
+   origin shards by hash range from its message count, so one huge crowd still spreads over
+   workers (late panes are dead-lettered ``late_data``: nothing is dropped).
+5. ``CountShard``: screens each origin's messages per crowd (one presence message counts, the
+   data messages up to the crowd's recipe's per-origin cap; the rest dead-lettered) and counts
+   distinct origins per crowd: one element per shard with per-crowd arrays.
+6. ``Decide``: per crowd of the bucket, threshold and Algorithm 3 on distinct respondents;
+   deletions split over shards per crowd. ``DeleteAndScatter``: delete whole respondents, strip
+   everything but payload, CRC and crowd, drop presence messages, scatter survivors over uniform
+   slots. ``CompleteBucket``: the bucket's manifests and crowd table, slots -> 2**g groups from
+   the bucket's released count. ``PermuteGroup``: rows grouped by crowd in ``crowd_order``, a
+   uniform permutation within each crowd, one released file per group.
 
 The origin-hash key (issue: secrets stay off the job graph) is not drawn while the graph is
 built: ``DrawOriginKey`` draws it from the operating system's CSPRNG on a worker, inside the
@@ -45,6 +54,7 @@ from apache_beam.utils.timestamp import Duration, Timestamp
 from apache_beam.utils.windowed_value import PaneInfoTiming
 
 from privacy.noise import os_random_source
+from schemas.crowd_buckets import BucketKey, crowd_order
 from transforms import release_core as decide
 from transforms import shuffle_core as core
 from transforms import shuffle_spill as spill
@@ -72,16 +82,19 @@ from transforms.shuffle_read import (
     draw_origin_key,
 )
 from transforms.shuffle_sinks import (  # noqa: F401 - re-exported: pipelines/analyze.py uses it
+    CrowdTable,
     ReleasedGroup,
     WriteDeadLetters,
 )
-from transforms.shuffle_spill import CrowdKey, Piece
+from transforms.shuffle_spill import Piece, crowd_of_text, crowd_text
 from transforms.shuffle_steps import count as _count
 from transforms.shuffle_steps import (
+    crowd_codes,
+    distinct_per_crowd,
     manifest_dict,
     manifest_record,
     manifest_row,
-    origin_cap,
+    released_crowd,
     screen,
     spilled_dead_letters,
 )
@@ -92,20 +105,20 @@ _UNBOUNDED_LATENESS = Duration(seconds=100 * 365 * 86_400)
 
 
 # ---------------------------------------------------------------------------------------------
-# Steps 4-5: crowds, shards, screening and distinct respondents
+# Steps 4-5: buckets, shards, screening and distinct respondents per crowd
 # ---------------------------------------------------------------------------------------------
 
 
 @beam.typehints.with_output_types(typing.Any)
 class PlanShards(beam.DoFn):
-    """(crowd, pointers) -> one ShardTask per origin shard; a late pane goes to ``late``."""
+    """(bucket, pointers) -> one ShardTask per origin shard; a late pane goes to ``late``."""
 
     def __init__(self, config: ShuffleConfig, spill_dir: str) -> None:
         self._config = config
         self._spill_dir = spill_dir
 
     def process(
-        self, element: tuple[CrowdKey, Iterable[Piece]], pane_info=beam.DoFn.PaneInfoParam
+        self, element: tuple[BucketKey, Iterable[Piece]], pane_info=beam.DoFn.PaneInfoParam
     ) -> Iterator[Any]:
         key, pieces = element
         pieces = tuple(sorted(pieces))
@@ -113,10 +126,11 @@ class PlanShards(beam.DoFn):
             yield beam.pvalue.TaggedOutput("late", (key, pieces))
             return
         messages = sum(piece.rows for piece in pieces)
+        # A bucket (even of one huge crowd) spreads over 2**bits shards by origin hash.
         bits = decide.split_bits(messages, self._config.messages_per_shard)
         piece_list = spill.write_piece_list(self._spill_dir, pieces)
         for shard in range(1 << bits):
-            yield key, spill.ShardTask(shard, bits, piece_list, piece_list.min_crowd)
+            yield key, spill.ShardTask(shard, bits, piece_list)
 
 
 _SHARD_COLUMNS = [
@@ -126,30 +140,36 @@ _SHARD_COLUMNS = [
     "payload",
     "payload_crc32c",
     "record_index",
+    "crowd",
 ]
+
+
+def _over_cap_detail(caps: dict[str, int]) -> Any:
+    return lambda text: f"more than {caps[text]} data messages from one origin in this crowd"
 
 
 @beam.typehints.with_output_types(typing.Any)
 class CountShard(beam.DoFn):
-    """(crowd, ShardTask) -> (crowd, ShardCount); screened-out messages are dead-lettered and
-    presence messages counted (``presence``)."""
+    """(bucket, ShardTask) -> (bucket, ShardCount) with per-crowd arrays; screened-out messages
+    are dead-lettered and presence messages counted (``presence``)."""
 
     def __init__(self, rules: core.ValidationRules) -> None:
         self._rules = rules
 
-    def process(self, element: tuple[CrowdKey, spill.ShardTask]) -> Iterator[Any]:
+    def process(self, element: tuple[BucketKey, spill.ShardTask]) -> Iterator[Any]:
         key, task = element
         rows, sources = spill.read_shard_rows(task, _SHARD_COLUMNS)
-        codes = screen(rows, self._rules, key)
+        screened = screen(rows, self._rules, key[1])
+        codes, crowds, texts = screened.codes, screened.crowds, screened.texts
         counts: dict[str, int] = {}
         _count(counts, PRESENCE, int(np.count_nonzero(codes == decide.PRESENCE)))
-        cap = origin_cap(self._rules, key)
+        caps = dict(zip(texts, screened.caps.tolist(), strict=True))
         for code, reason in decide.SCREEN_REASONS.items():
             flagged = np.flatnonzero(codes == code)
             if not flagged.size:
                 continue
             detail = (
-                f"more than {cap} data messages from one origin in this crowd"
+                _over_cap_detail(caps)
                 if code == decide.OVER_ORIGIN_CAP
                 else "a second presence message from one origin in this crowd"
             )
@@ -159,8 +179,14 @@ class CountShard(beam.DoFn):
             _count(counts, REJECTED_PREFIX + reason, flagged.size)
             yield beam.pvalue.TaggedOutput("dead_letter", letters)
         yield beam.pvalue.TaggedOutput("counts", counts)
-        respondents = core.count_distinct(rows.column("origin_hash")) if rows.num_rows else 0
-        yield key, spill.ShardCount(task, respondents, int(np.count_nonzero(codes == decide.DATA)))
+        if not rows.num_rows:
+            return
+        hashes = rows.column("origin_hash").to_numpy()
+        respondents = distinct_per_crowd(crowds, hashes, len(texts))
+        messages = np.bincount(crowds[codes == decide.DATA], minlength=len(texts))
+        min_crowd = np.zeros(len(texts), dtype=np.int64)
+        np.maximum.at(min_crowd, crowds, rows.column("min_crowd_size").to_numpy())
+        yield key, spill.ShardCount(task, tuple(texts), respondents, messages, min_crowd)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -170,8 +196,8 @@ class CountShard(beam.DoFn):
 
 @beam.typehints.with_output_types(typing.Any)
 class Decide(beam.DoFn):
-    """(crowd, shard counts) -> DeletionTasks; tagged manifests (withheld crowds, final) or
-    manifest drafts (released crowds, completed with message counts later) and counts."""
+    """(bucket, shard counts) -> DeletionTasks per shard; the bucket's draft (its crowds'
+    manifests, completed with message counts later) tagged ``draft``; counts."""
 
     def __init__(self, config: ShuffleConfig) -> None:
         self._config = config
@@ -180,47 +206,85 @@ class Decide(beam.DoFn):
     def setup(self) -> None:
         self._source = os_random_source()
 
-    def process(self, element: tuple[CrowdKey, Iterable[spill.ShardCount]]) -> Iterator[Any]:
+    def process(self, element: tuple[BucketKey, Iterable[spill.ShardCount]]) -> Iterator[Any]:
         key, shard_counts = element
         shard_counts = sorted(shard_counts, key=lambda count: count.task.shard)
-        respondents = sum(count.respondents for count in shard_counts)
-        messages = sum(count.messages for count in shard_counts)
-        route = self._config.rules.routes.get(key[3])
-        threshold = decide.crowd_threshold(
-            self._config.crowd_threshold,
-            route.min_crowd_size if route else 0,
-            shard_counts[0].task.min_crowd,
-        )
-        decision = decide.decide_crowd(respondents, threshold, self._config.deletion, self._source)
+        position: dict[str, int] = {}
+        for count in shard_counts:
+            for text in count.crowds:
+                position.setdefault(text, len(position))
+        crowds = len(position)
+        respondents = np.zeros((len(shard_counts), crowds), dtype=np.int64)
+        messages = np.zeros(crowds, dtype=np.int64)
+        min_crowd = np.zeros(crowds, dtype=np.int64)
+        for row, count in enumerate(shard_counts):
+            columns = np.array([position[text] for text in count.crowds], dtype=np.int64)
+            respondents[row, columns] = count.respondents
+            messages[columns] += count.messages
+            np.maximum.at(min_crowd, columns, count.min_crowd)
+        texts = sorted(position, key=lambda text: crowd_order(*crowd_of_text(text)))
         window_end = key[0] + self._config.window.period_ms
+        deleted = np.zeros_like(respondents)
+        released = np.zeros(crowds, dtype=bool)
+        manifests = []
         counts: dict[str, int] = {}
-        manifest = manifest_row(manifest_record(key, window_end, decision, messages, 0, 0))
-        if decision.status == decide.WITHHELD:
-            _count(counts, WITHHELD, messages)
-            _count(counts, "crowds_withheld", 1)
-            yield beam.pvalue.TaggedOutput("counts", counts)
-            yield beam.pvalue.TaggedOutput("manifest", manifest)
-            return
-        _count(counts, "crowds_released", 1)
+        for text in texts:
+            column = position[text]
+            channel, recipe_id, crowd_id = crowd_of_text(text)
+            route = self._config.rules.routes.get(recipe_id)
+            threshold = decide.crowd_threshold(
+                self._config.crowd_threshold,
+                route.min_crowd_size if route else 0,
+                int(min_crowd[column]),
+            )
+            crowd_respondents = respondents[:, column]
+            decision = decide.decide_crowd(
+                int(crowd_respondents.sum()), threshold, self._config.deletion, self._source
+            )
+            crowd_key = (key[0], key[1], channel, recipe_id, crowd_id)
+            record = manifest_record(crowd_key, window_end, decision, int(messages[column]), 0, 0)
+            manifests.append(manifest_row(record))
+            if decision.status == decide.WITHHELD:
+                _count(counts, WITHHELD, int(messages[column]))
+                _count(counts, "crowds_withheld", 1)
+                continue
+            _count(counts, "crowds_released", 1)
+            released[column] = True
+            deleted[:, column] = decide.split_deletions(
+                crowd_respondents, decision.respondents_deleted, self._source
+            )
         yield beam.pvalue.TaggedOutput("counts", counts)
-        per_shard = np.array([count.respondents for count in shard_counts], dtype=np.int64)
-        deleted = decide.split_deletions(per_shard, decision.respondents_deleted, self._source)
-        # Enough buckets for the largest release possible (every message kept); the group count
+        # Enough slots for the largest release possible (every message kept); the group count
         # is chosen later from the released count, which the analyzer sees anyway.
-        bucket_bits = decide.split_bits(messages, self._config.messages_per_file)
-        yield beam.pvalue.TaggedOutput("draft", (key, manifest))
-        for count, shard_deleted in zip(shard_counts, deleted.tolist(), strict=True):
-            if count.respondents:
-                task = spill.DeletionTask(
-                    count.task, count.respondents, int(shard_deleted), bucket_bits
-                )
-                yield key, task
+        slot_bits = decide.split_bits(int(messages[released].sum()), self._config.messages_per_file)
+        yield beam.pvalue.TaggedOutput(
+            "draft", (key, spill.BucketDraft(window_end, slot_bits, tuple(manifests)))
+        )
+        for row, count in enumerate(shard_counts):
+            chosen = [
+                text
+                for text in count.crowds
+                if released[position[text]] and respondents[row, position[text]]
+            ]
+            if not chosen:
+                continue
+            columns = np.array([position[text] for text in chosen], dtype=np.int64)
+            yield (
+                key,
+                spill.DeletionTask(
+                    count.task,
+                    tuple(chosen),
+                    respondents[row, columns],
+                    deleted[row, columns],
+                    slot_bits,
+                ),
+            )
 
 
 @beam.typehints.with_output_types(typing.Any)
 class DeleteAndScatter(beam.DoFn):
-    """(crowd, DeletionTask) -> (crowd, BucketPiece) for surviving data messages, stripped to
-    payload and CRC, each in a fresh uniform bucket; tagged per-crowd message counts ``stats``."""
+    """(bucket, DeletionTask) -> (bucket, ShardRelease): whole respondents deleted per crowd,
+    surviving data messages stripped to payload, CRC and crowd, each in a fresh uniform slot."""
 
     def __init__(self, rules: core.ValidationRules, spill_dir: str) -> None:
         self._rules = rules
@@ -230,86 +294,144 @@ class DeleteAndScatter(beam.DoFn):
     def setup(self) -> None:
         self._source = os_random_source()
 
-    def process(self, element: tuple[CrowdKey, spill.DeletionTask]) -> Iterator[Any]:
+    def process(self, element: tuple[BucketKey, spill.DeletionTask]) -> Iterator[Any]:
         key, deletion = element
-        rows, _ = spill.read_shard_rows(deletion.task, ["origin_hash", "payload", "payload_crc32c"])
-        codes = screen(rows, self._rules, key)
-        distinct, origin_codes = np.unique(
-            rows.column("origin_hash").to_numpy(), return_inverse=True
+        rows, _ = spill.read_shard_rows(
+            deletion.task, ["origin_hash", "payload", "payload_crc32c", "crowd"]
         )
-        if distinct.size != deletion.respondents:
-            raise RuntimeError(
-                f"shard {deletion.task.shard} of {key} has {distinct.size} origins, counted "
-                f"{deletion.respondents}: spill files changed during the run"
+        screened = screen(rows, self._rules, key[1])
+        code_of = {text: code for code, text in enumerate(screened.texts)}
+        by_crowd = np.argsort(screened.crowds, kind="stable")
+        bounds = np.searchsorted(screened.crowds[by_crowd], np.arange(len(screened.texts) + 1))
+        hashes = rows.column("origin_hash").to_numpy()
+        data = screened.codes == decide.DATA
+        kept = np.zeros(rows.num_rows, dtype=bool)
+        for text, respondents, respondents_deleted in zip(
+            deletion.crowds,
+            deletion.respondents.tolist(),
+            deletion.respondents_deleted.tolist(),
+            strict=True,
+        ):
+            code = code_of.get(text)
+            members = (
+                by_crowd[bounds[code] : bounds[code + 1]] if code is not None else by_crowd[:0]
             )
-        kept = decide.kept_rows(
-            origin_codes, distinct.size, deletion.respondents_deleted, self._source
+            distinct, origin_codes = np.unique(hashes[members], return_inverse=True)
+            if distinct.size != respondents:
+                raise RuntimeError(
+                    f"shard {deletion.task.shard} of {key}, crowd {text}, has {distinct.size} "
+                    f"origins, counted {respondents}: spill files changed during the run"
+                )
+            kept[members] = decide.kept_rows(
+                origin_codes.reshape(-1), distinct.size, respondents_deleted, self._source
+            )
+        chosen = np.zeros(len(screened.texts) + 1, dtype=bool)
+        chosen[[code_of[text] for text in deletion.crowds if text in code_of]] = True
+        in_release = chosen[screened.crowds] & data
+        survivors = np.flatnonzero(kept & in_release)
+        gone = ~kept & in_release
+        crowd_codes = np.array(
+            [code_of.get(text, len(screened.texts)) for text in deletion.crowds], dtype=np.int64
         )
-        data = codes == decide.DATA
-        survivors = np.flatnonzero(kept & data)
-        messages_deleted = int(np.count_nonzero(~kept & data))
+        per_deleted = np.bincount(screened.crowds[gone], minlength=len(screened.texts) + 1)
+        per_released = np.bincount(screened.crowds[survivors], minlength=len(screened.texts) + 1)
         counts: dict[str, int] = {}
-        _count(counts, DELETED, messages_deleted)
+        _count(counts, DELETED, int(np.count_nonzero(gone)))
         yield beam.pvalue.TaggedOutput("counts", counts)
-        stats = (messages_deleted, int(survivors.size))
-        yield beam.pvalue.TaggedOutput("stats", (key, stats))
-        if not survivors.size:
-            return
-        buckets = decide.assign_groups(survivors.size, 1 << deletion.bucket_bits, self._source)
-        order = np.argsort(buckets, kind="stable")
-        sorted_buckets = buckets[order]
-        take = pa.array(survivors[order])
-        released = pa.RecordBatch.from_arrays(
-            [
-                rows.column("payload").combine_chunks().take(take),
-                rows.column("payload_crc32c").combine_chunks().take(take),
-            ],
-            schema=spill.RELEASED_SPILL_SCHEMA,
+        pieces: list[tuple[int, Piece]] = []
+        if survivors.size:
+            slots = decide.assign_groups(survivors.size, 1 << deletion.slot_bits, self._source)
+            order = np.argsort(slots, kind="stable")
+            sorted_slots = slots[order]
+            take = pa.array(survivors[order])
+            released = pa.RecordBatch.from_arrays(
+                [rows.column(name).combine_chunks().take(take) for name in RELEASED_COLUMNS],
+                schema=spill.RELEASED_SPILL_SCHEMA,
+            )
+            starts = np.flatnonzero(np.r_[True, sorted_slots[1:] != sorted_slots[:-1]])
+            ends = np.r_[starts[1:], sorted_slots.size]
+            bounds_list = list(zip(starts.tolist(), ends.tolist(), strict=True))
+            path = spill.spill_path(self._spill_dir, "released")
+            positions = spill.write_spill(path, [released.slice(b, e - b) for b, e in bounds_list])
+            for (begin, end), (offset, length) in zip(bounds_list, positions, strict=True):
+                piece = Piece(path, offset, length, end - begin, "", 0)
+                pieces.append((int(sorted_slots[begin]), piece))
+        yield (
+            key,
+            spill.ShardRelease(
+                deletion.crowds,
+                per_deleted[crowd_codes],
+                per_released[crowd_codes],
+                deletion.slot_bits,
+                tuple(pieces),
+            ),
         )
-        starts = np.flatnonzero(np.r_[True, sorted_buckets[1:] != sorted_buckets[:-1]])
-        bounds = list(
-            zip(starts.tolist(), np.r_[starts[1:], sorted_buckets.size].tolist(), strict=True)
-        )
-        path = spill.spill_path(self._spill_dir, "released")
-        positions = spill.write_spill(path, [released.slice(b, e - b) for b, e in bounds])
-        for (begin, end), (offset, length) in zip(bounds, positions, strict=True):
-            piece = Piece(path, offset, length, end - begin, "", 0)
-            yield key, spill.BucketPiece(int(sorted_buckets[begin]), deletion.bucket_bits, piece)
+
+
+RELEASED_COLUMNS = ("payload", "payload_crc32c", "crowd")
 
 
 @beam.typehints.with_output_types(typing.Any)
-class CompleteCrowd(beam.DoFn):
-    """(crowd, {draft, stats, buckets}) -> ((crowd, group), pieces) per output group
-    (``release_core.complete_groups``); the crowd's final manifest goes to ``manifest``."""
+class CompleteBucket(beam.DoFn):
+    """(bucket, {draft, shards}) -> ((bucket, group), pieces) per output group
+    (``release_core.complete_groups`` on the bucket's released count); the bucket's final
+    manifests (``manifest``) and crowd table (``crowds``: ReleasedCrowd records in
+    ``crowd_order``) as one element each."""
 
     def __init__(self, config: ShuffleConfig) -> None:
         self._config = config
 
-    def process(self, element: tuple[CrowdKey, Mapping[str, list[Any]]]) -> Iterator[Any]:
+    def process(self, element: tuple[BucketKey, Mapping[str, list[Any]]]) -> Iterator[Any]:
         key, joined = element
-        deleted = sum(stat[0] for stat in joined["stats"])
-        released = sum(stat[1] for stat in joined["stats"])
-        for draft in joined["draft"]:
-            manifest = manifest_dict(draft)
+        drafts: list[spill.BucketDraft] = list(joined["draft"])
+        if len(drafts) != 1:
+            raise RuntimeError(f"bucket {key} has {len(drafts)} decisions, expected one")
+        (draft,) = drafts
+        shards: list[spill.ShardRelease] = list(joined["shards"])
+        stats: dict[str, list[int]] = {}
+        for shard in shards:
+            for text, deleted, released in zip(
+                shard.crowds,
+                shard.messages_deleted.tolist(),
+                shard.messages_released.tolist(),
+                strict=True,
+            ):
+                total = stats.setdefault(text, [0, 0])
+                total[0] += deleted
+                total[1] += released
+        manifests, table = [], []
+        for row in draft.manifests:
+            manifest = manifest_dict(row)
+            deleted, released = stats.get(
+                crowd_text(manifest["channel"], manifest["recipe_id"], manifest["crowd_id"]),
+                (0, 0),
+            )
             manifest["messages_deleted"] = deleted
             manifest["messages_released"] = released
-            yield beam.pvalue.TaggedOutput("manifest", manifest_row(manifest))
-        buckets: list[spill.BucketPiece] = sorted(joined["buckets"])
-        if not buckets:
+            manifests.append(manifest_row(manifest))
+            table.append(released_crowd(manifest))
+        yield beam.pvalue.TaggedOutput("manifest", (key, tuple(manifests)))
+        yield beam.pvalue.TaggedOutput("crowds", CrowdTable(key, tuple(table)))
+        slotted = sorted(
+            ((slot, piece) for shard in shards for slot, piece in shard.pieces),
+            key=lambda pair: (pair[0], pair[1]),
+        )
+        if not slotted:
             return
         groups = decide.complete_groups(
-            [bucket.bucket for bucket in buckets],
-            buckets[0].bucket_bits,
-            released,
+            [slot for slot, _ in slotted],
+            draft.slot_bits,
+            sum(total[1] for total in stats.values()),
             self._config.messages_per_file,
         )
         for group, indices in groups.items():
-            yield (key, group), tuple(buckets[index].piece for index in indices)
+            yield (key, group), tuple(slotted[index][1] for index in indices)
 
 
 @beam.typehints.with_output_types(typing.Any)
 class PermuteGroup(beam.DoFn):
-    """((crowd, group), pieces) -> ReleasedGroup in uniformly random order (secure)."""
+    """((bucket, group), pieces) -> ReleasedGroup: rows grouped by crowd in ``crowd_order``,
+    each crowd's rows in uniformly random order (secure)."""
 
     def __init__(self, config: ShuffleConfig) -> None:
         self._config = config
@@ -318,11 +440,29 @@ class PermuteGroup(beam.DoFn):
     def setup(self) -> None:
         self._source = os_random_source()
 
-    def process(self, element: tuple[tuple[CrowdKey, int], tuple[Piece, ...]]) -> Iterator[Any]:
+    def process(self, element: tuple[tuple[BucketKey, int], tuple[Piece, ...]]) -> Iterator[Any]:
         (key, group), pieces = element
         batches = [spill.read_spill(piece, spill.RELEASED_SPILL_SCHEMA) for piece in pieces]
-        table = pa.Table.from_batches(batches, schema=spill.RELEASED_SPILL_SCHEMA)
-        order = pa.array(decide.release_order(table.num_rows, self._source))
+        table = (
+            pa.Table.from_batches(batches, schema=spill.RELEASED_SPILL_SCHEMA)
+            .unify_dictionaries()
+            .combine_chunks()
+        )
+        crowds, texts = crowd_codes(table.column("crowd"))
+        keys = [crowd_of_text(text) for text in texts]
+        rank = np.empty(len(keys), dtype=np.int64)
+        rank[sorted(range(len(keys)), key=lambda index: crowd_order(*keys[index]))] = np.arange(
+            len(keys)
+        )
+        # A uniform permutation of the group, then stably by crowd: each crowd's rows keep a
+        # uniformly random relative order.
+        shuffled = decide.release_order(table.num_rows, self._source)
+        order = shuffled[np.argsort(rank[crowds[shuffled]], kind="stable")]
+        per_crowd = np.bincount(rank[crowds], minlength=len(keys))
+        ordered_keys = [None] * len(keys)
+        for index, position in enumerate(rank.tolist()):
+            ordered_keys[position] = keys[index]
+        take = pa.array(order)
         counts: dict[str, int] = {}
         _count(counts, RELEASED, table.num_rows)
         yield beam.pvalue.TaggedOutput("counts", counts)
@@ -330,8 +470,10 @@ class PermuteGroup(beam.DoFn):
             key,
             group,
             key[0] + self._config.window.period_ms,
-            table.column("payload").combine_chunks().take(order),
-            table.column("payload_crc32c").combine_chunks().take(order).to_numpy(),
+            tuple(ordered_keys),
+            tuple(per_crowd.tolist()),
+            table.column("payload").combine_chunks().take(take),
+            table.column("payload_crc32c").combine_chunks().take(take).to_numpy(),
         )
 
 
@@ -339,7 +481,7 @@ class PermuteGroup(beam.DoFn):
 class LateToDeadLetter(beam.DoFn):
     """Pointers of a late pane -> dead letters ``late_data`` for every spilled row."""
 
-    def process(self, element: tuple[CrowdKey, tuple[Piece, ...]]) -> Iterator[Any]:
+    def process(self, element: tuple[BucketKey, tuple[Piece, ...]]) -> Iterator[Any]:
         key, pieces = element
         counts: dict[str, int] = {}
         detail = f"arrived after window [{key[0]}, ...) was released"
@@ -354,8 +496,9 @@ class LateToDeadLetter(beam.DoFn):
 
 
 class ShuffleOutputs(NamedTuple):
-    released: beam.PCollection  # ReleasedGroup
-    manifests: beam.PCollection  # CrowdManifest rows (shuffle_steps.manifest_row tuples)
+    released: beam.PCollection  # ReleasedGroup (one message file each)
+    crowds: beam.PCollection  # CrowdTable (one crowd table file per bucket)
+    manifests: beam.PCollection  # (BucketKey, CrowdManifest rows: manifest_row tuples)
     dead_letters: beam.PCollection  # lists of DeadLetter dicts
     counts: beam.PCollection  # dicts of counts (sum them: metrics_summary)
 
@@ -399,12 +542,13 @@ class ShuffleReports(beam.PTransform):
             "dead_letter", "counts", main="valid"
         )
         pieces = valid.valid | "SpillBatch" >> beam.ParDo(
-            SpillBatch(config.window, spill_dir), beam.pvalue.AsSingleton(hash_key)
+            SpillBatch(config.window, spill_dir, config.crowd_buckets),
+            beam.pvalue.AsSingleton(hash_key),
         )
         planned = (
             pieces
             | "WindowByEventTime" >> self._windowing()
-            | "GroupByCrowd" >> beam.GroupByKey()
+            | "GroupByBucket" >> beam.GroupByKey()
             | "PlanShards"
             >> beam.ParDo(PlanShards(config, spill_dir)).with_outputs("late", main="shards")
         )
@@ -420,22 +564,19 @@ class ShuffleReports(beam.PTransform):
         decided = (
             counted.counted
             | "GroupShardCounts" >> beam.GroupByKey()
-            | "Decide"
-            >> beam.ParDo(Decide(config)).with_outputs("manifest", "draft", "counts", main="tasks")
+            | "Decide" >> beam.ParDo(Decide(config)).with_outputs("draft", "counts", main="tasks")
         )
         scattered = (
             decided.tasks
             | "SpreadDeletions" >> beam.Reshuffle()
             | "DeleteAndScatter"
-            >> beam.ParDo(DeleteAndScatter(rules, spill_dir)).with_outputs(
-                "stats", "counts", main="pieces"
-            )
+            >> beam.ParDo(DeleteAndScatter(rules, spill_dir)).with_outputs("counts", main="shards")
         )
         completed = (
-            {"draft": decided.draft, "stats": scattered.stats, "buckets": scattered.pieces}
-            | "GroupByCrowdAgain" >> beam.CoGroupByKey()
-            | "CompleteCrowd"
-            >> beam.ParDo(CompleteCrowd(config)).with_outputs("manifest", main="groups")
+            {"draft": decided.draft, "shards": scattered.shards}
+            | "GroupByBucketAgain" >> beam.CoGroupByKey()
+            | "CompleteBucket"
+            >> beam.ParDo(CompleteBucket(config)).with_outputs("manifest", "crowds", main="groups")
         )
         permuted = (
             completed.groups
@@ -443,7 +584,6 @@ class ShuffleReports(beam.PTransform):
             | "PermuteGroup"
             >> beam.ParDo(PermuteGroup(config)).with_outputs("counts", main="released")
         )
-        manifests = (decided.manifest, completed.manifest) | "Manifests" >> beam.Flatten()
         letters = [unreadable.dead_letter, valid.dead_letter, late.dead_letter, counted.dead_letter]
         dead_letters = [
             pcoll | f"DeadLettersToGlobal{index}" >> beam.WindowInto(beam_window.GlobalWindows())
@@ -462,4 +602,6 @@ class ShuffleReports(beam.PTransform):
             pcoll | f"CountsToGlobal{index}" >> beam.WindowInto(beam_window.GlobalWindows())
             for index, pcoll in enumerate(counts)
         ] | "Counts" >> beam.Flatten()
-        return ShuffleOutputs(permuted.released, manifests, dead_letters, counts)
+        return ShuffleOutputs(
+            permuted.released, completed.crowds, completed.manifest, dead_letters, counts
+        )

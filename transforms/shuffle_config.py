@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from schemas.crowd_buckets import DEFAULT_CROWD_BUCKETS, MAX_CROWD_BUCKETS
 from transforms import avro_io
 from transforms.shuffle_params import DeletionParameters, ValidationRules, WindowSpec
 
@@ -48,7 +49,9 @@ class ShuffleConfig:
     ``window``: event-time windows; ``streaming``: late panes are expected (watermark);
     ``batch_records``: records per column batch read; ``messages_per_shard``: target size of an
     origin shard; ``messages_per_file``: target number of messages per output file (the number of
-    random groups of a crowd is a power of two chosen from its released message count only).
+    random groups of a crowd bucket is a power of two chosen from its released message count
+    only); ``crowd_buckets``: the number B of crowd buckets (``schemas/crowd_buckets.py``), the
+    unit of work and of the release's files.
     """
 
     rules: ValidationRules
@@ -59,12 +62,14 @@ class ShuffleConfig:
     batch_records: int = avro_io.DEFAULT_BATCH_RECORDS
     messages_per_shard: int = 200_000
     messages_per_file: int = 200_000
+    crowd_buckets: int = DEFAULT_CROWD_BUCKETS
 
     def __post_init__(self) -> None:
         if not isinstance(self.rules, ValidationRules):
             raise ValueError(f"rules must be ValidationRules, got {type(self.rules).__name__}")
         for name in (
             "crowd_threshold",
+            "crowd_buckets",
             "batch_records",
             "messages_per_shard",
             "messages_per_file",
@@ -72,6 +77,11 @@ class ShuffleConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if not 1 <= self.crowd_buckets <= MAX_CROWD_BUCKETS or isinstance(self.crowd_buckets, bool):
+            raise ValueError(
+                f"crowd_buckets must be an int in [1, {MAX_CROWD_BUCKETS}], got "
+                f"{self.crowd_buckets!r}"
+            )
         if self.crowd_threshold >= 2**63:
             raise ValueError(f"crowd_threshold must be < 2**63, got {self.crowd_threshold}")
         if self.deletion is not None and not isinstance(self.deletion, DeletionParameters):

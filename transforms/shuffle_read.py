@@ -3,8 +3,8 @@
 Three thin DoFns instead of one that reads, validates, dead-letters, windows, hashes, sorts and
 writes: ``ReadReportFile`` (Avro blocks -> column batches; unreadable bytes tagged),
 ``ValidateBatch`` (``shuffle_core.validate_reports``; rejected records dead-lettered) and
-``SpillBatch`` (``shuffle_steps.key_rows``: windows, keyed origin hashes, sort; then one spill
-file per batch with the plaintext origin dropped). ``UnreadableToDeadLetter`` accounts for
+``SpillBatch`` (``shuffle_steps.bucket_rows``: windows, keyed origin hashes, the crowd bucket of
+each distinct crowd, sort; then one spill file per batch with the plaintext origin dropped). ``UnreadableToDeadLetter`` accounts for
 unreadable bytes in records. ``draw_origin_key`` draws the per-run origin-hash key on a worker
 (see ``transforms/shuffle.py``).
 """
@@ -33,8 +33,8 @@ from transforms.shuffle_config import (
     UNKNOWN_PREFIX,
 )
 from transforms.shuffle_spill import Piece
+from transforms.shuffle_steps import bucket_rows, rejected_dead_letters
 from transforms.shuffle_steps import count as _count
-from transforms.shuffle_steps import key_rows, rejected_dead_letters
 
 # ---------------------------------------------------------------------------------------------
 # Steps 1-3: read, validate, key and spill
@@ -99,13 +99,15 @@ class ValidateBatch(beam.DoFn):
 
 @beam.typehints.with_output_types(typing.Any)
 class SpillBatch(beam.DoFn):
-    """(ColumnBatch, valid rows) -> timestamped (crowd key, Piece), one per crowd in the batch.
+    """(ColumnBatch, valid rows) -> timestamped (BucketKey, Piece), one per crowd bucket in the
+    batch (its rows sorted by origin hash, each naming its crowd).
 
     The origin-hash key arrives as a side input drawn on a worker (see the module docstring)."""
 
-    def __init__(self, window: core.WindowSpec, spill_dir: str) -> None:
+    def __init__(self, window: core.WindowSpec, spill_dir: str, buckets: int) -> None:
         self._window = window
         self._spill_dir = spill_dir
+        self._buckets = buckets
 
     def process(
         self, element: tuple[avro_io.ColumnBatch, np.ndarray], hash_key: np.ndarray
@@ -114,7 +116,7 @@ class SpillBatch(beam.DoFn):
         batch = item.columns
         if valid.size < batch.num_rows:
             batch = batch.take(pa.array(valid))
-        keyed = key_rows(batch, 0, self._window, hash_key)
+        keyed = bucket_rows(batch, self._window, hash_key, self._buckets)
         # Map positions back to records of the input file.
         record_index = pa.array(
             item.first_record + valid[keyed.rows.column("record_index").to_numpy()]
@@ -130,7 +132,8 @@ class SpillBatch(beam.DoFn):
             piece = Piece(
                 path, offset, length, end - begin, item.source, int(min_crowd[begin:end].max())
             )
-            yield beam_window.TimestampedValue((key, piece), Timestamp(micros=key[0] * 1000))
+            # A plain tuple key: Beam has a fast deterministic coder for it.
+            yield beam_window.TimestampedValue((tuple(key), piece), Timestamp(micros=key[0] * 1000))
 
 
 def draw_origin_key(_: Any) -> np.ndarray:

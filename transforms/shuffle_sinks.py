@@ -1,23 +1,27 @@
-"""Sinks of the shuffler: released message files, the release index and commit, private outputs.
+"""Sinks of the shuffler: released message files, crowd tables, the release index and commit,
+private outputs.
 
-Release (``--output DIR``, SPEC: release layout): ``messages/<name>.avro`` ShuffledMessage files
-with DETERMINISTIC names (:func:`message_file_name`: window, a digest of the crowd key and the
-group index), so a retried bundle overwrites its file instead of adding one, written to
-``_temporary/`` first and renamed when complete (``transforms.atomic_files``); then
-``_COMMIT.json``, written last by the driver from the release index (:func:`commit_record`,
-``schemas/release.py``).
+Release (``--output DIR``, SPEC: release layout ``esa-release/2``, ``schemas/crowd_buckets.py``):
+per crowd bucket of a window and instance (its *stem*), ``messages/<stem>-g<group>.avro``
+ShuffledMessage files and ``crowds/<stem>.avro`` (one ReleasedCrowd record per crowd decided),
+all with DETERMINISTIC names, so a retried bundle overwrites its file instead of adding one,
+written to ``_temporary/`` first and renamed when complete (``transforms.atomic_files``); then
+``_COMMIT.json``, written last by the driver from the release index only (:func:`commit_record`,
+``schemas/release.py``): never from a list of all crowds.
 
-Shuffler-private (``--private-output PDIR``): ``index/<name>.json`` (one entry per message file:
-bytes, records, SHA-256, computed from the bytes written), ``dead_letter/*.avro`` (names from a
-digest of their content), ``manifest/window_start=<ms>/part-*.avro`` and ``metrics.json``.
+Shuffler-private (``--private-output PDIR``): ``index/<file>.json`` (one entry per release file:
+bytes, records, SHA-256 computed from the bytes written; a crowd table's entry adds its crowds
+released and withheld and respondents released), ``dead_letter/*.avro`` (names from a digest of
+their content), ``manifest/window_start=<ms>/<stem>.avro`` (one CrowdManifest per crowd of a
+bucket) and ``metrics.json``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
-import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
 import apache_beam as beam
@@ -32,24 +36,35 @@ from apache_beam.transforms import window as beam_window
 from schemas import SCHEMA_VERSION, parsed_schema, schema_json
 from schemas import release as release_format
 from schemas.avro.container import encode_container
+from schemas.crowd_buckets import (
+    MESSAGES_DIR,
+    BucketKey,
+    bucket_stem,
+    crowd_table_path,
+    message_file_path,
+)
 from transforms import atomic_files, avro_io
 from transforms.combiners import SumCounts
 from transforms.shuffle_config import metrics_summary
-from transforms.shuffle_steps import manifest_dict, manifest_row
+from transforms.shuffle_steps import manifest_dict
 
 INDEX_DIR = "index"
+RELEASE_FORMAT = "esa-release/2"
+# Totals a crowd table's index entry states besides its FileEntry fields.
+CROWD_TOTALS = ("crowds_released", "crowds_withheld", "respondents_released")
 
 
 class ReleasedGroup(NamedTuple):
-    """Messages of one crowd released together, in their release order (one output file).
+    """Messages of one group of a crowd bucket released together (one output file): rows
+    grouped by crowd in ``crowd_order`` (``crowds`` with ``crowd_rows`` rows each), each crowd's
+    in random order. The file holds only fields a ShuffledMessage carries: no origin, event time
+    or instance."""
 
-    ``key`` = (window_start, instance, channel, recipe, crowd) names the file; the file itself
-    holds only fields a ShuffledMessage carries: no origin, event time or instance.
-    """
-
-    key: tuple[int, int, str, str, str | None]
+    key: BucketKey
     group: int
     window_end: int
+    crowds: tuple[tuple[str, str, str | None], ...]
+    crowd_rows: tuple[int, ...]
     payloads: pa.Array
     crcs: np.ndarray
 
@@ -58,31 +73,54 @@ class ReleasedGroup(NamedTuple):
         return len(self.payloads)
 
 
-def message_file_name(key: Sequence[Any], group: int) -> str:
-    """``messages/<window_start>-<digest>-<group>.avro``: the same for the same crowd and group
-    in every attempt (the digest covers window, instance, channel, recipe and crowd ID)."""
-    digest = hashlib.sha256(json.dumps(list(key), separators=(",", ":")).encode()).hexdigest()
-    return f"messages/{int(key[0])}-{digest[:24]}-g{int(group):05d}.avro"
+class CrowdTable(NamedTuple):
+    """ReleasedCrowd records (``schemas/released_crowd.avsc``) of one bucket, in crowd_order."""
+
+    key: BucketKey
+    records: tuple[dict[str, Any], ...]
 
 
 def shuffled_columns(group: ReleasedGroup) -> dict[str, Any]:
-    """ShuffledMessage columns of a released group (constants for the crowd's fields)."""
-    window_start, _instance, channel, recipe_id, crowd_id = group.key
+    """ShuffledMessage columns of a released group (each crowd's fields repeated over its rows)."""
+    lengths = np.asarray(group.crowd_rows, dtype=np.int64)
+
+    def repeated(position: int) -> pa.Array:
+        values = np.empty(len(group.crowds), dtype=object)
+        values[:] = [crowd[position] for crowd in group.crowds]
+        return pa.array(np.repeat(values, lengths), type=pa.string())
+
     return {
         "schema_version": SCHEMA_VERSION,
-        "window_start": window_start,
+        "window_start": int(group.key[0]),
         "window_end": group.window_end,
-        "channel": channel,
-        "recipe_id": recipe_id,
-        "crowd_id": crowd_id,
+        "channel": repeated(0),
+        "recipe_id": repeated(1),
+        "crowd_id": repeated(2),
         "payload": group.payloads,
         "payload_crc32c": group.crcs,
     }
 
 
+def _index_name(path: str) -> str:
+    """``index/<dir>-<file>.json`` of a release file's relative path."""
+    return f"{INDEX_DIR}/{path.replace('/', '-').replace('.avro', '.json')}"
+
+
+def _publish(
+    output_dir: str, private_dir: str, path: str, content: bytes, records: int, **totals: int
+) -> dict[str, Any]:
+    atomic_files.publish_bytes(output_dir, path, content)
+    entry = release_format.FileEntry(
+        path, len(content), records, hashlib.sha256(content).hexdigest()
+    ).to_json()
+    entry.update(totals)
+    atomic_files.publish_bytes(private_dir, _index_name(path), json.dumps(entry).encode())
+    return entry
+
+
 class WriteShuffledMessages(beam.PTransform):
-    """ReleasedGroup -> one ShuffledMessage Avro file each, and its release-index entry in the
-    private directory; outputs the index entries (dicts of ``schemas.release.FileEntry``)."""
+    """ReleasedGroup -> one ShuffledMessage Avro file each (``messages/<stem>-g<group>.avro``),
+    and its release-index entry in the private directory; outputs the index entries."""
 
     def __init__(self, output_dir: str, private_dir: str, codec: str = "null") -> None:
         super().__init__()
@@ -94,25 +132,62 @@ class WriteShuffledMessages(beam.PTransform):
         output_dir, private_dir, codec = self._output_dir, self._private_dir, self._codec
 
         def write(group: ReleasedGroup) -> dict[str, Any]:
-            name = message_file_name(group.key, group.group)
             content = encode_container(
                 schema_json("shuffled_message"), shuffled_columns(group), group.messages, codec
             )
-            atomic_files.publish_bytes(output_dir, name, content)
-            entry = release_format.FileEntry(
-                name, len(content), group.messages, hashlib.sha256(content).hexdigest()
-            ).to_json()
-            index_name = name.split("/")[-1].replace(".avro", ".json")
-            atomic_files.publish_bytes(
-                private_dir, f"{INDEX_DIR}/{index_name}", json.dumps(entry).encode()
-            )
-            return entry
+            path = message_file_path(group.key, group.group)
+            return _publish(output_dir, private_dir, path, content, group.messages)
 
         return released | "WriteMessageFile" >> beam.Map(write)
 
 
+def crowd_table_totals(records: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Crowds released and withheld and respondents released of a crowd table."""
+    totals = dict.fromkeys(CROWD_TOTALS, 0)
+    for record in records:
+        if record["status"] == "released":
+            totals["crowds_released"] += 1
+            totals["respondents_released"] += int(record["respondents_released"])
+        else:
+            totals["crowds_withheld"] += 1
+    return totals
+
+
+class WriteCrowdTables(beam.PTransform):
+    """CrowdTable -> ``crowds/<stem>.avro`` (ReleasedCrowd records) and its index entry (with
+    :data:`CROWD_TOTALS`); outputs the index entries."""
+
+    def __init__(self, output_dir: str, private_dir: str) -> None:
+        super().__init__()
+        self._output_dir = output_dir
+        self._private_dir = private_dir
+
+    def expand(self, tables: beam.PCollection) -> beam.PCollection:
+        output_dir, private_dir = self._output_dir, self._private_dir
+        schema = parsed_schema("released_crowd")
+
+        def write(table: CrowdTable) -> dict[str, Any]:
+            sink = io.BytesIO()
+            fastavro.writer(sink, schema, table.records, codec="null", sync_marker=_SYNC)
+            return _publish(
+                output_dir,
+                private_dir,
+                crowd_table_path(table.key),
+                sink.getvalue(),
+                len(table.records),
+                **crowd_table_totals(table.records),
+            )
+
+        return tables | "WriteCrowdTable" >> beam.Map(write)
+
+
+# A fixed sync marker: a crowd table's bytes depend on its records only (a retried bundle
+# writes the same file).
+_SYNC = hashlib.sha256(b"esa crowd table").digest()[:16]
+
+
 def read_index(private_dir: str) -> list[dict[str, Any]]:
-    """The release-index entries the run wrote (one per message file)."""
+    """The release-index entries the run wrote (one per release file), by path."""
     pattern = FileSystems.join(private_dir, INDEX_DIR, "*.json")
     entries = []
     for metadata in FileSystems.match([pattern])[0].metadata_list:
@@ -121,70 +196,30 @@ def read_index(private_dir: str) -> list[dict[str, Any]]:
     return sorted(entries, key=lambda entry: entry["path"])
 
 
-def _ms(value: Any) -> int:
-    """Milliseconds of a timestamp-millis field (fastavro reads it as an aware datetime)."""
-    if hasattr(value, "timestamp"):
-        return round(value.timestamp() * 1000)
-    return int(value)
-
-
-def commit_crowd(manifest: Mapping[str, Any], with_instance: bool) -> dict[str, Any]:
-    """A crowd of the commit record from its (private) manifest: a withheld crowd states no
-    counts; a released one the distinct respondents and messages it released."""
-    released = manifest["status"] == "RELEASED"
-    crowd = {
-        "window_start_ms": _ms(manifest["window_start"]),
-        "window_end_ms": _ms(manifest["window_end"]),
-        "channel": manifest["channel"],
-        "recipe_id": manifest["recipe_id"],
-        "crowd_id": manifest["crowd_id"],
-        "status": "released" if released else "withheld",
-        "respondents_released": (
-            int(manifest["respondents"]) - int(manifest["respondents_deleted"])
-            if released
-            else None
-        ),
-        "messages_released": int(manifest["messages_released"]) if released else 0,
-    }
-    if with_instance:
-        crowd["instance"] = int(manifest["shuffler_instance"])
-    return crowd
-
-
 def commit_record(
     instance: int | None,
     recipes: Iterable[str],
     parameters: Mapping[str, Any],
-    manifests: Iterable[Mapping[str, Any]],
-    files: Iterable[Mapping[str, Any]],
+    entries: Iterable[Mapping[str, Any]],
 ) -> dict[str, Any]:
-    """The ``esa-release/1`` commit record (SPEC) of a run. When one run served every instance
-    (``instance`` None), each crowd also states its ``instance``."""
-
-    def order(manifest: Mapping[str, Any]) -> tuple[Any, ...]:
-        return (
-            _ms(manifest["window_start"]),
-            int(manifest["shuffler_instance"]),
-            manifest["channel"],
-            manifest["recipe_id"],
-            manifest["crowd_id"] or "",
-        )
-
-    # Each manifest becomes its small commit crowd as it is read (``manifests`` may be a stream
-    # of a run's whole manifest files): only those, with their order keys, are held and sorted.
-    keyed = [(order(m), commit_crowd(m, instance is None)) for m in manifests]
-    keyed.sort(key=lambda pair: pair[0])
-    crowds = [crowd for _, crowd in keyed]
-    del keyed
-    files = list(files)  # the entries are not changed: no copy per file
+    """The ``esa-release/2`` commit record (SPEC) of a run from its release index only: every
+    file's FileEntry, and the totals summed over the files (records over message files; crowds
+    and respondents over crowd tables). ``instance`` None: one run served every instance."""
+    files, totals = [], dict.fromkeys(("records_released", *CROWD_TOTALS), 0)
+    for entry in entries:
+        files.append({name: entry[name] for name in ("path", "bytes", "records", "sha256")})
+        if entry["path"].startswith(f"{MESSAGES_DIR}/"):
+            totals["records_released"] += int(entry["records"])
+        else:
+            for name in CROWD_TOTALS:
+                totals[name] += int(entry[name])
     return {
-        "format": release_format.RELEASE_FORMAT,
+        "format": RELEASE_FORMAT,
         "instance": instance,
         "recipes": sorted(recipes),
         "parameters": dict(parameters),
-        "crowds": crowds,
         "files": files,
-        "records_released": sum(int(entry["records"]) for entry in files),
+        **totals,
     }
 
 
@@ -215,27 +250,13 @@ class WriteDeadLetters(beam.PTransform):
 
 
 MANIFEST_DIR = "manifest"
-# Manifests of one window are split over this many part files by a hash of the crowd key, so
-# that no worker holds every crowd's manifest (issue: no whole-dataset gathers).
-MANIFEST_PARTS = 16
-
-
-def manifest_part(record: Mapping[str, Any], parts: int = MANIFEST_PARTS) -> int:
-    """The part file of a crowd's manifest (stable across workers and runs)."""
-    key = [record[k] for k in ("shuffler_instance", "channel", "recipe_id", "crowd_id")]
-    return zlib.crc32(json.dumps(key).encode()) % parts
 
 
 class WriteManifests(beam.PTransform):
-    """CrowdManifests (dicts or ``shuffle_steps.manifest_row`` tuples, which cross the grouping)
-    -> DIR/manifest/window_start=<ms>/part-SSSSS-of-NNNNN.avro: per window
-    :data:`MANIFEST_PARTS` parts by crowd (:func:`manifest_part`), each written by one worker with
-    its own crowds only, under a name fixed by window and part (a retried bundle replaces it,
-    ``transforms.atomic_files``).
-
-    In streaming mode a part of a window is written as the window is released, named
-    part-SSSSS-<digest of its content>.avro (a late pane never replaces an earlier one).
-    """
+    """(BucketKey, CrowdManifest rows) per bucket -> DIR/manifest/window_start=<ms>/<stem>.avro,
+    one file per bucket with its crowds only, under a name fixed by the bucket (a retried
+    bundle replaces it, ``transforms.atomic_files``). A bucket of a window is decided once, also
+    in streaming mode (late panes are dead-lettered before), so names never collide."""
 
     def __init__(self, output_dir: str, streaming: bool = False) -> None:
         super().__init__()
@@ -243,47 +264,19 @@ class WriteManifests(beam.PTransform):
         self._streaming = streaming
 
     def expand(self, manifests: beam.PCollection) -> beam.PCollection:
-        output_dir, streaming = self._output_dir, self._streaming
+        output_dir = self._output_dir
         schema = parsed_schema("manifest")
 
-        def by_part(manifest: Any) -> tuple[tuple[int, int], tuple]:
-            row = manifest_row(manifest) if isinstance(manifest, Mapping) else tuple(manifest)
-            record = manifest_dict(row)
-            return (record["window_start"], manifest_part(record)), row
-
-        def write_part(element: tuple[tuple[int, int], Iterable[tuple]]) -> str:
-            (window_start, part), rows = element
-            records = _sorted_manifests(manifest_dict(row) for row in rows)
-            if streaming:
-                content = json.dumps(records, sort_keys=True, default=str).encode()
-                name = f"part-{part:05d}-{hashlib.sha256(content).hexdigest()[:32]}.avro"
-            else:
-                name = f"part-{part:05d}-of-{MANIFEST_PARTS:05d}.avro"
+        def write(element: tuple[BucketKey, Iterable[tuple]]) -> str:
+            key, rows = element
+            records = [manifest_dict(row) for row in rows]
             return atomic_files.publish(
                 output_dir,
-                f"{MANIFEST_DIR}/window_start={window_start}/{name}",
+                f"{MANIFEST_DIR}/window_start={int(key[0])}/{bucket_stem(key)}.avro",
                 lambda sink: fastavro.writer(sink, schema, records, codec="deflate"),
             )
 
-        return (
-            manifests
-            | "KeyByWindowAndPart" >> beam.Map(by_part)
-            | "GroupByWindowAndPart" >> beam.GroupByKey()
-            | "WriteManifestPart" >> beam.Map(write_part)
-        )
-
-
-def _sorted_manifests(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    def order(record: dict[str, Any]) -> tuple[Any, ...]:
-        return (
-            record["window_start"],
-            record["shuffler_instance"],
-            record["channel"],
-            record["recipe_id"],
-            record["crowd_id"] or "",
-        )
-
-    return sorted(records, key=order)
+        return manifests | "WriteManifestFile" >> beam.Map(write)
 
 
 class WriteMetrics(beam.PTransform):

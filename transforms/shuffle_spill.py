@@ -3,7 +3,10 @@
 Only small pointers (:class:`Piece`: file, byte range, rows) travel through Beam's shuffles; the
 rows themselves are spilled to files under the run's spill directory (shuffler-private, under
 ``--private-output``, never inside a release) and read back by the shard or group that needs
-them, so no worker holds a crowd, a window or a file in memory.
+them, so no worker holds a bucket of crowds, a window or a file in memory. The unit of work is
+a crowd bucket (``schemas/crowd_buckets.py``): a piece holds the rows of many crowds of one
+bucket, each row naming its crowd in the dictionary-encoded column ``crowd`` (the crowd's key
+text, :func:`crowd_text`), so a crowd costs one dictionary entry per piece, not a pointer.
 
 What a spill file may hold (issue: releases that cannot lie): never a plaintext origin next to a
 payload. Report rows carry ``origin_hash`` (the secret-keyed 64-bit hash of
@@ -17,6 +20,7 @@ run killed before it could, by the next run into the same private path (:func:`r
 
 from __future__ import annotations
 
+import json
 import secrets
 import sys
 from collections.abc import Iterable
@@ -31,6 +35,17 @@ from transforms import shuffle_core as core
 
 # (window_start_ms, instance, channel, recipe, crowd)
 CrowdKey = tuple[int, int, str, str, str | None]
+
+
+def crowd_text(channel: str, recipe_id: str, crowd_id: str | None) -> str:
+    """The key text of a crowd inside its bucket (the JSON that ``crowd_bucket`` digests)."""
+    return json.dumps([channel, recipe_id, crowd_id], separators=(",", ":"), ensure_ascii=False)
+
+
+def crowd_of_text(text: str) -> tuple[str, str, str | None]:
+    """``(channel, recipe_id, crowd_id)`` of a :func:`crowd_text`."""
+    channel, recipe_id, crowd_id = json.loads(text)
+    return channel, recipe_id, crowd_id
 
 
 class Piece(NamedTuple):
@@ -58,47 +73,64 @@ def _piece(path: str, offset: int, length: int, rows: int, source: str, min_crow
 
 
 class ShardTask(NamedTuple):
-    """One origin shard of a crowd: rows with hash top ``bits`` bits equal to ``shard``.
+    """One origin shard of a bucket: rows with hash top ``bits`` bits equal to ``shard``.
 
-    ``piece_list`` points to the crowd's list of pieces (:func:`write_piece_list`), so that a
-    task stays small however many input batches the crowd came from; ``min_crowd`` is the
-    largest min_crowd_size in the crowd.
+    ``piece_list`` points to the bucket's list of pieces (:func:`write_piece_list`), so that a
+    task stays small however many input batches the bucket came from.
     """
 
     shard: int
     bits: int
     piece_list: Piece
-    min_crowd: int
 
 
 class ShardCount(NamedTuple):
-    """Distinct respondents (origins, presence or data) and kept data messages of a shard."""
+    """Per crowd of a shard (``crowds``: key texts, sorted): distinct respondents (origins,
+    presence or data), kept data messages and the largest min_crowd_size of its rows."""
 
     task: ShardTask
-    respondents: int
-    messages: int
+    crowds: tuple[str, ...]
+    respondents: np.ndarray
+    messages: np.ndarray
+    min_crowd: np.ndarray
 
 
 class DeletionTask(NamedTuple):
-    """Delete ``respondents_deleted`` of the shard's origins; scatter the surviving messages over
-    2**bucket_bits uniform buckets (merged into the crowd's output groups later)."""
+    """Per released crowd of a shard: delete ``respondents_deleted`` of its ``respondents``
+    origins; scatter the surviving messages over 2**slot_bits uniform slots (merged into the
+    bucket's output groups later)."""
 
     task: ShardTask
-    respondents: int
-    respondents_deleted: int
-    bucket_bits: int
+    crowds: tuple[str, ...]
+    respondents: np.ndarray
+    respondents_deleted: np.ndarray
+    slot_bits: int
 
 
-class BucketPiece(NamedTuple):
-    """Surviving messages of one shard that drew one bucket."""
+class ShardRelease(NamedTuple):
+    """What a shard released: per crowd messages deleted and released, and its surviving
+    messages as one piece per slot drawn (``(slot, Piece)``)."""
 
-    bucket: int
-    bucket_bits: int
-    piece: Piece
+    crowds: tuple[str, ...]
+    messages_deleted: np.ndarray
+    messages_released: np.ndarray
+    slot_bits: int
+    pieces: tuple[tuple[int, Piece], ...]
 
 
-# Spill files hold record batch messages of one of these schemas (no schema message: readers
-# know it), one after another, so that a piece is read with one seek and one read.
+class BucketDraft(NamedTuple):
+    """A bucket's decisions: its crowds' manifests (``shuffle_steps.manifest_row`` tuples in
+    ``crowd_order``, counts of messages deleted and released completed later) and the slots
+    its surviving messages are scattered over."""
+
+    window_end: int
+    slot_bits: int
+    manifests: tuple[tuple, ...]
+
+
+# Spill files hold Arrow IPC streams (schema, dictionaries, one record batch) of one of these
+# schemas, one after another, so that a piece is read with one seek and one read.
+CROWD_TYPE = pa.dictionary(pa.int32(), pa.string())
 REPORT_SPILL_SCHEMA = pa.schema(
     [
         ("origin_hash", pa.uint64()),
@@ -107,11 +139,14 @@ REPORT_SPILL_SCHEMA = pa.schema(
         ("payload", pa.binary()),
         ("payload_crc32c", pa.int64()),
         ("record_index", pa.int64()),
+        ("crowd", CROWD_TYPE),
     ]
 )
 # Report columns copied into the spill as they are (origin_hash and record_index are computed).
 SPILLED_REPORT_COLUMNS = ("event_time", "min_crowd_size", "payload", "payload_crc32c")
-RELEASED_SPILL_SCHEMA = pa.schema([("payload", pa.binary()), ("payload_crc32c", pa.int64())])
+RELEASED_SPILL_SCHEMA = pa.schema(
+    [("payload", pa.binary()), ("payload_crc32c", pa.int64()), ("crowd", CROWD_TYPE)]
+)
 PIECE_LIST_SCHEMA = pa.schema(
     [(name, pa.string() if name in ("path", "source") else pa.int64()) for name in Piece._fields]
 )
@@ -137,22 +172,40 @@ def remove_spill(spill_root: str) -> bool:
     return False
 
 
+def own_dictionary(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` with its ``crowd`` column (if any) re-encoded over only the crowds it holds (a
+    slice keeps its parent's whole dictionary, which would be spilled with every piece)."""
+    index = batch.schema.get_field_index("crowd")
+    if index < 0 or batch.num_rows == 0:
+        return batch
+    column = batch.column(index)
+    used, codes = np.unique(column.indices.to_numpy(zero_copy_only=False), return_inverse=True)
+    compact = pa.DictionaryArray.from_arrays(
+        pa.array(codes.reshape(-1).astype(np.int32)), column.dictionary.take(pa.array(used))
+    )
+    return batch.set_column(index, "crowd", compact)
+
+
 def write_spill(path: str, batches: list[pa.RecordBatch]) -> list[tuple[int, int]]:
-    """Write record batches to a new spill file at ``path`` as consecutive Arrow IPC record
-    batch messages; returns each one's ``(offset, length)`` in the file."""
+    """Write record batches to a new spill file at ``path`` as consecutive Arrow IPC streams
+    (each with its schema and dictionaries); returns each one's ``(offset, length)``."""
     positions = []
     offset = 0
     with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
         for batch in batches:
-            message = batch.serialize()
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, batch.schema) as writer:
+                writer.write_batch(own_dictionary(batch))
+            message = sink.getvalue()
             handle.write(memoryview(message))
             positions.append((offset, message.size))
             offset += message.size
     return positions
 
 
-def read_spill(piece: Piece, schema: pa.Schema) -> pa.RecordBatch:
-    """The record batch a piece points to (one seek and one read of its bytes)."""
+def read_spill(piece: Piece, schema: pa.Schema | None = None) -> pa.RecordBatch:
+    """The record batch a piece points to (one seek and one read of its bytes); ``schema``,
+    when given, is checked."""
     if FileSystems.get_scheme(piece.path) is None:
         with open(piece.path, "rb", buffering=0) as handle:
             handle.seek(piece.offset)
@@ -163,16 +216,19 @@ def read_spill(piece: Piece, schema: pa.Schema) -> pa.RecordBatch:
             data = handle.read(piece.length)
     if len(data) != piece.length:
         raise RuntimeError(f"spill file {piece.path} is shorter than expected")
-    return pa.ipc.read_record_batch(pa.py_buffer(data), schema)
+    batch = pa.ipc.open_stream(pa.py_buffer(data)).read_next_batch()
+    if schema is not None and not batch.schema.equals(schema):
+        raise RuntimeError(f"spill file {piece.path} holds {batch.schema}, expected {schema}")
+    return batch
 
 
 def write_piece_list(spill_dir: str, pieces: tuple[Piece, ...]) -> Piece:
-    """Spill a crowd's pieces (one row each); returns the pointer to the list."""
+    """Spill a bucket's pieces (one row each); returns the pointer to the list."""
     columns = [
         pa.array([getattr(piece, name) for piece in pieces], type=field.type)
         for name, field in zip(Piece._fields, PIECE_LIST_SCHEMA, strict=True)
     ]
-    path = spill_path(spill_dir, "crowds")
+    path = spill_path(spill_dir, "buckets")
     ((offset, length),) = write_spill(
         path, [pa.RecordBatch.from_arrays(columns, schema=PIECE_LIST_SCHEMA)]
     )
@@ -189,8 +245,9 @@ def read_piece_list(piece_list: Piece) -> list[Piece]:
 
 
 def read_shard_rows(task: ShardTask, columns: Iterable[str]) -> tuple[pa.Table, list[str]]:
-    """The rows of one origin shard from every piece of its crowd (only ``columns``, plus
-    ``piece_index``), in piece order, and the pieces' source files (by piece index)."""
+    """The rows of one origin shard from every piece of its bucket (only ``columns``, plus
+    ``piece_index``), in piece order, and the pieces' source files (by piece index). A
+    ``crowd`` column comes back with one dictionary for the whole table."""
     columns = list(columns)
     compacted: list[pa.Table] = []
     held: list[pa.RecordBatch] = []
@@ -206,12 +263,23 @@ def read_shard_rows(task: ShardTask, columns: Iterable[str]) -> tuple[pa.Table, 
             held.append(part)
             held_bytes += piece.length
         if held_bytes >= _COMPACT_BYTES:
-            compacted.append(pa.Table.from_batches(held).combine_chunks())
+            compacted.append(_combined(held))
             held, held_bytes = [], 0
     if held:
-        compacted.append(pa.Table.from_batches(held).combine_chunks())
+        compacted.append(_combined(held))
     sources = [piece.source for piece in pieces]
     if not compacted:
         empty = REPORT_SPILL_SCHEMA.empty_table().select(columns)
         return empty.append_column(PIECE_INDEX, pa.array([], pa.int64())), sources
-    return pa.concat_tables(compacted), sources
+    if len(compacted) == 1:
+        return compacted[0], sources
+    return _combined(compacted), sources
+
+
+def _combined(parts: list[pa.RecordBatch] | list[pa.Table]) -> pa.Table:
+    """One table of one chunk per column (dictionaries unified)."""
+    if isinstance(parts[0], pa.RecordBatch):
+        table = pa.Table.from_batches(parts)
+    else:
+        table = pa.concat_tables(parts)
+    return table.unify_dictionaries().combine_chunks()

@@ -7,7 +7,7 @@ same name (``metrics.json`` sums the dicts; the counters are a cross-check).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -16,13 +16,14 @@ import pyarrow.compute as pc
 from apache_beam.metrics import Metrics
 
 from schemas import SCHEMA_VERSION
+from schemas.crowd_buckets import BucketKey, crowd_bucket, crowd_order
 from schemas.records import dead_letter
 from transforms import avro_io
 from transforms import release_core as decide
 from transforms import shuffle_core as core
 from transforms import shuffle_spill as spill
 from transforms.shuffle_config import METRICS_NAMESPACE, STAGE_VALIDATE
-from transforms.shuffle_spill import CrowdKey
+from transforms.shuffle_spill import CrowdKey, crowd_of_text, crowd_text
 
 
 def count(counts: dict[str, int], name: str, value: int) -> None:
@@ -62,66 +63,94 @@ def rejected_dead_letters(
     return letters
 
 
-class KeyedRows(NamedTuple):
-    """Valid rows of one batch ready to spill: sorted by (crowd, origin hash), origin dropped."""
+class BucketRows(NamedTuple):
+    """Valid rows of one batch ready to spill: sorted by (bucket, origin hash), origin dropped,
+    each row's crowd in the dictionary column ``crowd``."""
 
     rows: pa.RecordBatch  # REPORT_SPILL_SCHEMA
-    keys: list[CrowdKey]  # one per crowd, in row order
+    keys: list[BucketKey]  # one per bucket, in row order
     starts: np.ndarray  # rows starts[i]:starts[i+1] belong to keys[i]
 
 
-def key_rows(
-    batch: pa.RecordBatch, first_record: int, window: core.WindowSpec, hash_key: np.ndarray
-) -> KeyedRows:
-    """Window, hash origins (secret key) and sort a batch of valid reports into spill rows."""
+def bucket_rows(
+    batch: pa.RecordBatch, window: core.WindowSpec, hash_key: np.ndarray, buckets: int
+) -> BucketRows:
+    """Window, hash origins (secret key) and sort a batch of valid reports into spill rows by
+    crowd bucket (``schemas.crowd_buckets``), the bucket computed once per DISTINCT crowd of the
+    batch; ``record_index`` is the row's position in ``batch``."""
     window_start = core.window_starts(
         batch.column("event_time").to_numpy(zero_copy_only=False), window
     )
     hashes = core.origin_hashes(batch.column("origin"), hash_key)
-    key_columns = [
-        pa.array(window_start),
-        batch.column("shuffler_instance"),
-        batch.column("channel"),
-        batch.column("recipe_id"),
-        batch.column("crowd_id"),
-    ]
+    crowd_columns = [batch.column(name) for name in ("channel", "recipe_id", "crowd_id")]
+    by_crowd, crowd_starts = core.group_rows(crowd_columns)
+    first_rows = pa.array(by_crowd[crowd_starts[:-1]])
+    texts, bucket_of_crowd = [], []
+    for channel, recipe_id, crowd_id in zip(
+        *(column.take(first_rows).to_pylist() for column in crowd_columns), strict=True
+    ):
+        texts.append(crowd_text(channel, recipe_id, crowd_id))
+        bucket_of_crowd.append(crowd_bucket(channel, recipe_id, crowd_id, buckets))
+    crowd_of_row = np.empty(batch.num_rows, dtype=np.int32)
+    crowd_of_row[by_crowd] = np.repeat(np.arange(len(texts), dtype=np.int32), np.diff(crowd_starts))
+    bucket = np.asarray(bucket_of_crowd, dtype=np.int64)[crowd_of_row]
+    key_columns = [pa.array(window_start), batch.column("shuffler_instance"), pa.array(bucket)]
     order, starts = core.group_rows_by_hash(key_columns, hashes)
     take = pa.array(order)
+    crowds = pa.DictionaryArray.from_arrays(
+        pa.array(crowd_of_row[order]), pa.array(texts, pa.string())
+    )
     rows = pa.RecordBatch.from_arrays(
         [pa.array(hashes[order], type=pa.uint64())]
         + [
             batch.column(name).take(take).cast(spill.REPORT_SPILL_SCHEMA.field(name).type)
             for name in spill.SPILLED_REPORT_COLUMNS
         ]
-        + [pa.array(order.astype(np.int64) + first_record)],
+        + [pa.array(order.astype(np.int64)), crowds],
         schema=spill.REPORT_SPILL_SCHEMA,
     )
-    first_rows = order[starts[:-1]]
-    columns = [
-        batch.column(name).take(pa.array(first_rows)).to_pylist()
-        for name in ("shuffler_instance", "channel", "recipe_id", "crowd_id")
-    ]
+    heads = order[starts[:-1]]
+    instances = batch.column("shuffler_instance").take(pa.array(heads)).to_pylist()
     keys = [
-        (int(window_start[row]), int(instance), channel, recipe, crowd)
-        for row, instance, channel, recipe, crowd in zip(first_rows.tolist(), *columns, strict=True)
+        BucketKey(int(window_start[row]), int(instance), int(bucket[row]))
+        for row, instance in zip(heads.tolist(), instances, strict=True)
     ]
-    return KeyedRows(rows, keys, starts)
+    return BucketRows(rows, keys, starts)
+
+
+def crowd_codes(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:
+    """Each row's crowd as a code into the sorted list of the crowds present (key texts)."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    if len(column) == 0:
+        return np.zeros(0, dtype=np.int64), []
+    indices = column.indices.to_numpy(zero_copy_only=False)
+    used, codes = np.unique(indices, return_inverse=True)
+    texts = column.dictionary.take(pa.array(used)).to_pylist()
+    # Codes in the order of the texts, so that every shard lists its crowds the same way.
+    by_text = np.argsort(np.asarray(texts, dtype=object), kind="stable")
+    rank = np.empty(used.size, dtype=np.int64)
+    rank[by_text] = np.arange(used.size)
+    return rank[codes.reshape(-1)], [texts[index] for index in by_text.tolist()]
 
 
 def spilled_dead_letters(
-    key: CrowdKey,
+    key: Sequence[int],
     rows: pa.Table | pa.RecordBatch,
     sources: list[str] | str,
     stage: str,
     reason: str,
-    detail: str,
+    detail: str | Callable[[str], str],
 ) -> list[dict[str, Any]]:
-    """Dead letters for spilled report rows. The spill holds no plaintext origin: the record
-    gives ``origin_hash`` (hex) and ``source#record=N`` points to the full input record."""
-    window_start, instance, channel, recipe_id, crowd_id = key
+    """Dead letters for spilled report rows of the bucket ``key`` (window_start, instance, ...):
+    each row's crowd from its ``crowd`` column; ``detail`` a text or a function of the crowd's
+    key text. The spill holds no plaintext origin: the record gives ``origin_hash`` (hex) and
+    ``source#record=N`` points to the full input record."""
+    instance = int(key[1])
     letters = []
     for row in rows.to_pylist():
         source = sources if isinstance(sources, str) else sources[row[spill.PIECE_INDEX]]
+        channel, recipe_id, crowd_id = crowd_of_text(row["crowd"])
         record = {
             "schema_version": SCHEMA_VERSION,
             "shuffler_instance": instance,
@@ -138,7 +167,7 @@ def spilled_dead_letters(
             dead_letter(
                 stage,
                 reason,
-                detail,
+                detail if isinstance(detail, str) else detail(row["crowd"]),
                 f"{source}#record={row['record_index']}",
                 original_record=record,
             )
@@ -196,12 +225,71 @@ def manifest_dict(row: Sequence[Any] | Mapping[str, Any]) -> dict[str, Any]:
     return dict(zip(MANIFEST_FIELDS, row, strict=True))
 
 
-def origin_cap(rules: core.ValidationRules, key: CrowdKey) -> int | None:
-    route = rules.routes.get(key[3])
-    return route.origin_cap(key[1]) if route is not None else None
+def origin_cap(rules: core.ValidationRules, instance: int, recipe_id: str) -> int | None:
+    """The per-origin data-message cap of a crowd of ``recipe_id`` on ``instance``."""
+    route = rules.routes.get(recipe_id)
+    return route.origin_cap(instance) if route is not None else None
 
 
-def screen(rows: pa.Table, rules: core.ValidationRules, key: CrowdKey) -> np.ndarray:
+class ScreenedRows(NamedTuple):
+    """A shard's rows screened per crowd: a ``release_core`` code and a crowd code per row,
+    the crowds' key texts (sorted) and their per-origin caps (-1: none)."""
+
+    codes: np.ndarray
+    crowds: np.ndarray
+    texts: list[str]
+    caps: np.ndarray
+
+
+def screen(rows: pa.Table, rules: core.ValidationRules, instance: int) -> ScreenedRows:
+    """Screen the rows of many crowds of one instance at once (caps by each crowd's recipe)."""
+    crowds, texts = crowd_codes(rows.column("crowd"))
+    caps = np.array(
+        [origin_cap(rules, instance, crowd_of_text(text)[1]) for text in texts], dtype=object
+    )
+    caps = np.array([-1 if cap is None else cap for cap in caps.tolist()], dtype=np.int64)
     hashes = rows.column("origin_hash").to_numpy()
     presence = pc.binary_length(rows.column("payload")).to_numpy(zero_copy_only=False) == 0
-    return decide.screen_origin_messages(hashes, presence, origin_cap(rules, key))
+    codes = decide.screen_crowd_messages(crowds, hashes, presence, caps[crowds])
+    return ScreenedRows(codes, crowds, texts, caps)
+
+
+def distinct_per_crowd(crowds: np.ndarray, hashes: np.ndarray, count: int) -> np.ndarray:
+    """Distinct origin hashes of each of ``count`` crowds (rows carry crowd codes)."""
+    if not crowds.size:
+        return np.zeros(count, dtype=np.int64)
+    order = np.lexsort((hashes, crowds))
+    sorted_crowds, sorted_hashes = crowds[order], hashes[order]
+    first = np.ones(crowds.size, dtype=bool)
+    first[1:] = (sorted_crowds[1:] != sorted_crowds[:-1]) | (
+        sorted_hashes[1:] != sorted_hashes[:-1]
+    )
+    return np.bincount(sorted_crowds[first], minlength=count).astype(np.int64)
+
+
+def released_crowd(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """The ReleasedCrowd record (``schemas/released_crowd.avsc``) of a crowd's manifest: a
+    withheld crowd states no counts; a released one the distinct respondents and messages it
+    released."""
+    released = manifest["status"] == decide.RELEASED
+    return {
+        "window_start": int(manifest["window_start"]),
+        "window_end": int(manifest["window_end"]),
+        "instance": int(manifest["shuffler_instance"]),
+        "channel": manifest["channel"],
+        "recipe_id": manifest["recipe_id"],
+        "crowd_id": manifest["crowd_id"],
+        "status": "released" if released else "withheld",
+        "respondents_released": (
+            int(manifest["respondents"]) - int(manifest["respondents_deleted"])
+            if released
+            else None
+        ),
+        "messages_released": int(manifest["messages_released"]) if released else 0,
+    }
+
+
+def manifest_crowd_order(row: Sequence[Any]) -> tuple[str, str, int, str]:
+    """``crowd_order`` of a manifest row."""
+    record = manifest_dict(row)
+    return crowd_order(record["channel"], record["recipe_id"], record["crowd_id"])

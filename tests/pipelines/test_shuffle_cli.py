@@ -14,7 +14,9 @@ import pytest
 
 from pipelines import cli
 from schemas import release as rel
+from schemas.crowd_buckets import DEFAULT_CROWD_BUCKETS
 from schemas.recipes import load_recipe
+from tests.pipelines import shuffled
 from tests.transforms import report_factory as rf
 from transforms import release_core
 
@@ -46,11 +48,18 @@ def _check_release(output: Path) -> dict:
     assert metrics["adds_up"] and metrics["read"] == 65
     assert metrics["released"] == 60 and metrics["withheld"] == 3
     assert metrics["rejected_by_reason"] == {"crc_mismatch": 1, "instance_out_of_range": 1}
-    verified = rel.verify_release(str(output))  # the release holds exactly what it commits
-    assert verified.records == 60
-    assert sorted(path.name for path in output.iterdir()) == [rel.COMMIT_FILE, "messages"]
-    crowds = verified.commit["crowds"]
+    verified = shuffled.verify(output)  # the release holds exactly what it commits
+    assert verified.records == 60 + 2  # messages and crowd table rows
+    assert verified.commit["records_released"] == 60
+    assert sorted(path.name for path in output.iterdir()) == [
+        rel.COMMIT_FILE,
+        "crowds",
+        "messages",
+    ]
+    crowds = shuffled.crowds(verified)
     assert sorted(crowd["status"] for crowd in crowds) == ["released", "withheld"]
+    assert (verified.commit["crowds_released"], verified.commit["crowds_withheld"]) == (1, 1)
+    assert verified.commit["respondents_released"] == 30
     released = next(crowd for crowd in crowds if crowd["status"] == "released")
     assert released["respondents_released"] == 30 and released["messages_released"] == 60
     manifests = [
@@ -64,9 +73,12 @@ def _check_release(output: Path) -> dict:
 
 
 def test_batch_run_on_the_default_runner(tmp_path: Path, inputs: tuple[str, str], capsys) -> None:
-    status, output = _shuffle(tmp_path, *inputs, "--crowd-threshold", "10", "--window", "6h")
+    status, output = _shuffle(
+        tmp_path, *inputs, "--crowd-threshold", "10", "--window", "6h", "--crowd-buckets", "3"
+    )
     assert status == 0
     metrics = _check_release(output)
+    assert shuffled.verify(output).commit["parameters"]["crowd_buckets"] == 3
     assert json.loads(capsys.readouterr().out)["read"] == metrics["read"]
     assert metrics["beam_counters"]["read"] == 65 and metrics["beam_counters_add_up"]
     assert len(glob.glob(f"{output}.private/dead_letter/*.avro")) >= 1
@@ -90,8 +102,9 @@ def test_deletion_flags(tmp_path: Path, inputs: tuple[str, str]) -> None:
     assert metrics["adds_up"] and metrics["deleted"] > 0 and metrics["released"] > 0
     # The release states its deletion parameters, so a standalone analyzer can report them.
     assert metrics["deletion"] == {"epsilon": 2.0, "delta": 1e-6}
-    parameters = rel.verify_release(str(output)).commit["parameters"]
+    parameters = shuffled.verify(output).commit["parameters"]
     assert (parameters["deletion_epsilon"], parameters["deletion_delta"]) == (2.0, 1e-6)
+    assert parameters["crowd_buckets"] == DEFAULT_CROWD_BUCKETS
 
 
 @pytest.mark.parametrize(
@@ -100,6 +113,8 @@ def test_deletion_flags(tmp_path: Path, inputs: tuple[str, str]) -> None:
         (("--deletion-epsilon", "1"), "go together"),
         (("--window", "1 week"), "duration"),
         (("--crowd-threshold", "0"), "--crowd-threshold"),
+        (("--crowd-buckets", "0"), "--crowd-buckets must be an integer in [1, 65536], got 0"),
+        (("--crowd-buckets", "65537"), "--crowd-buckets must be an integer in [1, 65536]"),
     ],
 )
 def test_usage_errors_exit_2(
@@ -107,7 +122,8 @@ def test_usage_errors_exit_2(
 ) -> None:
     status, _ = _shuffle(tmp_path, *inputs, *extra)
     assert status == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
 
 
 def test_missing_input_and_used_output_exit_2(
@@ -162,7 +178,7 @@ def test_one_origin_moves_respondents_released_by_at_most_one(tmp_path: Path) ->
         tmp_path, recipe, str(tmp_path / "reports" / "*.avro"), "--crowd-threshold", "10"
     )
     assert status == 0
-    (crowd,) = rel.verify_release(str(output)).commit["crowds"]
+    (crowd,) = shuffled.crowds(shuffled.verify(output))
     assert crowd["respondents_released"] == 31  # 30 honest respondents + 1
     metrics = json.loads(Path(f"{output}.private/metrics.json").read_text())
     assert metrics["adds_up"] and metrics["presence"] == 31

@@ -19,6 +19,7 @@ from apache_beam.testing.test_stream import TestStream as BeamTestStream
 from scipy import stats
 
 from schemas import parsed_schema, schema_json
+from schemas.crowd_buckets import crowd_bucket, crowd_order, parse_release_path
 from tests.transforms import report_factory as rf
 from transforms import release_core as decide
 from transforms import shuffle as sh
@@ -33,6 +34,7 @@ READ_REASONS = ("corrupt_block", "schema_mismatch")
 @dataclasses.dataclass
 class Release:
     files: dict[str, list[dict[str, Any]]]  # message file -> records in file order
+    crowds: dict[str, list[dict[str, Any]]]  # crowd table -> ReleasedCrowd records
     manifests: list[dict[str, Any]]
     dead_letters: list[dict[str, Any]]
     metrics: dict[str, Any]
@@ -50,6 +52,7 @@ def _read(path: str) -> list[dict[str, Any]]:
 
 def _collect(output: Path, private: Path, streaming: bool, result: Any) -> Release:
     files = {path: _read(path) for path in sorted(glob.glob(str(output / "messages" / "*.avro")))}
+    crowds = {path: _read(path) for path in sorted(glob.glob(str(output / "crowds" / "*.avro")))}
     manifest_paths = glob.glob(str(private / "manifest" / "**" / "*.avro"), recursive=True)
     manifests = [record for path in manifest_paths for record in _read(path)]
     letters = [
@@ -63,7 +66,7 @@ def _collect(output: Path, private: Path, streaming: bool, result: Any) -> Relea
         counters[counter.key.metric.name] = (
             counters.get(counter.key.metric.name, 0) + counter.committed
         )
-    return Release(files, manifests, letters, metrics, counters)
+    return Release(files, crowds, manifests, letters, metrics, counters)
 
 
 def _pipeline(
@@ -71,6 +74,7 @@ def _pipeline(
 ) -> None:
     outputs = pipeline | source | sh.ShuffleReports(config, str(private / "spill" / "run"))
     outputs.released | sinks.WriteShuffledMessages(str(output), str(private))
+    outputs.crowds | sinks.WriteCrowdTables(str(output), str(private))
     outputs.dead_letters | sinks.WriteDeadLetters(str(private))
     outputs.manifests | sinks.WriteManifests(str(private), config.streaming)
     outputs.counts | sinks.WriteMetrics(str(private), config.streaming)
@@ -101,6 +105,43 @@ def _crowd_of(record: dict[str, Any]) -> tuple[Any, ...]:
     window = record["window_start"]
     window = int(window.timestamp() * 1000) if hasattr(window, "timestamp") else window
     return (window, record["channel"], record["recipe_id"], record["crowd_id"])
+
+
+def _check_layout(release: Release, buckets: int) -> None:
+    """esa-release/2: a message file holds only crowds of its bucket, grouped by crowd in
+    crowd_order; a crowd table per bucket decided, strictly in crowd_order, stating each
+    released crowd's messages; no crowd in two tables."""
+    tables = {}
+    for path, records in release.crowds.items():
+        _, key, _ = parse_release_path("crowds/" + os.path.basename(path))
+        orders = [crowd_order(r["channel"], r["recipe_id"], r["crowd_id"]) for r in records]
+        assert records and orders == sorted(set(orders))
+        for record in records:
+            assert (_ms(record["window_start"]), record["instance"]) == key[:2]
+            bucket = crowd_bucket(
+                record["channel"], record["recipe_id"], record["crowd_id"], buckets
+            )
+            assert bucket == key.bucket
+        tables[key] = {_crowd_of(r): r for r in records}
+    assert sum(len(table) for table in tables.values()) == len(release.manifests)
+    released = Counter()
+    for path, records in release.files.items():
+        _, key, _ = parse_release_path("messages/" + os.path.basename(path))
+        crowds = [_crowd_of(r) for r in records]
+        runs = [
+            crowd for index, crowd in enumerate(crowds) if index == 0 or crowds[index - 1] != crowd
+        ]
+        assert len(runs) == len(set(runs))  # grouped by crowd
+        assert runs == sorted(runs, key=lambda c: crowd_order(*c[1:]))
+        assert all(crowd in tables[key] for crowd in runs)
+        released.update((key, crowd) for crowd in crowds)
+    for key, table in tables.items():
+        for crowd, record in table.items():
+            assert released[(key, crowd)] == record["messages_released"]
+
+
+def _ms(value: Any) -> int:
+    return int(value.timestamp() * 1000) if hasattr(value, "timestamp") else int(value)
 
 
 def test_bad_input_is_dead_lettered_and_every_record_is_accounted(tmp_path: Path) -> None:
@@ -155,7 +196,8 @@ def test_bad_input_is_dead_lettered_and_every_record_is_accounted(tmp_path: Path
     (tmp_path / "corrupt.avro").write_bytes(bytes(corrupt))
     paths.append(str(tmp_path / "corrupt.avro"))
 
-    release = _run(tmp_path, paths, _config())
+    # Two buckets for seven crowds: files and crowd tables hold several crowds.
+    release = _run(tmp_path, paths, _config(crowd_buckets=2))
     metrics = release.metrics
 
     # Accounting: read = released + deleted + withheld + dead-lettered, in data and Beam counters.
@@ -205,10 +247,8 @@ def test_bad_input_is_dead_lettered_and_every_record_is_accounted(tmp_path: Path
         expected[key] = released_payloads[key]
     assert released_payloads == expected
     assert not {m["crowd_id"] for m in release.messages} & {"flood", "small", "dem"}
-    for path, records in release.files.items():
-        assert len({_crowd_of(r) for r in records}) == 1
-        assert all(set(r) == SHUFFLED_FIELDS for r in records)
-        assert os.path.basename(path).startswith(f"{_crowd_of(records[0])[0]}-")
+    assert all(set(r) == SHUFFLED_FIELDS for records in release.files.values() for r in records)
+    _check_layout(release, 2)
 
     manifests = {(m["recipe_id"], m["crowd_id"]): m for m in release.manifests}
     assert manifests[(rf.RECIPE, "flood")]["respondents"] == 10
@@ -262,8 +302,8 @@ def test_deletion_drops_whole_respondents_and_the_manifest_says_so(tmp_path: Pat
     assert release.metrics["deleted"] == manifest["messages_deleted"]
     # Algorithm 3: n - n_hat = offset - Z; |Z| > 40 has probability < 1e-8 at scale 2.
     assert abs(manifest["respondents_deleted"] - config.deletion.offset) <= 40
-    # The commit states the respondents released, from the same decision.
-    crowd = sinks.commit_crowd(manifest, with_instance=False)
+    # The crowd table states the respondents released, from the same decision.
+    ((crowd,),) = release.crowds.values()
     assert crowd["respondents_released"] == kept and crowd["messages_released"] == 3 * kept
 
 
@@ -366,7 +406,8 @@ def test_presence_messages_count_respondents_and_are_never_released(tmp_path: Pa
     assert manifest["respondents"] == 15 and manifest["status"] == "RELEASED"
     assert manifest["messages_in"] == 9 and metrics["released"] == 9
     assert all(message["payload"] for message in release.messages)
-    assert sinks.commit_crowd(manifest, with_instance=False)["respondents_released"] == 15
+    ((crowd,),) = release.crowds.values()
+    assert crowd["respondents_released"] == 15 and crowd["status"] == "released"
     screened = [letter for letter in release.dead_letters if letter["stage"] == sh.STAGE_SCREEN]
     assert sorted(letter["reason"] for letter in screened) == ["duplicate_presence"] * 3 + [
         "over_origin_cap"
