@@ -1,15 +1,16 @@
 """The shuffler's spill design against Beam's own GroupByKey shuffle of the same rows.
 
 Both read and validate the same report files with the same steps (``ReadReportFile``,
-``ValidateBatch``, ``key_rows``: windows, keyed origin hashes, sort), and release every crowd
-above the threshold as uniformly permuted ShuffledMessage files. They differ in what goes
+``ValidateBatch``, ``bucket_rows``: windows, keyed origin hashes, crowd buckets, sort), and release
+every crowd above the threshold as uniformly permuted ShuffledMessage files (one per crowd
+bucket). They differ in what goes
 through Beam's shuffle:
 
 * spill (``esa shuffle``, deletion off): rows are written once to Arrow IPC spill files and only
   pointers are grouped; shards, counts and groups read the rows back by pointer;
-* GroupByKey: each batch's rows of a crowd (origin hash, payload, CRC as an Arrow record batch)
-  go through ``GroupByKey`` by crowd, and one worker holds a whole crowd to count its distinct
-  origins and permute it.
+* GroupByKey: each batch's rows of a crowd bucket (origin hash, payload, CRC, crowd as an Arrow
+  record batch) go through ``GroupByKey`` by bucket, and one worker holds a whole bucket to count
+  its crowds' distinct origins and permute them.
 
 Each run is a child process (FnApiRunner) so peak memory (``VmHWM``) is its own; both at two
 input sizes in the same run, to show whether memory follows the input. Rows: messages/s (spill
@@ -60,39 +61,56 @@ _GROUP_BY_KEY = (
     + """
 import glob, os
 import apache_beam as beam
+import numpy as np
 import pyarrow as pa
 from privacy.noise import os_random_source
 from transforms import release_core as decide
 from transforms import shuffle_core as core
 from transforms.shuffle_read import ReadReportFile, ValidateBatch
+from schemas.crowd_buckets import crowd_order
 from transforms.shuffle_sinks import ReleasedGroup, WriteShuffledMessages, read_index
-from transforms.shuffle_steps import key_rows
+from transforms.shuffle_spill import crowd_of_text
+from transforms.shuffle_steps import bucket_rows, crowd_codes, distinct_per_crowd
 
 config = shuffle.shuffle_config(options.view_as(ShuffleOptions), False, routes)
 hash_key = core.new_origin_hash_key(os_random_source())
-COLUMNS = ["origin_hash", "payload", "payload_crc32c"]
+COLUMNS = ["origin_hash", "payload", "payload_crc32c", "crowd"]
 
-def by_crowd(element):
+def by_bucket(element):
     item, valid = element
     batch = item.columns
     if valid.size < batch.num_rows:
         batch = batch.take(pa.array(valid))
-    keyed = key_rows(batch, 0, config.window, hash_key)
+    keyed = bucket_rows(batch, config.window, hash_key, config.crowd_buckets)
     for key, begin, end in zip(keyed.keys, keyed.starts[:-1].tolist(), keyed.starts[1:].tolist()):
-        yield key, keyed.rows.slice(begin, end - begin).select(COLUMNS)
+        yield tuple(key), keyed.rows.slice(begin, end - begin).select(COLUMNS)
 
 class Release(beam.DoFn):
     def setup(self):
         self.source = os_random_source()
     def process(self, element):
         key, batches = element
-        table = pa.Table.from_batches(list(batches))
-        if core.count_distinct(table.column("origin_hash")) < config.crowd_threshold:
+        table = pa.Table.from_batches(list(batches)).unify_dictionaries().combine_chunks()
+        crowds, texts = crowd_codes(table.column("crowd"))
+        distinct = distinct_per_crowd(crowds, table.column("origin_hash").to_numpy(), len(texts))
+        keys = [crowd_of_text(text) for text in texts]
+        rank = np.empty(len(keys), dtype=np.int64)
+        rank[sorted(range(len(keys)), key=lambda i: crowd_order(*keys[i]))] = np.arange(len(keys))
+        kept = np.flatnonzero(distinct[crowds] >= config.crowd_threshold)
+        if not kept.size:
             return
-        order = pa.array(decide.release_order(table.num_rows, self.source))
+        shuffled = kept[decide.release_order(kept.size, self.source)]
+        order = shuffled[np.argsort(rank[crowds[shuffled]], kind="stable")]
+        per_crowd = np.bincount(rank[crowds[order]], minlength=len(keys))
+        ordered = [None] * len(keys)
+        for index, position in enumerate(rank.tolist()):
+            ordered[position] = keys[index]
+        take = pa.array(order)
         yield ReleasedGroup(key, 0, key[0] + config.window.period_ms,
-                            table.column("payload").combine_chunks().take(order),
-                            table.column("payload_crc32c").combine_chunks().take(order).to_numpy())
+                            tuple(k for k, n in zip(ordered, per_crowd) if n),
+                            tuple(int(n) for n in per_crowd if n),
+                            table.column("payload").combine_chunks().take(take),
+                            table.column("payload_crc32c").combine_chunks().take(take).to_numpy())
 
 start = time.perf_counter()
 private = a["output"] + ".private"
@@ -102,7 +120,7 @@ with beam.Pipeline(options=options) as pipeline:
                                                                           main="batches"))
     valid = read.batches | beam.ParDo(ValidateBatch(config.rules)).with_outputs(
         "dead_letter", "counts", main="valid")
-    released = (valid.valid | beam.FlatMap(by_crowd) | "GroupByCrowd" >> beam.GroupByKey()
+    released = (valid.valid | beam.FlatMap(by_bucket) | "GroupByBucket" >> beam.GroupByKey()
                 | beam.ParDo(Release()))
     released | WriteShuffledMessages(a["output"], private)
 seconds = time.perf_counter() - start

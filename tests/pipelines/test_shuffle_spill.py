@@ -35,7 +35,7 @@ def _batches(path: str, positions: list[tuple[int, int]]) -> list[pa.RecordBatch
     """Every record batch message of a spill file, read back with the schema of its kind."""
     schema = {
         "reports": spill.REPORT_SPILL_SCHEMA,
-        "crowds": spill.PIECE_LIST_SCHEMA,
+        "buckets": spill.PIECE_LIST_SCHEMA,
         "released": spill.RELEASED_SPILL_SCHEMA,
     }[Path(path).parent.name]
     return [
@@ -77,7 +77,7 @@ def test_spill_is_under_temp_location_holds_no_origin_and_is_removed(tmp_path, s
     summary = shuffle_pipeline.run(_options(recipe, pattern, output, temp))
     assert summary["adds_up"] and summary["released"] == RESPONDENTS * MESSAGES
     kinds = {Path(path).parent.name for path, _, _ in spilled}
-    assert kinds == {"reports", "crowds", "released"}
+    assert kinds == {"reports", "buckets", "released"}
     root = shuffle_pipeline.spill_root_path(str(output), f"{output}.private", str(temp))
     assert root.startswith(str(temp / "esa-spill"))
     for path, content, batches in spilled:
