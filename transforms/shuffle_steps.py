@@ -244,10 +244,9 @@ class ScreenedRows(NamedTuple):
 def screen(rows: pa.Table, rules: core.ValidationRules, instance: int) -> ScreenedRows:
     """Screen the rows of many crowds of one instance at once (caps by each crowd's recipe)."""
     crowds, texts = crowd_codes(rows.column("crowd"))
-    caps = np.array(
-        [origin_cap(rules, instance, crowd_of_text(text)[1]) for text in texts], dtype=object
-    )
-    caps = np.array([-1 if cap is None else cap for cap in caps.tolist()], dtype=np.int64)
+    # One look-up per crowd of the shard, not per row.
+    found = [origin_cap(rules, instance, crowd_of_text(text)[1]) for text in texts]
+    caps = np.array([-1 if cap is None else cap for cap in found], dtype=np.int64)
     hashes = rows.column("origin_hash").to_numpy()
     presence = pc.binary_length(rows.column("payload")).to_numpy(zero_copy_only=False) == 0
     codes = decide.screen_crowd_messages(crowds, hashes, presence, caps[crowds])
