@@ -86,7 +86,8 @@ class DeleteAndScatter(beam.DoFn):
         in_release = chosen[screened.crowds] & data
         survivors = np.flatnonzero(kept & in_release)
         gone = ~kept & in_release
-        crowd_codes = np.array(
+        # The task's crowds' codes (one past the last for a crowd with no rows here).
+        task_codes = np.array(
             [code_of.get(text, len(screened.texts)) for text in deletion.crowds], dtype=np.int64
         )
         per_deleted = np.bincount(screened.crowds[gone], minlength=len(screened.texts) + 1)
@@ -116,8 +117,8 @@ class DeleteAndScatter(beam.DoFn):
             key,
             spill.ShardRelease(
                 deletion.crowds,
-                per_deleted[crowd_codes],
-                per_released[crowd_codes],
+                per_deleted[task_codes],
+                per_released[task_codes],
                 deletion.slot_bits,
                 tuple(pieces),
             ),
