@@ -8,16 +8,22 @@ killed writer leaves either no commit or the previous one, never half of one.
 
 Two formats share this module:
 
-* ``esa-release/1``: a shuffler release (``esa shuffle --output DIR``): ``messages/*.avro`` files
-  and, per crowd, its status and the number of distinct respondents released
-  (``respondents_released``: what the analyzer's n comes from, never counted from messages);
+* ``esa-release/2``: a shuffler release (``esa shuffle --output DIR``) in crowd buckets
+  (``schemas/crowd_buckets.py``): ``messages/<stem>-g<group>.avro`` message files and, per bucket
+  of a window and instance, a crowd table ``crowds/<stem>.avro`` stating each crowd's status and
+  the distinct respondents released (``respondents_released``: what the analyzer's n comes from,
+  never counted from messages). The record lists both kinds of files and the totals
+  (``records_released``, ``crowds_released``, ``crowds_withheld``, ``respondents_released``) and
+  states ``parameters.crowd_buckets``; it lists no crowd (``schemas/release_crowds.py`` reads and
+  checks the tables, one at a time). ``esa-release/1`` (one commit entry per crowd) is refused;
 * ``esa-reports/1``: the report files of ``esa simulate``.
 
 :func:`verify_release` is what a reader calls before it trusts a directory: it refuses (raises
 :class:`ReleaseError` with a one-line message naming the file) an uncommitted directory, a file
 listed but missing, a file present but not listed (a copy counted twice), a file whose size,
-SHA-256 or record count differs from the record (truncated or altered), and any shuffler-private
-file (dead letters with origins, manifests with exact counts, metrics, spill data) inside it.
+SHA-256 or record count differs from the record (truncated or altered), any shuffler-private
+file (dead letters with origins, manifests with exact counts, metrics, spill data) inside it, and
+a shuffler release whose crowd tables disagree with their stems, the parameters or the totals.
 
 **Signed records.** A shuffler release may carry its instance's Ed25519 signature in the field
 ``"signature"`` (``{"algorithm": "Ed25519", "key_id", "signed_at_ms", "value"}``) over the
@@ -27,7 +33,8 @@ canonical JSON of the whole record minus ``signature.value``, prefixed by a cont
 ``shuffler_keys`` refuses an unsigned record, an unknown, wrong-instance or expired key, and a
 record altered after signing.
 
-Pure: the local file system and the standard library only (plus fastavro and pyarrow to count\nrecords).
+Pure: the local file system and the standard library only (plus fastavro and pyarrow to count
+records).
 """
 
 from __future__ import annotations
@@ -43,11 +50,24 @@ from typing import Any
 import fastavro
 
 from schemas import commit_signing
+from schemas.crowd_buckets import CROWDS_DIR, MAX_CROWD_BUCKETS, BucketKey, parse_release_path
+from schemas.release_crowds import (
+    MAX_RESPONDENTS_RELEASED,
+    CrowdTotals,
+    ReleaseError,
+    check_crowd_table,
+    crowd_table_paths,
+    iter_crowds,
+    parse_crowd_table,
+    read_crowd_table,
+)
 from schemas.signing_keys import ShufflerKeys, SigningKey
 
 __all__ = [
     "COMMIT_FILE",
     "RELEASE_FORMAT",
+    "OLD_RELEASE_FORMATS",
+    "MAX_RESPONDENTS_RELEASED",
     "REPORTS_FORMAT",
     "PRIVATE_NAMES",
     "ReleaseError",
@@ -62,26 +82,24 @@ __all__ = [
     "read_commit",
     "verify_release",
     "is_private_path",
+    "crowd_table_paths",
+    "read_crowd_table",
+    "iter_crowds",
 ]
 
 COMMIT_FILE = "_COMMIT.json"
-RELEASE_FORMAT = "esa-release/1"
+RELEASE_FORMAT = "esa-release/2"
+OLD_RELEASE_FORMATS = ("esa-release/1",)  # refused: written by an older esa shuffle
 REPORTS_FORMAT = "esa-reports/1"
 # Top-level names that are shuffler-private: never inside a release (SPEC: release layout).
 PRIVATE_NAMES = frozenset({"dead_letter", "manifest.avro", "manifest", "metrics.json", "spill"})
 _PRIVATE_PREFIXES = ("_spill",)
 _CHUNK = 1 << 20
-_STATUSES = ("released", "withheld")
-# Bounds a commit record's numbers must keep: an instance is an Avro int; a threshold a long; no
-# crowd is larger than the accountant accepts (privacy/accounting/variation_ratio.py,
-# MAX_RESPONDENTS), so an absurd n is refused before any privacy computation.
+# Bounds a commit record's numbers must keep: an instance is an Avro int; a threshold a long
+# (the largest n, MAX_RESPONDENTS_RELEASED, is schemas/release_crowds.py's).
 _MAX_INSTANCE = 2**31 - 1
 _MAX_THRESHOLD = 2**63 - 1
-MAX_RESPONDENTS_RELEASED = 10**10
-
-
-class ReleaseError(ValueError):
-    """A directory that is not a complete, unaltered release; the message names the file."""
+_TOTALS = ("records_released", "crowds_released", "crowds_withheld", "respondents_released")
 
 
 @dataclass(frozen=True)
@@ -127,7 +145,13 @@ class VerifiedRelease:
 
     @property
     def records(self) -> int:
-        return sum(entry.records or 0 for entry in self.entries)
+        """Records of the committed files (of a shuffler release: its messages, not its crowd
+        tables)."""
+        return sum(entry.records or 0 for entry in self.entries if not _is_table(self, entry))
+
+
+def _is_table(release: VerifiedRelease, entry: FileEntry) -> bool:
+    return release.format == RELEASE_FORMAT and entry.path.startswith(CROWDS_DIR + "/")
 
 
 def is_private_path(relative: str) -> bool:
@@ -226,16 +250,21 @@ def _int_in(value: Any, low: int, high: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
+def _old_format(commit: Mapping[str, Any]) -> str:
+    return (
+        f"format {commit['format']!r} is no longer read (one commit entry per crowd, written by "
+        "an older esa shuffle); shuffle again"
+    )
+
+
 def _check_release_fields(commit: Mapping[str, Any], files: Sequence[FileEntry]) -> None:
-    """The fields of an ``esa-release/1`` record (SPEC: release layout)."""
-    for name, kind in (
-        ("instance", (int, type(None))),
-        ("recipes", list),
-        ("parameters", dict),
-        ("crowds", list),
-    ):
+    """The fields of an ``esa-release/2`` record (SPEC: release layout): types, parameters, the
+    files' paths and the totals the files' entries imply (not the crowd tables' contents)."""
+    for name, kind in (("instance", (int, type(None))), ("recipes", list), ("parameters", dict)):
         if name not in commit or not isinstance(commit[name], kind):
             raise ReleaseError(f"{COMMIT_FILE}: field {name!r} is missing or has the wrong type")
+    if "crowds" in commit:
+        raise ReleaseError(f"{COMMIT_FILE}: {commit['format']} lists no crowds (crowds/ tables do)")
     instance = commit["instance"]
     if instance is not None and not _int_in(instance, 0, _MAX_INSTANCE):
         raise ReleaseError(f"{COMMIT_FILE}: instance {instance!r} is not an int in [0, 2^31 - 1]")
@@ -249,39 +278,52 @@ def _check_release_fields(commit: Mapping[str, Any], files: Sequence[FileEntry])
     window_ms = parameters.get("window_ms")
     if "window_ms" in parameters and not _int_in(window_ms, 1, _MAX_THRESHOLD):
         raise ReleaseError(f"{COMMIT_FILE}: parameters.window_ms {window_ms!r} is not an int >= 1")
-    released = commit.get("records_released")
-    if any(entry.records is None for entry in files):
-        raise ReleaseError(f"{COMMIT_FILE}: a release file does not state its records")
-    if not isinstance(released, int) or released != sum(entry.records or 0 for entry in files):
+    buckets = parameters.get("crowd_buckets")
+    if not _int_in(buckets, 1, MAX_CROWD_BUCKETS):
         raise ReleaseError(
-            f"{COMMIT_FILE}: records_released {released!r} is not the sum of the files' records"
+            f"{COMMIT_FILE}: parameters.crowd_buckets {buckets!r} is not an int in "
+            f"[1, {MAX_CROWD_BUCKETS}]"
         )
-    messages = 0
-    for index, crowd in enumerate(commit["crowds"]):
-        if not isinstance(crowd, Mapping) or crowd.get("status") not in _STATUSES:
-            raise ReleaseError(f"{COMMIT_FILE}: crowds[{index}] has no valid status")
-        count = crowd.get("messages_released")
-        respondents = crowd.get("respondents_released")
-        if not isinstance(count, int) or count < 0:
-            raise ReleaseError(f"{COMMIT_FILE}: crowds[{index}].messages_released is invalid")
-        if crowd["status"] == "released":
-            if not _int_in(respondents, 0, MAX_RESPONDENTS_RELEASED):
-                raise ReleaseError(
-                    f"{COMMIT_FILE}: crowds[{index}].respondents_released {respondents!r} is not "
-                    f"an int in [0, {MAX_RESPONDENTS_RELEASED:.0e}]"
-                )
-            if isinstance(threshold, int) and respondents < threshold:
-                raise ReleaseError(
-                    f"{COMMIT_FILE}: crowds[{index}] is released with {respondents} respondents, "
-                    f"below the crowd_threshold {threshold}"
-                )
-        elif respondents is not None or count:
-            raise ReleaseError(f"{COMMIT_FILE}: withheld crowds[{index}] states counts")
-        messages += count
-    if messages != released:
+    for name in _TOTALS:
+        if not _int_in(commit.get(name), 0, _MAX_THRESHOLD):
+            raise ReleaseError(f"{COMMIT_FILE}: {name} {commit.get(name)!r} is not an int >= 0")
+    messages = tables = 0
+    table_stems = set()
+    message_stems = {}
+    for entry in files:
+        parsed = parse_release_path(entry.path)
+        if parsed is None:
+            raise ReleaseError(
+                f"{COMMIT_FILE}: {entry.path!r} is neither messages/<stem>-g<group>.avro nor "
+                "crowds/<stem>.avro"
+            )
+        directory, key, _ = parsed
+        if key.bucket >= buckets or (instance is not None and key.instance != instance):
+            raise ReleaseError(
+                f"{COMMIT_FILE}: {entry.path!r} is not a bucket of instance {instance!r} "
+                f"with {buckets} buckets"
+            )
+        if entry.records is None:
+            raise ReleaseError(f"{COMMIT_FILE}: {entry.path!r} does not state its records")
+        if directory == CROWDS_DIR:
+            tables += entry.records
+            table_stems.add(key)
+        else:
+            messages += entry.records
+            message_stems.setdefault(key, entry.path)
+    if commit["records_released"] != messages:
         raise ReleaseError(
-            f"{COMMIT_FILE}: crowds release {messages} messages, files hold {released} records"
+            f"{COMMIT_FILE}: records_released {commit['records_released']} is not the sum of the "
+            f"message files' records ({messages})"
         )
+    if commit["crowds_released"] + commit["crowds_withheld"] != tables:
+        raise ReleaseError(
+            f"{COMMIT_FILE}: crowds_released + crowds_withheld is not the sum of the crowd "
+            f"tables' records ({tables})"
+        )
+    for key, path in message_stems.items():
+        if key not in table_stems:
+            raise ReleaseError(f"{COMMIT_FILE}: {path!r} has no crowd table of its bucket")
 
 
 def write_commit(
@@ -290,8 +332,9 @@ def write_commit(
     """Write ``record`` as ``directory/_COMMIT.json`` atomically; returns its path.
 
     ``record`` must have ``format`` and ``files`` (FileEntry objects or their JSON form); an
-    ``esa-release/1`` record is checked field by field before anything is written, then signed
-    with ``signing_key`` when given (ValueError if the key is another instance's or expired).
+    ``esa-release/2`` record is checked field by field before anything is written (its crowd
+    tables' contents are not read), then signed with ``signing_key`` when given (ValueError if
+    the key is another instance's or expired). ``esa-release/1`` is no longer written.
     """
     body = dict(record)
     if not isinstance(body.get("format"), str) or not body["format"]:
@@ -303,6 +346,8 @@ def write_commit(
     body["files"] = [entry.to_json() for entry in sorted(entries, key=lambda e: e.path)]
     if len({entry.path for entry in entries}) != len(entries):
         raise ValueError("commit record lists a file twice")
+    if body["format"] in OLD_RELEASE_FORMATS:
+        raise ValueError(_old_format(body))
     if body["format"] == RELEASE_FORMAT:
         try:
             _check_release_fields(body, entries)
@@ -370,6 +415,8 @@ def verify_release(
     """
     directory = directory.rstrip("/") or "/"
     commit = read_commit(directory)
+    if commit["format"] in OLD_RELEASE_FORMATS and RELEASE_FORMAT in formats:
+        raise ReleaseError(f"{os.path.join(directory, COMMIT_FILE)}: {_old_format(commit)}")
     if commit["format"] not in formats:
         raise ReleaseError(
             f"{os.path.join(directory, COMMIT_FILE)}: format {commit['format']!r} is not one of "
@@ -385,7 +432,8 @@ def verify_release(
     listed = {entry.path: entry for entry in entries}
     if len(listed) != len(entries):
         raise ReleaseError(f"{os.path.join(directory, COMMIT_FILE)}: a file is listed twice")
-    if commit["format"] == RELEASE_FORMAT:
+    shuffled = commit["format"] == RELEASE_FORMAT
+    if shuffled:
         _check_release_fields(commit, entries)
     for relative in _present_files(directory):
         if relative == COMMIT_FILE:
@@ -395,10 +443,16 @@ def verify_release(
             raise ReleaseError(f"{path}: shuffler-private data inside a release")
         if relative not in listed:
             raise ReleaseError(f"{path}: not listed in {COMMIT_FILE} (a copy or a stray file)")
-    for entry in entries:
+    stem_records = _stem_records(entries) if shuffled else {}
+    totals = CrowdTotals()
+    tables_last = sorted(entries, key=lambda entry: entry.path.startswith(CROWDS_DIR + "/"))
+    for entry in tables_last if shuffled else entries:  # every message file checked first
         path = os.path.join(directory, *entry.path.split("/"))
         if not os.path.isfile(path):
             raise ReleaseError(f"{path}: listed in {COMMIT_FILE} but missing")
+        if shuffled and entry.path.startswith(CROWDS_DIR + "/"):
+            totals.add(_check_table(path, entry, commit, stem_records))
+            continue
         digest, size = _sha256_and_size(path)
         if size != entry.bytes:
             raise ReleaseError(
@@ -413,5 +467,40 @@ def verify_release(
                 raise ReleaseError(f"{path}: unreadable record file") from error
             if counted != entry.records:
                 raise ReleaseError(f"{path}: {counted} records, committed {entry.records}")
+    if shuffled and (problem := totals.problem(commit)) is not None:
+        raise ReleaseError(f"{os.path.join(directory, COMMIT_FILE)}: {problem}")
     paths = tuple(os.path.join(directory, *entry.path.split("/")) for entry in entries)
     return VerifiedRelease(directory, commit, paths, tuple(entries), signed_by)
+
+
+def _stem_records(entries: Sequence[FileEntry]) -> dict[BucketKey, int]:
+    """Records of each stem's message files (one number per bucket, not per crowd)."""
+    records: dict[BucketKey, int] = {}
+    for entry in entries:
+        parsed = parse_release_path(entry.path)
+        if parsed is not None and parsed[0] != CROWDS_DIR:
+            records[parsed[1]] = records.get(parsed[1], 0) + (entry.records or 0)
+    return records
+
+
+def _check_table(
+    path: str, entry: FileEntry, commit: Mapping[str, Any], stem_records: Mapping[BucketKey, int]
+) -> CrowdTotals:
+    """Check a committed crowd table: size and SHA-256 of the bytes read once, then its rows
+    (schemas/release_crowds.py); its totals."""
+    with open(path, "rb") as handle:
+        data = handle.read(entry.bytes + 1)
+    if len(data) != entry.bytes:
+        raise ReleaseError(
+            f"{path}: {len(data)}{'+' if len(data) > entry.bytes else ''} bytes, committed "
+            f"{entry.bytes} (truncated or grown)"
+        )
+    if hashlib.sha256(data).hexdigest() != entry.sha256:
+        raise ReleaseError(f"{path}: SHA-256 differs from {COMMIT_FILE} (altered)")
+    rows = parse_crowd_table(data, path)
+    if len(rows) != entry.records:
+        raise ReleaseError(f"{path}: {len(rows)} records, committed {entry.records}")
+    key = parse_release_path(entry.path)[1]  # type: ignore[index]  # checked by the fields
+    return check_crowd_table(
+        path, key, rows, commit["parameters"], commit["instance"], stem_records.get(key, 0)
+    )

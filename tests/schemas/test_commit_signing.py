@@ -21,24 +21,28 @@ DAY_MS = 86_400_000
 
 def _record(instance: int = 0, respondents: int = 1234) -> dict:
     return {
-        "format": "esa-release/1",
+        "format": "esa-release/2",
         "instance": instance,
-        "recipes": ["r@1"],
-        "parameters": {"crowd_threshold": 100, "deletion_epsilon": 0.5, "deletion_delta": 1e-6},
-        "crowds": [
+        "recipes": ["Zürich@1"],  # non-ASCII: signed as UTF-8
+        "parameters": {
+            "crowd_threshold": 100,
+            "deletion_epsilon": 0.5,
+            "deletion_delta": 1e-6,
+            "crowd_buckets": 16,
+        },
+        "files": [
+            {"path": "crowds/0-u0-b00003.avro", "bytes": 10, "records": 1, "sha256": "1" * 64},
             {
-                "window_start_ms": 0,
-                "window_end_ms": DAY_MS,
-                "channel": "ch",
-                "recipe_id": "r@1",
-                "crowd_id": "Zürich",  # non-ASCII: signed as UTF-8
-                "status": "released",
-                "respondents_released": respondents,
-                "messages_released": 7,
-            }
+                "path": "messages/0-u0-b00003-g00000.avro",
+                "bytes": 10,
+                "records": 7,
+                "sha256": "0" * 64,
+            },
         ],
-        "files": [{"path": "messages/a.avro", "bytes": 10, "records": 7, "sha256": "0" * 64}],
         "records_released": 7,
+        "crowds_released": 1,
+        "crowds_withheld": 0,
+        "respondents_released": respondents,
     }
 
 
@@ -85,7 +89,8 @@ def test_canonical_form_is_sorted_compact_utf8() -> None:
 
 def test_inflating_respondents_released_is_refused(keys, trusted) -> None:
     record = _signed(keys)
-    record["crowds"][0]["respondents_released"] *= 10  # messages untouched
+    record["respondents_released"] *= 10  # messages untouched (the crowd table's SHA-256 and
+    # the per-crowd check against the tables refuse the rest of such a lie: test_release_crowds)
     _refused(record, trusted, "does not verify", "altered")
 
 
@@ -93,7 +98,7 @@ def test_inflating_respondents_released_is_refused(keys, trusted) -> None:
     "edit",
     [
         lambda r: r["parameters"].__setitem__("deletion_epsilon", 5.0),
-        lambda r: r["files"][0].__setitem__("sha256", "1" * 64),
+        lambda r: r["files"][0].__setitem__("sha256", "2" * 64),
         lambda r: r.__setitem__("extra", True),
         lambda r: r["signature"].__setitem__("signed_at_ms", NOW_MS - 1),
     ],
@@ -199,12 +204,12 @@ def test_a_garbled_signature_is_refused_in_one_short_line(keys, trusted, block, 
 
 def test_a_record_without_canonical_form_is_refused_not_a_traceback(keys, trusted) -> None:
     record = _signed(keys)
-    record["crowds"][0]["respondents_released"] = float("nan")
+    record["respondents_released"] = float("nan")
     _refused(record, trusted, "canonical")
     deep: list = []
     for _ in range(100_000):
         deep = [deep]
-    record["crowds"] = deep
+    record["recipes"] = deep
     _refused(record, trusted, "canonical")
 
 
