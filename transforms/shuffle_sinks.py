@@ -49,7 +49,7 @@ from transforms.shuffle_config import metrics_summary
 from transforms.shuffle_steps import manifest_dict
 
 INDEX_DIR = "index"
-RELEASE_FORMAT = "esa-release/2"
+RELEASE_FORMAT = release_format.RELEASE_FORMAT  # esa-release/2
 # Totals a crowd table's index entry states besides its FileEntry fields.
 CROWD_TOTALS = ("crowds_released", "crowds_withheld", "respondents_released")
 

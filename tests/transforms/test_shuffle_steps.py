@@ -16,6 +16,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from schemas import release as rel
 from schemas.avro.reader import read_container_bytes
 from schemas.crowd_buckets import BucketKey, crowd_bucket
+from schemas.release_crowds import iter_crowds
 from tests.transforms import report_factory as rf
 from transforms import avro_io
 from transforms import release_core as decide
@@ -138,7 +139,7 @@ def _crowd(crowd_id: str, status: str, respondents: int | None, messages: int) -
 def test_a_retried_write_overwrites_and_the_release_commits(tmp_path: Path) -> None:
     """The same group and crowd table written twice (a retried bundle) leave one file and one
     index entry each; the commit record's totals come from the index entries only."""
-    key = BucketKey(rf.T0, 0, 3)
+    key = BucketKey(rf.T0, 0, 0)  # B = 1: every crowd in bucket 0
     crowds = ((rf.CHANNEL, rf.RECIPE, "c"), (rf.CHANNEL, rf.RECIPE, "d"))
     payloads = pa.array([b"a", b"bb", b"ccc"])
     group = sinks.ReleasedGroup(
@@ -158,21 +159,23 @@ def test_a_retried_write_overwrites_and_the_release_commits(tmp_path: Path) -> N
         _ = groups | sinks.WriteShuffledMessages(str(output), str(private))
         tables = pipeline | "Tables" >> beam.Create([table, table])
         _ = tables | sinks.WriteCrowdTables(str(output), str(private))
-    assert [p.name for p in (output / "messages").iterdir()] == [f"{rf.T0}-u0-b00003-g00000.avro"]
-    assert [p.name for p in (output / "crowds").iterdir()] == [f"{rf.T0}-u0-b00003.avro"]
-    messages = _read(output / "messages" / f"{rf.T0}-u0-b00003-g00000.avro")
+    assert [p.name for p in (output / "messages").iterdir()] == [f"{rf.T0}-u0-b00000-g00000.avro"]
+    assert [p.name for p in (output / "crowds").iterdir()] == [f"{rf.T0}-u0-b00000.avro"]
+    messages = _read(output / "messages" / f"{rf.T0}-u0-b00000-g00000.avro")
     assert [m["crowd_id"] for m in messages] == ["c", "d", "d"]
     assert [m["payload"] for m in messages] == [b"a", b"bb", b"ccc"]
     entries = sinks.read_index(str(private))
     assert [entry["records"] for entry in entries] == [3, 3]
-    record = sinks.commit_record(0, [rf.RECIPE], {"crowd_threshold": 2}, entries)
+    parameters = {"crowd_threshold": 2, "crowd_buckets": 1}
+    record = sinks.commit_record(0, [rf.RECIPE], parameters, entries)
     assert "crowds" not in record and record["format"] == "esa-release/2"
     assert (record["records_released"], record["crowds_released"]) == (3, 2)
     assert (record["crowds_withheld"], record["respondents_released"]) == (1, 7)
     assert all(set(entry) == {"path", "bytes", "records", "sha256"} for entry in record["files"])
     rel.write_commit(str(output), record)
-    verified = rel.verify_release(str(output), formats=(sinks.RELEASE_FORMAT,))
-    assert verified.records == 6
+    verified = rel.verify_release(str(output))  # crowd tables and their messages included
+    assert verified.records == 3
+    assert [crowd["crowd_id"] for crowd in iter_crowds(verified)] == ["c", "d", "w"]
 
 
 def _read(path: Path) -> list[dict]:
