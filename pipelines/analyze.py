@@ -6,22 +6,26 @@
          --runner=PortableRunner --job_endpoint=embed --environment_type=LOOPBACK]
 
 Input: one committed release per shuffler instance, as ``esa shuffle`` writes it
-(``messages/*.avro`` and ``_COMMIT.json``). ``--input DIR`` is either a release or a directory of
+(``esa-release/2``: ``messages/<stem>-g<group>.avro``, one crowd table ``crowds/<stem>.avro`` per
+bucket of a window, and ``_COMMIT.json``). ``--input DIR`` is either a release or a directory of
 ``instance=<u>/`` releases. Every release is verified against its commit record first
 (``schemas.release.verify_release``): an uncommitted directory, a missing, unlisted (e.g. copied),
-truncated or altered file, and any shuffler-private file (dead letters, manifests, metrics, spill)
-is refused with one line naming it (exit 2). Only the committed files are read: workers take the
-file list and the crowds from the commit record itself, refusing it unless its SHA-256 is the one
-the driver verified (nothing per crowd or file is pickled into the job). Each crowd's
-messages in the files must match its commit record (``pipelines.release_crowds``): a crowd read
-but not released, or a ``messages_released`` other than the records read, is refused too.
+truncated or altered file, any shuffler-private file (dead letters, manifests, metrics, spill),
+a crowd table that disagrees with its bucket, the threshold or the record's totals, and a release
+of the older format ``esa-release/1`` are refused with one line naming it (exit 2). Only the
+committed files are read: workers take the file list from the commit record itself, refusing it
+unless its SHA-256 is the one the driver verified, and the crowds from the crowd tables it
+commits, each checked against its committed SHA-256 (nothing per crowd or file is pickled into
+the job). Each crowd's messages in its bucket's files must match its crowd table
+(``pipelines.release_crowds``, one bucket at a time): a crowd read but not released, or a
+``messages_released`` other than the records read, is refused too.
 With ``--shuffler-keys KEYS`` (the shufflers' public signing keys) every commit record must also
 carry a valid Ed25519 signature of its own instance's key (schemas/commit_signing.py): an
 unsigned record, an unknown, wrong-instance or expired key, and a record altered after signing
 are refused the same way. Without it the summary states that the commit records were not
 authenticated.
 
-Respondent counts come only from the commit records: instance u states per crowd the respondents
+Respondent counts come only from the crowd tables: instance u states per crowd the respondents
 it released (``respondents_released``, after randomized deletion), and the analyzer de-biases with
 n_eff = Σ_u π_u n_u over instances (π = the recipe's instance weights): unbiased for the
 π-weighted surviving population when shufflers withhold crowds or delete respondents (Algorithm
@@ -66,13 +70,18 @@ from pipelines import keys as keys_cli
 from pipelines import pictures
 from pipelines.cli import UsageError
 from pipelines.options import AnalyzeOptions, with_default_runner
-from pipelines.release_crowds import check_crowd_counts
+from pipelines.release_crowds import (
+    check_release_counts,
+    pinned_crowd_records,
+    pinned_message_paths,
+)
 from schemas import SUPPORTED_SCHEMA_VERSIONS, release
+from schemas.crowd_buckets import CROWDS_DIR
 from schemas.recipes import load_recipe, shipped_recipes
 from schemas.signing_keys import ShufflerKeys
 from transforms import analyze_core as core
 from transforms import atomic_files
-from transforms.aggregate import AggregateReleases, commit_crowd_records, commit_file_paths
+from transforms.aggregate import AggregateReleases
 from transforms.analysis_reports import REPORTS_DIR, WITHHELD_DIR, read_reports
 from transforms.analysis_tables import table_parts
 from transforms.analyze import (
@@ -119,16 +128,20 @@ def _handle(args: argparse.Namespace, pipeline_args: list[str]) -> int:
 
 @dataclass(frozen=True)
 class Release:
-    """One shuffler instance's verified release: its commit record and committed files."""
+    """One shuffler instance's verified release: its commit record (which lists no crowds),
+    committed message files and every committed file's entry (``entries``: so that
+    ``schemas.release.iter_crowds(r)`` and ``crowd_table_paths(r)`` read its crowd tables, one
+    at a time)."""
 
     instance: int
     path: str
     commit: Mapping[str, Any]
-    files: tuple[str, ...]
+    files: tuple[str, ...]  # message files only (crowd tables: release.crowd_table_paths)
     deletion: tuple[float, float] | None
     crowd_threshold: Any
     signed_by: str | None = None  # the verified signing key's id (--shuffler-keys)
     commit_sha256: str | None = None  # of the verified _COMMIT.json: workers re-read only it
+    entries: tuple[release.FileEntry, ...] = ()
 
 
 def _exists(path: str) -> bool:
@@ -182,34 +195,10 @@ def _commit_deletion(path: str, parameters: Mapping[str, Any]) -> tuple[float, f
     return float(epsilon), float(delta)
 
 
-def _check_crowds(path: str, crowds: Sequence[Any]) -> None:
-    seen = set()
-    for crowd in crowds:
-        key = tuple(crowd.get(k) for k in ("window_start_ms", "channel", "recipe_id", "crowd_id"))
-        start, end = crowd.get("window_start_ms"), crowd.get("window_end_ms")
-        count, status = crowd.get("respondents_released"), crowd.get("status")
-        valid = (
-            isinstance(start, int)
-            and isinstance(end, int)
-            and start < end
-            and isinstance(crowd.get("channel"), str)
-            and isinstance(crowd.get("recipe_id"), str)
-            and status in ("released", "withheld")
-            and (
-                status == "withheld"
-                or (isinstance(count, int) and not isinstance(count, bool) and count >= 0)
-            )
-        )
-        if not valid:
-            raise UsageError(f"{path}: malformed crowd record {json.dumps(crowd)[:200]}")
-        if key in seen:
-            raise UsageError(f"{path}: crowd {key} listed twice")
-        seen.add(key)
-
-
 def open_release(directory: str, shuffler_keys: ShufflerKeys | None = None) -> Release:
     """Verify ``directory`` against its commit record (and its signature, given the shufflers'
-    keys); UsageError (one line) if it may not be read."""
+    keys) and its crowd tables against its message files, one bucket at a time; UsageError (one
+    line) if it may not be read."""
     commit_path = os.path.join(directory, release.COMMIT_FILE)
     digest = release.sha256_of(commit_path) if os.path.isfile(commit_path) else None
     try:
@@ -226,8 +215,7 @@ def open_release(directory: str, shuffler_keys: ShufflerKeys | None = None) -> R
     instance = commit.get("instance")
     if not isinstance(instance, int) or isinstance(instance, bool) or instance < 0:
         raise UsageError(f"{path}: states no shuffler instance (an int >= 0)")
-    _check_crowds(path, commit["crowds"])
-    check_crowd_counts(directory, commit["crowds"], verified.files)
+    check_release_counts(directory, verified)
     if digest is None or release.sha256_of(commit_path) != digest:
         raise UsageError(f"refusing release: {commit_path} changed while it was verified")
     parameters = commit["parameters"]
@@ -235,11 +223,16 @@ def open_release(directory: str, shuffler_keys: ShufflerKeys | None = None) -> R
         instance=instance,
         path=directory,
         commit=commit,
-        files=tuple(verified.files),
+        files=tuple(
+            path
+            for path, entry in zip(verified.files, verified.entries, strict=True)
+            if not entry.path.startswith(CROWDS_DIR + "/")
+        ),
         deletion=_commit_deletion(path, parameters),
         crowd_threshold=parameters.get("crowd_threshold"),
         signed_by=verified.signed_by,
         commit_sha256=digest,
+        entries=verified.entries,
     )
 
 
@@ -363,7 +356,7 @@ def run(options: PipelineOptions) -> dict[str, Any]:
     released = {
         core.crowd_key(recipe, crowd): recipe
         for r in releases
-        for crowd in r.commit["crowds"]
+        for crowd in release.iter_crowds(r)
         if crowd["status"] == "released" and (recipe := book.get(crowd["recipe_id"])) is not None
     }
     keys_cli.check_key_ring(values.analyze_key_ring)  # one-line error before the pipeline
@@ -380,7 +373,7 @@ def run(options: PipelineOptions) -> dict[str, Any]:
     withheld = [
         {**crowd, "instance": r.instance}
         for r in releases
-        for crowd in r.commit["crowds"]
+        for crowd in release.iter_crowds(r)
         if crowd["status"] != "released"
     ]
     releases = [
@@ -417,10 +410,10 @@ def run(options: PipelineOptions) -> dict[str, Any]:
     )
     release_files = (
         commits
-        | "ReleaseFiles" >> beam.FlatMap(commit_file_paths)
+        | "ReleaseFiles" >> beam.FlatMap(pinned_message_paths)
         | "SpreadFiles" >> beam.Reshuffle()
     )
-    commit_crowds = commits | "CommitCrowds" >> beam.FlatMap(commit_crowd_records)
+    commit_crowds = commits | "CommitCrowds" >> beam.FlatMap(pinned_crowd_records)
     aggregated = (release_files, commit_crowds) | "Aggregate" >> AggregateReleases(
         book,
         SUPPORTED_SCHEMA_VERSIONS,

@@ -1,15 +1,19 @@
 """Committed crowd counts must agree with the messages a release's files hold (issue #11).
 
-A release's commit record states per crowd the messages it released (``messages_released``) and
-the respondents (``respondents_released``, the analyzer's n). The files' SHA-256 checks say the
-files are the committed ones; nothing there ties the per-crowd figures to the files, so an edited
-commit record could inflate n or relabel a crowd's recipe or channel. :func:`check_crowd_counts`
-reads the committed files once on the driver, in Arrow column batches of the crowd-key columns,
-counts records per (window_start, window_end, channel, recipe_id, crowd_id) and refuses (one line
-naming the release and the crowd) when a crowd read is not released in the commit record or its
-record count differs from ``messages_released`` (chaff and messages the analyzer will dead-letter
-count too: they were released in that crowd). Records whose key cannot be read (unreadable
-chunks) are left to the pipeline's accounting.
+A release's crowd tables (``esa-release/2``: ``crowds/<stem>.avro``, one per bucket of a window
+and instance) state per crowd the messages it released (``messages_released``) and the
+respondents (``respondents_released``, the analyzer's n). The files' SHA-256 checks say the files
+are the committed ones, and ``schemas.release.verify_release`` checks each table against its
+stem and the totals; nothing there ties the per-crowd figures to the messages, so a table could
+inflate n or relabel a crowd's recipe or channel. :func:`check_release_counts` goes stem by stem
+(one crowd table and its bucket's message files at a time, so memory is bounded by the largest
+bucket, never by the number of crowds): :func:`check_crowd_counts` reads the stem's message files
+in Arrow column batches of the crowd-key columns, counts records per (window_start, window_end,
+channel, recipe_id, crowd_id) and refuses (one line naming the release and the crowd) when a
+crowd read is not released in the stem's table or its record count differs from
+``messages_released`` (chaff and messages the analyzer will dead-letter count too: they were
+released in that crowd). Records whose key cannot be read (unreadable chunks) are left to the
+pipeline's accounting.
 
 ``respondents_released`` is not compared with the message count: presence messages are never
 released, so a respondent may have sent no data message to one instance.
@@ -17,17 +21,33 @@ released, so a respondent may have sent no data message to one instance.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
 
 from pipelines.cli import UsageError
+from schemas import release
+from schemas.crowd_buckets import CROWDS_DIR, parse_release_path
+from schemas.release_crowds import parse_crowd_table
 from transforms import avro_io
+from transforms.aggregate import read_pinned_commit
 
-__all__ = ["CrowdKey", "check_crowd_counts", "count_crowd_messages"]
+__all__ = [
+    "CrowdKey",
+    "check_crowd_counts",
+    "check_release_counts",
+    "count_crowd_messages",
+    "pinned_crowd_records",
+    "pinned_message_paths",
+    "release_stems",
+]
 
 # (window_start_ms, window_end_ms, channel, recipe_id, crowd_id)
 CrowdKey = tuple[int, int, str, str, str | None]
@@ -120,3 +140,67 @@ def check_crowd_counts(
                 f"refusing release {path}: crowd {_describe(key)} states messages_released "
                 f"{committed}, its files hold 0"
             )
+
+
+def release_stems(verified: release.VerifiedRelease) -> Iterator[tuple[str, list[str]]]:
+    """``(crowd table, its stem's message files)`` of a verified ``esa-release/2`` release, table
+    by table (paths joined as ``verified.files``; every message file's stem has a table)."""
+    messages: dict[Any, list[str]] = {}
+    tables: list[tuple[Any, str]] = []
+    for entry, path in zip(verified.entries, verified.files, strict=True):
+        parsed = parse_release_path(entry.path)
+        if parsed is None:
+            continue
+        directory, key, _ = parsed
+        if directory == CROWDS_DIR:
+            tables.append((key, path))
+        else:
+            messages.setdefault(key, []).append(path)
+    for key, table in tables:
+        yield table, messages.get(key, [])
+
+
+def check_release_counts(
+    path: str,
+    verified: release.VerifiedRelease,
+    batch_records: int = avro_io.DEFAULT_BATCH_RECORDS,
+) -> None:
+    """:func:`check_crowd_counts` for every stem of ``verified`` (a release at ``path``), one
+    crowd table and its message files at a time; UsageError (one line) on the first crowd whose
+    messages disagree with its table."""
+    for table, files in release_stems(verified):
+        try:
+            crowds = release.read_crowd_table(table)
+        except release.ReleaseError as error:
+            raise UsageError(f"refusing release {path}: {error}") from None
+        check_crowd_counts(path, crowds, files, batch_records)
+
+
+def _pinned_files(commit: tuple[int, str, str | None], tables: bool) -> Iterator[tuple[Any, str]]:
+    _, directory, sha256 = commit
+    for entry in read_pinned_commit(directory, sha256)["files"]:
+        if entry["path"].startswith(CROWDS_DIR + "/") == tables:
+            yield entry, os.path.join(directory, *entry["path"].split("/"))
+
+
+def pinned_message_paths(commit: tuple[int, str, str | None]) -> Iterator[str]:
+    """``(instance, release directory, SHA-256 of its verified _COMMIT.json)`` -> the path of
+    every message file the record commits (never its crowd tables); run on workers."""
+    for _, path in _pinned_files(commit, tables=False):
+        yield path
+
+
+def pinned_crowd_records(
+    commit: tuple[int, str, str | None],
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(instance, release directory, SHA-256)`` -> ``(instance, crowd)`` for every crowd of the
+    record's crowd tables, one table at a time, each read only if its SHA-256 is the committed
+    one (ValueError otherwise); run on workers, so no list of every crowd is on the driver."""
+    instance = commit[0]
+    for entry, path in _pinned_files(commit, tables=True):
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            data = handle.read()
+        if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+            raise ValueError(f"{path} is not the crowd table that was verified (SHA-256 differs)")
+        for crowd in parse_crowd_table(data, path):
+            yield instance, crowd

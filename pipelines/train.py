@@ -202,19 +202,20 @@ def _released_files(release: Path) -> list[str]:
 def _released_respondents(
     release: Path, summary: dict[str, Any], tau: int, shuffler_keys: str | None = None
 ) -> int:
-    """Respondents one shuffler run released: the commit record's count when the release has
-    one (verified, and its signature too given ``shuffler_keys``), else its released messages /
+    """Respondents one shuffler run released: its crowd tables' count when the release has a
+    commit record (verified, and its signature too given ``shuffler_keys``), else its messages /
     tau (each device sends its tau reports to one instance)."""
     if (release / release_format.COMMIT_FILE).exists():
         try:
-            commit = release_format.verify_release(
+            verified = release_format.verify_release(
                 str(release),
                 formats=(release_format.RELEASE_FORMAT,),
                 shuffler_keys=keys_cli.load_shuffler_keys(shuffler_keys),
-            ).commit
+            )
+            crowds = release_format.iter_crowds(verified)  # one crowd table at a time
+            return sum(c["respondents_released"] or 0 for c in crowds)
         except release_format.ReleaseError as error:
             raise UsageError(f"refusing release: {error}") from None
-        return sum(int(c.get("respondents_released") or 0) for c in commit["crowds"])
     return int(summary.get("released", 0)) // tau
 
 

@@ -32,7 +32,7 @@ import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 import fastavro
 
@@ -40,12 +40,13 @@ from schemas import parsed_schema
 from schemas.crowd_buckets import CROWDS_DIR, BucketKey, crowd_bucket, crowd_order
 
 if TYPE_CHECKING:
-    from schemas.release import VerifiedRelease
+    from schemas.release import FileEntry
 
 __all__ = [
     "CROWD_FIELDS",
     "MAX_RESPONDENTS_RELEASED",
     "ReleaseError",
+    "CommittedRelease",
     "CrowdTotals",
     "crowd_table_paths",
     "read_crowd_table",
@@ -77,6 +78,17 @@ _MS = datetime.timedelta(milliseconds=1)
 
 class ReleaseError(ValueError):
     """A directory that is not a complete, unaltered release; the message names the file."""
+
+
+class CommittedRelease(Protocol):
+    """What the readers need of a verified release (``schemas.release.VerifiedRelease``, or the
+    analyzer's ``Release``): its directory and its commit entries."""
+
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def entries(self) -> Sequence[FileEntry]: ...
 
 
 def _ms(value: Any) -> int:
@@ -124,7 +136,7 @@ def read_crowd_table(path: str) -> list[dict[str, Any]]:
         raise ReleaseError(f"{path}: unreadable crowd table: {error}") from None
 
 
-def crowd_table_paths(release: VerifiedRelease) -> list[str]:
+def crowd_table_paths(release: CommittedRelease) -> list[str]:
     """The committed crowd tables of a verified release (paths joined with its directory, in
     commit order)."""
     return [
@@ -134,7 +146,7 @@ def crowd_table_paths(release: VerifiedRelease) -> list[str]:
     ]
 
 
-def iter_crowds(release: VerifiedRelease) -> Iterator[dict[str, Any]]:
+def iter_crowds(release: CommittedRelease) -> Iterator[dict[str, Any]]:
     """Every crowd of a verified release, table after table (one table in memory at a time)."""
     for path in crowd_table_paths(release):
         yield from read_crowd_table(path)

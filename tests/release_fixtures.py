@@ -29,6 +29,7 @@ from schemas.crowd_buckets import (
     crowd_table_path,
     message_file_path,
 )
+from schemas.release_crowds import read_crowd_table
 from schemas.signing_keys import SigningKey
 
 DAY_MS = 86_400_000
@@ -172,14 +173,29 @@ def recommit(
     directory: str | Path,
     change: Callable[[dict[str, Any]], None] | None = None,
     signing_key: SigningKey | None = None,
+    totals: bool = False,
 ) -> dict[str, Any]:
-    """Re-state every messages/ and crowds/ file's entry in ``directory``'s commit record, apply
+    """Re-state every messages/ and crowds/ file's entry in ``directory``'s commit record (and,
+    with ``totals``, its totals from the files and crowd tables: a consistent lie), apply
     ``change``, sign with ``signing_key`` (or drop the signature) and write it unchecked."""
     root = Path(directory)
     record = release.read_commit(str(root))
     record.pop("signature", None)
     paths = release.release_files(str(root), ("messages", "crowds"))
     record["files"] = [_entry(root, path) for path in paths]
+    if totals:
+        crowds = [
+            c for p in paths if p.startswith("crowds/") for c in read_crowd_table(str(root / p))
+        ]
+        released = [c for c in crowds if c["status"] == "released"]
+        record.update(
+            records_released=sum(
+                f["records"] for f in record["files"] if f["path"].startswith("messages/")
+            ),
+            crowds_released=len(released),
+            crowds_withheld=len(crowds) - len(released),
+            respondents_released=sum(c["respondents_released"] for c in released),
+        )
     if change is not None:
         change(record)
     if signing_key is not None:

@@ -10,15 +10,16 @@ import shutil
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
-import fastavro
 import numpy as np
 import pytest
 
 from pipelines.cli import main
 from privacy.rng import seeded_generator
-from schemas import crc32c, parsed_schema, release
+from schemas import release
 from schemas.payloads import CENSUS, encode_payloads
 from schemas.recipes import load_recipe
+from schemas.release_crowds import read_crowd_table
+from tests import release_fixtures as fx
 from transforms.analysis_reports import read_reports
 
 T0 = 1_704_067_200_000  # 2024-01-01
@@ -51,66 +52,18 @@ def recipe_path(tmp_path_factory) -> str:
     return str(path)
 
 
-def _write_messages(path: Path, payloads: list[bytes]) -> None:
-    records = [
-        {
-            "schema_version": 1,
-            "window_start": T0,
-            "window_end": T0 + DAY,
-            "channel": "cells",
-            "recipe_id": "cells@1",
-            "crowd_id": None,
-            "payload": payload,
-            "payload_crc32c": crc32c(payload),
-        }
-        for payload in payloads
-    ]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as handle:
-        fastavro.writer(handle, parsed_schema("shuffled_message"), records, sync_interval=4096)
-
-
-def _commit(directory: Path, instance: int, respondents: int, deletion=(None, None)) -> None:
-    files = [release.file_entry(str(directory), p) for p in release.release_files(str(directory))]
-    release.write_commit(
-        str(directory),
-        {
-            "format": release.RELEASE_FORMAT,
-            "instance": instance,
-            "recipes": ["cells@1"],
-            "parameters": {
-                "crowd_threshold": 100,
-                "deletion_epsilon": deletion[0],
-                "deletion_delta": deletion[1],
-                "window": "1d",
-                "window_ms": DAY,
-            },
-            "crowds": [
-                {
-                    "window_start_ms": T0,
-                    "window_end_ms": T0 + DAY,
-                    "channel": "cells",
-                    "recipe_id": "cells@1",
-                    "crowd_id": None,
-                    "status": "released",
-                    "respondents_released": respondents,
-                    "messages_released": sum(f["records"] for f in files),
-                },
-                {
-                    "window_start_ms": T0 + DAY,
-                    "window_end_ms": T0 + 2 * DAY,
-                    "channel": "cells",
-                    "recipe_id": "cells@1",
-                    "crowd_id": None,
-                    "status": "withheld",
-                    "respondents_released": None,
-                    "messages_released": 0,
-                },
-            ],  # fmt: skip
-            "files": files,
-            "records_released": sum(f["records"] for f in files),
-        },
-    )
+def _commit(directory: Path, instance: int, payloads: list[bytes], respondents: int,
+            deletion=(None, None)) -> None:  # fmt: skip
+    """A release of one released crowd (``payloads``) and one withheld crowd a day later."""
+    crowd = {"channel": "cells", "recipe_id": "cells@1"}
+    fx.write_release(
+        directory,
+        [fx.crowd(None, respondents, start=T0, **crowd), fx.crowd(None, None, start=T0 + DAY, **crowd)],
+        [payloads, []],
+        instance=instance,
+        parameters={"crowd_threshold": 100, "deletion_epsilon": deletion[0],
+                    "deletion_delta": deletion[1], "window": "1d", "window_ms": DAY},
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -128,8 +81,8 @@ def releases(tmp_path_factory, recipe_path) -> tuple[Path, np.ndarray]:
         chosen = [p for p, r in zip(payloads, messages.respondent, strict=True) if instance[r] == u]
         if u == 1:
             chosen += [census] * 5000  # a flood of retired census payloads: never counted
-        _write_messages(root / f"instance={u}" / "messages" / "part-0.avro", chosen)
-        _commit(root / f"instance={u}", u, N[u], deletion=(1.0, 1e-6) if u == 1 else (None, None))
+        deletion = (1.0, 1e-6) if u == 1 else (None, None)
+        _commit(root / f"instance={u}", u, chosen, N[u], deletion=deletion)
     return root, values
 
 
@@ -167,32 +120,36 @@ def _copy(releases, tmp_path) -> Path:
     return target
 
 
+def _message_file(root: Path, instance: int) -> Path:
+    return next((root / f"instance={instance}" / "messages").iterdir())
+
+
 def _break_uncommitted(root: Path) -> Path:
     (root / "instance=1" / release.COMMIT_FILE).unlink()
     return root / "instance=1" / release.COMMIT_FILE
 
 
 def _break_missing(root: Path) -> Path:
-    path = root / "instance=0" / "messages" / "part-0.avro"
+    path = _message_file(root, 0)
     path.unlink()
     return path
 
 
 def _break_copied(root: Path) -> Path:
     path = root / "instance=0" / "messages" / "part-0 (copy).avro"
-    shutil.copy(root / "instance=0" / "messages" / "part-0.avro", path)
+    shutil.copy(_message_file(root, 0), path)
     return path
 
 
 def _break_truncated(root: Path) -> Path:
-    path = root / "instance=1" / "messages" / "part-0.avro"
+    path = _message_file(root, 1)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) * 9 // 10])
     return path
 
 
 def _break_altered(root: Path) -> Path:
-    path = root / "instance=0" / "messages" / "part-0.avro"
+    path = _message_file(root, 0)
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x01
     path.write_bytes(bytes(data))
@@ -235,11 +192,15 @@ def _break_instance(root: Path) -> Path:
 
 
 def _break_respondents(root: Path) -> Path:
-    path = root / "instance=0" / release.COMMIT_FILE
-    record = json.loads(path.read_text())
-    record["crowds"][0]["respondents_released"] = -5
-    path.write_text(json.dumps(record))
-    return path
+    """A crowd table stating n = -5, re-committed (its SHA-256 matches): the row is refused."""
+    for path in sorted((root / "instance=0" / "crowds").iterdir()):
+        rows = read_crowd_table(str(path))
+        if rows[0]["status"] == "released":
+            rows[0]["respondents_released"] = -5
+            fx.write_avro(path, "released_crowd", fx.table_rows(rows))
+            fx.recommit(root / "instance=0")
+            return path
+    raise AssertionError("no released crowd")
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,8 @@
 """Hostile release directories handed to ``esa analyze`` (issue #11: transactional releases, the
-analyzer handed only what it may see, edges refused). One real release is made with ``esa
-shuffle``; each case copies it, damages it in one way and expects one error line, exit 2."""
+analyzer handed only what it may see, edges refused). One esa-release/2 release is built
+(tests/release_fixtures.py: real Avro message files, crowd tables and commit record); each case
+copies it, damages it in one way and expects one error line, exit 2. A crowd table edited and
+re-committed (SHA-256 matching) tests the table's content checks, not its digest."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import pytest
 
 from pipelines import cli
 from schemas import release as rel
+from schemas.release_crowds import read_crowd_table
+from tests import release_fixtures as fx
 from tests.transforms import report_factory as rf
 
 Mutation = Callable[[Path], None]
@@ -20,14 +24,19 @@ Mutation = Callable[[Path], None]
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """A committed release of one crowd of 30 respondents (and its private sibling)."""
+    """A committed release of one crowd of 30 respondents x 2 messages and a withheld crowd
+    (and the reports directory beside it)."""
     root = tmp_path_factory.mktemp("hostile")
     recipe, fields = rf.write_recipe(root, "hostile_test", min_crowd_size=5)
     (root / "reports").mkdir()
     rf.write_reports(root / "reports" / "a.avro", rf.crowd(30, 2, **fields))
-    argv = ["shuffle", "--input", str(root / "reports" / "*.avro"), "--recipe", recipe]
-    argv += ["--instance", "0"]
-    assert cli.main([*argv, "--output", str(root / "rel"), "--crowd-threshold", "10"]) == 0
+    crowds = [
+        fx.crowd(None, 30, start=rf.T0, **fields),
+        fx.crowd("few", None, start=rf.T0, **fields),
+    ]
+    payloads = [f"device-{i // 2}/{i % 2}".encode() for i in range(60)]
+    parameters = {"crowd_threshold": 10}
+    fx.write_release(root / "rel", crowds, [payloads, []], parameters=parameters, groups=2)
     return root / "rel", recipe
 
 
@@ -41,8 +50,54 @@ def _edit(change: Callable[[dict], None]) -> Mutation:
     return mutate
 
 
-def _crowd(key: str, value: object) -> Mutation:
-    return _edit(lambda record: record["crowds"][0].__setitem__(key, value))
+def _table(directory: Path, status: str = "released") -> Path:
+    """The crowd table holding the crowd of that status."""
+    for path in sorted((directory / "crowds").iterdir()):
+        if read_crowd_table(str(path))[0]["status"] == status:
+            return path
+    raise AssertionError(status)
+
+
+def _crowd(key: str, value: object, status: str = "released") -> Mutation:
+    """Set a field of a crowd in its table and re-commit the table (its SHA-256 matches)."""
+
+    def mutate(directory: Path) -> None:
+        table = _table(directory, status)
+        rows = read_crowd_table(str(table))
+        rows[0][key] = value
+        fx.write_avro(table, "released_crowd", fx.table_rows(rows))
+        fx.recommit(directory)
+
+    return mutate
+
+
+def _move_table(directory: Path) -> None:
+    """The released crowd's table and message files renamed to another bucket's stem."""
+    table = _table(directory)
+    stem = table.name.removesuffix(".avro")
+    bucket = int(stem.rsplit("-b", 1)[1])
+    wrong = next(
+        name
+        for step in range(1, 16)
+        if not (
+            directory / "crowds" / f"{(name := f'{stem[:-7]}-b{(bucket + step) % 16:05d}')}.avro"
+        ).exists()
+    )  # an unused bucket of the window
+    for path in [*(directory / "messages").iterdir(), table]:
+        path.rename(path.with_name(path.name.replace(stem, wrong)))
+    fx.recommit(directory)
+
+
+def _drop_table(directory: Path) -> None:
+    _table(directory).unlink()
+    fx.recommit(directory, lambda r: r.update(crowds_released=0))
+
+
+def _edit_table(directory: Path) -> None:
+    table = _table(directory)
+    rows = read_crowd_table(str(table))
+    rows[0]["respondents_released"] = 60  # n doubled, not re-committed
+    fx.write_avro(table, "released_crowd", fx.table_rows(rows))
 
 
 def _parameter(key: str, value: object) -> Mutation:
@@ -66,10 +121,24 @@ CASES: list[tuple[str, Mutation, str]] = [
     ("threshold a string", _parameter("crowd_threshold", "100"), "crowd_threshold"),
     ("threshold 2^63", _parameter("crowd_threshold", 2**63), "crowd_threshold"),
     ("window_ms 0", _parameter("window_ms", 0), "window_ms"),
-    ("n = 10^30", _crowd("respondents_released", 10**30), "respondents_released"),
+    ("n = 10^15", _crowd("respondents_released", 10**15), "respondents_released"),
     ("n below the threshold", _crowd("respondents_released", 3), "below the crowd_threshold"),
-    ("n NaN", _crowd("respondents_released", float("nan")), "respondents_released"),
-    ("n true", _crowd("respondents_released", True), "respondents_released"),
+    ("n negative", _crowd("respondents_released", -1), "respondents_released"),
+    ("total n NaN", _edit(lambda r: r.update(respondents_released=float("nan"))), "respondents"),
+    ("total n true", _edit(lambda r: r.update(respondents_released=True)), "respondents"),
+    ("total n doubled", _edit(lambda r: r.update(respondents_released=60)), "sum to 30"),
+    ("withheld with n", _crowd("respondents_released", 12, "withheld"), "withheld but states"),
+    ("crowd relabelled", _crowd("crowd_id", "other"), "bucket"),
+    ("crowd of another window", _crowd("window_start_ms", rf.T0 - 86_400_000), "window_start"),
+    ("crowd of another instance", _crowd("instance", 1), "has instance 1"),
+    ("crowd moved to another bucket", _move_table, "belongs in bucket"),
+    ("crowd table edited", _edit_table, "SHA-256"),
+    ("crowd table removed", _drop_table, "has no crowd table"),
+    ("crowd table missing", lambda d: _table(d).unlink(), "missing"),
+    ("messages_released off", _crowd("messages_released", 59), "hold 60 records"),
+    ("older format", _edit(lambda r: r.update(format="esa-release/1")), "shuffle again"),
+    ("a crowds list", _edit(lambda r: r.update(crowds=[])), "lists no crowds"),
+    ("crowd_buckets 0", _parameter("crowd_buckets", 0), "crowd_buckets"),
     ("path with ..", _edit(lambda r: r["files"][0].__setitem__("path", "../x.avro")), "relative"),
     ("absolute path", _edit(lambda r: r["files"][0].__setitem__("path", "/etc/hosts")), "relative"),
     (

@@ -1,9 +1,11 @@
-"""A commit record's per-crowd figures must agree with the messages its files hold (issue #11).
+"""A crowd table's per-crowd figures must agree with the messages its bucket's files hold (issue
+#11).
 
-One real release of two crowds (30 respondents x 2 messages, 20 x 2) is made with ``esa
-shuffle``; each case edits only ``_COMMIT.json`` (the files keep their committed size and SHA-256,
-and the release's total message count still matches) and expects ``esa analyze`` to refuse it in
-one line naming the release and the crowd, exit 2."""
+One esa-release/2 release of two crowds in one bucket (30 respondents x 2 messages, 20 x 2) is
+built (tests/release_fixtures.py); each case edits only the crowd table and re-commits it with
+consistent totals (every file keeps its committed size and SHA-256, the release's totals and the
+bucket's message count still match, so ``verify_release`` passes) and expects ``esa analyze`` to
+refuse it in one line naming the release and the crowd, exit 2."""
 
 from __future__ import annotations
 
@@ -15,59 +17,62 @@ from pathlib import Path
 import pytest
 
 from pipelines import cli
-from pipelines.release_crowds import count_crowd_messages
+from pipelines.release_crowds import count_crowd_messages, release_stems
 from schemas import release as rel
+from schemas.release_crowds import read_crowd_table
+from tests import release_fixtures as fx
 from tests.transforms import report_factory as rf
 
-Edit = Callable[[dict], None]
+Edit = Callable[["_Table"], None]
 
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     root = tmp_path_factory.mktemp("crowds")
     recipe, fields = rf.write_recipe(root, "crowds_test", min_crowd_size=5)
-    (root / "reports").mkdir()
-    records = rf.crowd(30, 2, crowd_id="a", **fields)
-    records += rf.crowd(20, 2, crowd_id="b", prefix="other", seed=1, **fields)
-    rf.write_reports(root / "reports" / "a.avro", records)
-    argv = ["shuffle", "--input", str(root / "reports" / "*.avro"), "--recipe", recipe]
-    argv += ["--instance", "0", "--output", str(root / "rel"), "--crowd-threshold", "10"]
-    assert cli.main(argv) == 0
+    crowds = [fx.crowd("a", 30, start=rf.T0, **fields), fx.crowd("b", 20, start=rf.T0, **fields)]
+    messages = [[b"a/%d" % i for i in range(60)], [b"b/%d" % i for i in range(40)]]
+    parameters = {"crowd_threshold": 10}
+    fx.write_release(root / "rel", crowds, messages, parameters=parameters, buckets=1, groups=3)
     return root / "rel", recipe
 
 
-def _crowds(record: dict) -> dict[str, dict]:
-    return {crowd["crowd_id"]: crowd for crowd in record["crowds"]}
+class _Table(dict):
+    """A crowd table's rows by crowd ID; ``rows`` keeps the table (a list) for removals."""
+
+    def __init__(self, rows: list[dict]) -> None:
+        super().__init__((row["crowd_id"], row) for row in rows)
+        self.rows = rows
 
 
-def _move(record: dict) -> None:
+def _move(table: _Table) -> None:
     # 10 of a's messages claimed by b, and b's n inflated 20 -> 200: the total still holds
-    a, b = _crowds(record)["a"], _crowds(record)["b"]
+    a, b = table["a"], table["b"]
     a["messages_released"] -= 10
     b.update(messages_released=b["messages_released"] + 10, respondents_released=200)
 
 
-def _swap_counts(record: dict) -> None:
-    a, b = _crowds(record)["a"], _crowds(record)["b"]
+def _swap_counts(table: _Table) -> None:
+    a, b = table["a"], table["b"]
     a["messages_released"], b["messages_released"] = b["messages_released"], a["messages_released"]
 
 
-def _relabel(record: dict) -> None:
-    _crowds(record)["b"]["recipe_id"] = "image_grid_onehot@1"
+def _relabel(table: _Table) -> None:
+    table["b"]["recipe_id"] = "image_grid_onehot@1"
 
 
-def _rechannel(record: dict) -> None:
-    _crowds(record)["b"]["channel"] = "other_channel"
+def _rechannel(table: _Table) -> None:
+    table["b"]["channel"] = "other_channel"
 
 
-def _remove(record: dict) -> None:
-    b = _crowds(record)["b"]
-    record["crowds"].remove(b)
-    _crowds(record)["a"]["messages_released"] += b["messages_released"]
+def _remove(table: _Table) -> None:
+    b = table["b"]
+    table.rows.remove(b)
+    table["a"]["messages_released"] += b["messages_released"]
 
 
-def _rename(record: dict) -> None:
-    _crowds(record)["b"]["crowd_id"] = "c"
+def _rename(table: _Table) -> None:
+    table["b"]["crowd_id"] = "c"
 
 
 CASES: list[tuple[str, Edit, str]] = [
@@ -92,11 +97,12 @@ def test_commit_figures_that_disagree_with_the_files_are_refused(
     release_dir, recipe = made
     copy = tmp_path / "rel"
     shutil.copytree(release_dir, copy)
-    path = copy / rel.COMMIT_FILE
-    record = json.loads(path.read_text())
-    edit(record)
-    path.write_text(json.dumps(record))
-    # The release-wide checks pass: files unaltered, total messages unchanged.
+    [table] = (copy / "crowds").iterdir()
+    crowds = _Table(read_crowd_table(str(table)))
+    edit(crowds)
+    fx.write_avro(table, "released_crowd", fx.table_rows(crowds.rows))
+    fx.recommit(copy, totals=True)
+    # The release-wide checks pass: files re-committed, totals and messages per bucket unchanged.
     rel.verify_release(str(copy))
     assert _analyze(copy, recipe, tmp_path / "an") == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -107,10 +113,12 @@ def test_commit_figures_that_disagree_with_the_files_are_refused(
 
 def test_files_are_counted_per_crowd_key(made: tuple[Path, str]) -> None:
     release_dir, _ = made
-    counts = count_crowd_messages(rel.verify_release(str(release_dir)).files, batch_records=7)
+    [(table, files)] = release_stems(rel.verify_release(str(release_dir)))
+    assert len(files) == 3 and all("/messages/" in path for path in files)
+    counts = count_crowd_messages(files, batch_records=7)
     assert sorted((key[4], n) for key, n in counts.items()) == [("a", 60), ("b", 40)]
-    record = json.loads((release_dir / rel.COMMIT_FILE).read_text())
-    assert {c["crowd_id"]: c["messages_released"] for c in record["crowds"]} == {"a": 60, "b": 40}
+    crowds = read_crowd_table(table)
+    assert {c["crowd_id"]: c["messages_released"] for c in crowds} == {"a": 60, "b": 40}
 
 
 def test_the_untouched_release_is_accepted(made: tuple[Path, str], tmp_path: Path) -> None:

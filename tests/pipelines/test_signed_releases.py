@@ -18,6 +18,8 @@ from pipelines import cli
 from schemas import commit_signing as cs
 from schemas import release as rel
 from schemas import signing_keys as sk
+from schemas.release_crowds import read_crowd_table
+from tests import release_fixtures as fx
 from tests.pipelines.test_run import _recipe
 
 FNAPI = "--runner=FnApiRunner"
@@ -58,10 +60,28 @@ def _edit(instance: int, change: Callable[[dict], None]) -> Mutation:
     return mutate
 
 
-def _inflate(record: dict) -> None:
-    for crowd in record["crowds"]:
-        if crowd["status"] == "released":
-            crowd["respondents_released"] *= 10
+def _inflate_tables(release: Path) -> None:
+    """Every released crowd's n ten times in its crowd table, re-committed with consistent
+    totals (the signature block kept, now over another record)."""
+    for table in (release / "crowds").iterdir():
+        rows = read_crowd_table(str(table))
+        for crowd in rows:
+            if crowd["status"] == "released":
+                crowd["respondents_released"] *= 10
+        fx.write_avro(table, "released_crowd", fx.table_rows(rows))
+    signature = json.loads((release / rel.COMMIT_FILE).read_text())["signature"]
+    fx.recommit(release, lambda record: record.update(signature=signature), totals=True)
+
+
+def _inflate(shuffled: Path) -> None:
+    _inflate_tables(shuffled / "instance=0")
+
+
+def _edit_table(shuffled: Path) -> None:
+    table = next((shuffled / "instance=0" / "crowds").iterdir())
+    rows = read_crowd_table(str(table))
+    rows[0]["messages_released"] += 1
+    fx.write_avro(table, "released_crowd", fx.table_rows(rows))
 
 
 def _signature(value: object) -> Mutation:
@@ -70,10 +90,8 @@ def _signature(value: object) -> Mutation:
 
 def _resign_with_attackers_key(shuffled: Path) -> None:
     attacker = sk.generate_signing_key(0)
-    path = _commit(shuffled, 0)
-    record = json.loads(path.read_text())
-    _inflate(record)
-    path.write_text(json.dumps(cs.sign_commit(record, attacker)))
+    _inflate_tables(shuffled / "instance=0")
+    fx.recommit(shuffled / "instance=0", signing_key=attacker)
 
 
 def _swap_in_instance_1(shuffled: Path) -> None:
@@ -90,7 +108,9 @@ def _garble(record: dict) -> None:
 
 
 CASES: list[tuple[str, Mutation, str]] = [
-    ("n inflated, messages untouched", _edit(0, _inflate), "altered after signing"),
+    ("n inflated, messages untouched", _inflate, "altered after signing"),
+    ("n table edited, not re-committed", _edit_table, "SHA-256"),
+    ("total n inflated", _edit(0, lambda r: r.update(respondents_released=1)), "altered after"),
     ("instance 1's commit in instance 0's release", _swap_in_instance_1, "instance=0"),
     ("instance 1's commit relabelled 0", _swap_in_instance_1_as_0, "states instance 0"),
     ("re-signed with an attacker's key", _resign_with_attackers_key, "not among"),
