@@ -22,7 +22,7 @@ from apache_beam.internal import pickler
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines import cli
-from schemas import crc32c, sealing
+from schemas import crc32c, release, sealing
 from schemas.keys import KeyRing
 from schemas.recipes import load_recipe
 from simulators.sealing import recipe_pad_length
@@ -146,8 +146,9 @@ def test_shufflers_count_presence_and_never_cap_a_devices_chaff(world):
         # on them) stays within the per-origin cap, so nothing is dead-lettered over_origin_cap.
         assert metrics["presence"] == RESPONDENTS and metrics["adds_up"]
         assert metrics["dead_lettered"] == 0, metrics["rejected_by_reason"]
-        commit = json.loads((root / "shuffled" / f"instance={u}" / "_COMMIT.json").read_text())
-        assert [c["respondents_released"] for c in commit["crowds"]] == [RESPONDENTS]
+        verified = release.verify_release(str(root / "shuffled" / f"instance={u}"))
+        crowds = release.iter_crowds(verified)
+        assert [c["respondents_released"] for c in crowds] == [RESPONDENTS]
 
 
 def test_a_flipped_byte_is_exactly_one_dead_letter_with_a_decryption_reason(world):
