@@ -409,8 +409,11 @@ def verify_release(
     """Check every file of ``directory`` against its commit record (see the module docstring).
 
     ``formats``: the commit formats the caller accepts (check ``.format`` when both are fine).
-    ``check_records``: also count every Avro or Parquet file's records (block headers, footer) (a file whose SHA-256 matches holds what its
-    writer committed; the count catches a record that states a wrong number).
+    ``check_records``: also count every Avro or Parquet file's records (block headers, footer) (a
+    file whose SHA-256 matches holds what its writer committed; the count catches a record that
+    states a wrong number). A shuffler release's crowd tables are always read (after every
+    message file is checked), one at a time, and checked row by row
+    (``schemas.release_crowds.check_crowd_table``) and against the record's totals.
     ``shuffler_keys``: require a release's record to carry a valid signature by one of them.
     """
     directory = directory.rstrip("/") or "/"

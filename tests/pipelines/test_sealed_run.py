@@ -22,11 +22,9 @@ from apache_beam.internal import pickler
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines import cli
-from schemas import crc32c, sealing
+from schemas import crc32c, release, sealing
 from schemas.keys import KeyRing
 from schemas.recipes import load_recipe
-from schemas.release import verify_release
-from schemas.release_crowds import iter_crowds
 from simulators.sealing import recipe_pad_length
 from transforms import avro_io
 from transforms.aggregate import DecodeReleaseFile
@@ -148,9 +146,10 @@ def test_shufflers_count_presence_and_never_cap_a_devices_chaff(world):
         # on them) stays within the per-origin cap, so nothing is dead-lettered over_origin_cap.
         assert metrics["presence"] == RESPONDENTS and metrics["adds_up"]
         assert metrics["dead_lettered"] == 0, metrics["rejected_by_reason"]
-        release = verify_release(str(root / "shuffled" / f"instance={u}"))
-        assert [c["respondents_released"] for c in iter_crowds(release)] == [RESPONDENTS]
-        assert release.commit["respondents_released"] == RESPONDENTS
+        verified = release.verify_release(str(root / "shuffled" / f"instance={u}"))
+        crowds = release.iter_crowds(verified)
+        assert [c["respondents_released"] for c in crowds] == [RESPONDENTS]
+        assert verified.commit["respondents_released"] == RESPONDENTS
 
 
 def test_a_flipped_byte_is_exactly_one_dead_letter_with_a_decryption_reason(world):
