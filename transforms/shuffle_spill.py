@@ -49,12 +49,12 @@ def crowd_of_text(text: str) -> tuple[str, str, str | None]:
 
 
 class Piece(NamedTuple):
-    """Pointer to rows spilled as one Arrow IPC record batch message: bytes
-    ``offset .. offset + length - 1`` of the spill file at ``path``.
+    """Pointer to rows spilled as one Arrow IPC stream (schema, dictionaries, one record
+    batch): bytes ``offset .. offset + length - 1`` of the spill file at ``path``.
 
-    Unpickled pieces share their path strings (:func:`_piece`): every crowd of an input batch
+    Unpickled pieces share their path strings (:func:`_piece`): every bucket of an input batch
     points into one spill file from one input file, and a runner that holds grouped values
-    decoded (FnApiRunner) would otherwise keep two path strings per crowd and batch.
+    decoded (FnApiRunner) would otherwise keep two path strings per bucket and batch.
     """
 
     path: str
