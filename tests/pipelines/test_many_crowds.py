@@ -19,8 +19,8 @@ pytestmark = pytest.mark.slow
 
 SMALL, LARGE = 150, 1500
 # Peak RSS here is mostly the interpreter and Beam (~250 MB). FnApiRunner keeps what crosses
-# each grouping in memory until the next stage ran, a few small elements per crowd, so peak RSS
-# is not flat on this runner: benchmarks/bench_crowds.py states the KB added per crowd at
+# each grouping in memory until the next stage ran: the shuffler passes elements per crowd bucket
+# (esa-release/2), the analyzer still a few small elements per crowd, so peak RSS is not flat: benchmarks/bench_crowds.py states the KB added per crowd at
 # 10,000 vs 100,000 crowds (README: "No whole-dataset gathers"). The margin catches a gross
 # regression (a worker holding whole crowds' tables or messages, or a much larger per-crowd
 # cost) without failing on a loaded machine.
