@@ -129,7 +129,7 @@ class ShuffleOptions(StageFlags, PipelineOptions):
         ),
         Flag(
             "messages_per_shard",
-            "Target messages per origin shard of a crowd (memory per worker). Default "
+            "Target messages per origin shard of a crowd bucket (memory per worker). Default "
             f"{_SHUFFLE.messages_per_shard}.",
             default=_SHUFFLE.messages_per_shard,
             type=int,
