@@ -56,7 +56,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -89,7 +89,7 @@ from transforms.analyze import (
     LONGITUDINAL_FILE,
     SUMMARY_FILE,
     AnalysisConfig,
-    EstimateCrowds,
+    EstimateBuckets,
     TruthSource,
     WriteAnalysis,
 )
@@ -351,31 +351,20 @@ def run(options: PipelineOptions) -> dict[str, Any]:
     output = _prepare_output(values.analyze_output, values.analyze_overwrite)
     book = recipe_book(values.analyze_recipe)
     message_files = sum(len(r.files) for r in releases)
-    # Driver-side per crowd: only counts, the pictured keys and the withheld crowds; the
-    # respondent counts are read from each (verified, digest-pinned) commit record by a worker.
-    released = {
-        core.crowd_key(recipe, crowd): recipe
-        for r in releases
-        for crowd in release.iter_crowds(r)
-        if crowd["status"] == "released" and (recipe := book.get(crowd["recipe_id"])) is not None
-    }
     keys_cli.check_key_ring(values.analyze_key_ring)  # one-line error before the pipeline
+    # Driver-side per crowd: nothing but two bounded results of one pass over the releases'
+    # crowds (the pictured crowd keys, the table-size estimate for the number of parts); the
+    # respondent counts and withheld crowds are read from the verified releases by workers.
+    pictured, rows = _release_selection(releases, book, not values.analyze_no_pictures)
     config = AnalysisConfig(
         book=book,
         postprocessing=values.analyze_postprocessing,
         failure_probability=values.analyze_failure_probability,
         deletion={r.instance: r.deletion for r in releases if r.deletion is not None},
         truth=truth_sources(values.analyze_truth, values.analyze_truth_recipe),
-        pictured=frozenset() if values.analyze_no_pictures else pictures.pictured_crowds(released),
+        pictured=pictured,
     )
-    parts = table_parts(_table_rows(released))
-    del released
-    withheld = [
-        {**crowd, "instance": r.instance}
-        for r in releases
-        for crowd in release.iter_crowds(r)
-        if crowd["status"] != "released"
-    ]
+    parts = table_parts(rows)
     releases = [
         replace(r, commit={k: v for k, v in r.commit.items() if k not in ("crowds", "files")})
         for r in releases
@@ -413,18 +402,18 @@ def run(options: PipelineOptions) -> dict[str, Any]:
         | "ReleaseFiles" >> beam.FlatMap(pinned_message_paths)
         | "SpreadFiles" >> beam.Reshuffle()
     )
-    commit_crowds = commits | "CommitCrowds" >> beam.FlatMap(pinned_crowd_records)
-    aggregated = (release_files, commit_crowds) | "Aggregate" >> AggregateReleases(
+    aggregated = (release_files, commits) | "Aggregate" >> AggregateReleases(
         book,
         SUPPORTED_SCHEMA_VERSIONS,
         batch_records=values.analyze_batch_records,
         dense_limit=values.analyze_dense_limit,
         key_ring=values.analyze_key_ring,  # a path: workers read the keys (sealed payloads)
+        read_crowds=pinned_crowd_records,
     )
-    estimates = aggregated.crowds | "EstimateCrowds" >> EstimateCrowds(config)
+    estimates = aggregated.buckets | "EstimateBuckets" >> EstimateBuckets(config, parts)
     _ = aggregated.dead_letters | "WriteDeadLetters" >> WriteDeadLetters(output)
     _ = (estimates, aggregated.counts) | "WriteAnalysis" >> WriteAnalysis(
-        output, config, inputs, withheld, parts=parts
+        output, config, inputs, parts=parts
     )
     _ = estimates.pictures | "DrawPictures" >> beam.ParDo(pictures.DrawPictures(output, book))
     try:
@@ -442,13 +431,38 @@ def run(options: PipelineOptions) -> dict[str, Any]:
     return summary
 
 
-def _table_rows(released: Mapping[core.CrowdKey, Any]) -> int:
-    """About how many histogram rows the released crowds give (dense domains in full)."""
+def _iter_release_crowds(item: Release) -> Iterator[dict[str, Any]]:
+    """The crowd records of one verified release, streamed (the one place the driver reads
+    crowds): its crowd tables, one at a time."""
+    yield from release.iter_crowds(item)
+
+
+def _release_selection(
+    releases: Sequence[Release], book: core.RecipeBook, pictures_wanted: bool
+) -> tuple[frozenset, int]:
+    """One pass over the released crowds of known recipes: the crowd keys that get pictures
+    (``pictures.pictured_crowds``, the first ones in the summary's order) and about how many
+    histogram rows they give (dense domains in full; the largest release's, as the instances
+    release mostly the same crowds). Holds nothing per crowd."""
     sizes: dict[str, int] = {}
-    for key, recipe in released.items():
-        if key[0] == core.HISTOGRAM and recipe.id not in sizes:
-            sizes[recipe.id] = min(recipe.build_randomizer().domain_size, core.DENSE_LIMIT)
-    return sum(sizes.get(key[4], 0) for key in released)
+    rows: dict[int, int] = {}
+
+    def released() -> Iterator[core.CrowdKey]:
+        for item in releases:
+            for crowd in _iter_release_crowds(item):
+                recipe = book.get(crowd["recipe_id"])
+                if crowd["status"] != "released" or recipe is None:
+                    continue
+                key = core.crowd_key(recipe, crowd)
+                if key[0] == core.HISTOGRAM:
+                    if recipe.id not in sizes:
+                        domain = recipe.build_randomizer().domain_size
+                        sizes[recipe.id] = min(domain, core.DENSE_LIMIT)
+                    rows[item.instance] = rows.get(item.instance, 0) + sizes[recipe.id]
+                yield key
+
+    chosen = pictures.pictured_crowds(released(), limit=pictures.MAX_PICTURED_CROWDS)
+    return (chosen if pictures_wanted else frozenset()), max(rows.values(), default=0)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -299,16 +299,35 @@ def longitudinal_picture(output: str, entry: Mapping[str, Any], table: pa.Table)
 
 def pictured_crowds(keys: Iterable[tuple], limit: int = MAX_PICTURED_CROWDS) -> frozenset:
     """The crowd keys that get pictures: the first ``limit`` histogram crowds and the first
-    ``limit`` longitudinal crowds in the summary's order (channel, recipe, crowd, window)."""
+    ``limit`` longitudinal crowds in the summary's order (channel, recipe, crowd, window).
+
+    ``keys`` is streamed (repeats allowed): only the ``limit`` first distinct keys of each kind
+    seen so far are held, never every crowd."""
 
     def order(key: tuple) -> tuple:
-        kind, start, _, channel, recipe_id, crowd_id = key
-        return (channel, recipe_id, crowd_id or "", start)
+        kind, start, end, channel, recipe_id, crowd_id = key
+        return (channel, recipe_id, crowd_id or "", start, end, crowd_id is not None)
 
-    chosen: list[tuple] = []
-    for kind in (HISTOGRAM, LONGITUDINAL):
-        chosen += sorted((k for k in set(keys) if k[0] == kind), key=order)[:limit]
-    return frozenset(chosen)
+    # Per kind: the smallest distinct keys so far with their ranks, and the largest rank kept.
+    chosen: dict[str, dict[tuple, tuple]] = {HISTOGRAM: {}, LONGITUDINAL: {}}
+    largest: dict[str, tuple | None] = {HISTOGRAM: None, LONGITUDINAL: None}
+    for key in keys:
+        kept = chosen.get(key[0])
+        if kept is None or key in kept or limit <= 0:
+            continue
+        rank = order(key)
+        if len(kept) < limit:
+            kept[key] = rank
+            if largest[key[0]] is None or rank > largest[key[0]]:
+                largest[key[0]] = rank
+            continue
+        if rank >= largest[key[0]]:
+            continue
+        worst = max(kept, key=kept.__getitem__)
+        del kept[worst]
+        kept[key] = rank
+        largest[key[0]] = max(kept.values())
+    return frozenset(key for kept in chosen.values() for key in kept)
 
 
 class DrawPictures(beam.DoFn):

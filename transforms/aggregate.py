@@ -1,16 +1,20 @@
-"""The analyzer's first half as Beam transforms: released messages in, count arrays per crowd out.
+"""The analyzer's first half as Beam transforms: released messages in, count arrays per crowd
+bucket out.
 
 :class:`AggregateReleases` takes the committed ShuffledMessage Avro files of every release and
-the crowds of every release's commit record, as ``(instance, crowd record)`` pairs. Each file is
-read in column batches (``transforms.avro_io``: one Beam element per batch, never per message); a
-batch is verified (schema version, window, CRC32C, a known recipe on its channel), its payloads
-decoded per recipe, and its randomized messages counted into one partial accumulator per crowd
-(``transforms.analyze_core.aggregate_batch``). Each released crowd of a commit record becomes a
-partial accumulator holding only n_u, the respondents instance u states it released
-(``respondent_accumulators``): n never comes from messages. A combiner adds them per (window,
-channel, recipe, crowd), or per (channel, recipe, crowd) for longitudinal counters, whose rounds
-span d windows. Unreadable chunks and undecodable messages go to the ``dead_letters`` output with
-their reason; counters account for every record read.
+the sources of every release's crowd records (a commit record: ``(instance, directory, SHA-256)``,
+read by ``read_crowds``). Each file is read in column batches (``transforms.avro_io``: one Beam
+element per batch, never per message); a batch is verified (schema version, window, CRC32C, a
+known recipe on its channel), its payloads decoded per recipe, and its randomized messages
+counted into partial accumulators per crowd (``transforms.analyze_core.aggregate_batch``), which
+leave as one :class:`~transforms.analyze_core.CrowdBucket` per crowd bucket the batch touches
+(a file may hold any number of crowds). Each released crowd of a commit record becomes a partial
+accumulator holding only n_u, the respondents instance u states it released
+(``respondent_accumulators``): n never comes from messages; each withheld crowd a record in its
+bucket. A combiner adds the buckets per (kind, window, bucket) (longitudinal crowds: per window
+length, their rounds span d windows), never one element per crowd. Unreadable chunks and
+undecodable messages go to the ``dead_letters`` output with their reason; counters account for
+every record read.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import hashlib
 import json
 import os
 import typing
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import apache_beam as beam
@@ -53,7 +57,7 @@ def _inc(counts: dict[str, int], name: str, value: int) -> None:
 
 @beam.typehints.with_output_types(typing.Any)
 class DecodeReleaseFile(beam.DoFn):
-    """``path`` -> ``(crowd key, partial accumulator)`` per crowd and batch; tagged
+    """``path`` -> ``(bucket key, partial CrowdBucket)`` per crowd bucket and batch; tagged
     ``dead_letter`` (lists of DeadLetter dicts) and ``counts`` (dicts of counters) outputs."""
 
     def __init__(
@@ -63,8 +67,10 @@ class DecodeReleaseFile(beam.DoFn):
         batch_records: int = avro_io.DEFAULT_BATCH_RECORDS,
         dense_limit: int = core.DENSE_LIMIT,
         key_ring: str | None = None,
+        buckets: int = core.ANALYZER_BUCKETS,
     ) -> None:
         self._book = book
+        self._buckets = int(buckets)
         self._versions = tuple(sorted(supported_versions))
         self._batch_records = batch_records
         self._dense_limit = dense_limit
@@ -105,7 +111,7 @@ class DecodeReleaseFile(beam.DoFn):
                 _inc(counts, name, value)
             if result.rejected_rows.size:
                 yield from self._dead_letters(item, result)
-            yield from result.accumulators.items()
+            yield from core.bucket_accumulators(result.accumulators, self._buckets).items()
         yield beam.pvalue.TaggedOutput(COUNTS_TAG, counts)
 
     @staticmethod
@@ -160,47 +166,82 @@ def commit_file_paths(commit: tuple[int, str, str | None]) -> Iterator[str]:
         yield os.path.join(directory, *entry["path"].split("/"))
 
 
-class CombineCrowd(beam.CombineFn):
-    """Adds partial accumulators of one crowd (count arrays, respondents, counters).
+class CrowdBuckets(beam.DoFn):
+    """A source of crowd records (e.g. a commit record) -> ``(bucket key, partial CrowdBucket)``
+    per bucket its crowds fall in (``analyze_core.commit_buckets``): the released crowds' n_u and
+    the withheld crowds' records, one element per bucket and source, never per crowd."""
 
-    The empty accumulator is ``None`` so one combiner serves histogram and longitudinal crowds.
-    Inputs are never modified: ``add_input`` copies the first element it keeps and merges later
-    ones into that copy; ``merge_accumulators`` sums into a new accumulator.
+    def __init__(
+        self,
+        book: core.RecipeBook,
+        read_crowds: Callable[[Any], Iterable[tuple[int, Mapping[str, Any]]]],
+        buckets: int = core.ANALYZER_BUCKETS,
+    ) -> None:
+        self._book, self._read_crowds, self._buckets = book, read_crowds, int(buckets)
+
+    def process(self, source: Any) -> Iterator[tuple[core.BucketKey, core.CrowdBucket]]:
+        crowds = self._read_crowds(source)
+        yield from core.commit_buckets(crowds, self._book, self._buckets).items()
+
+
+class CombineBucket(beam.CombineFn):
+    """Adds partial :class:`~transforms.analyze_core.CrowdBucket` accumulators of one bucket
+    (per crowd: count arrays, respondents, counters; withheld records).
+
+    The empty accumulator is ``None``. Inputs are never modified: ``add_input`` copies the
+    first bucket it keeps and merges later ones into that copy; ``merge_accumulators`` sums into
+    a new bucket. ``compact`` packs a bucket into one compressed blob before it crosses the
+    grouping; ``extract_output`` counts small domains densely (``CrowdBucket.densify``).
     """
 
-    def create_accumulator(self) -> core.Accumulator | None:
+    def __init__(self, dense_limit: int = core.DENSE_LIMIT) -> None:
+        self._dense_limit = int(dense_limit)
+
+    def create_accumulator(self) -> core.CrowdBucket | None:
         return None
 
     def add_input(
-        self, accumulator: core.Accumulator | None, element: core.Accumulator
-    ) -> core.Accumulator:
+        self, accumulator: core.CrowdBucket | None, element: core.CrowdBucket
+    ) -> core.CrowdBucket:
         if accumulator is None:
             return element.copy()
         accumulator.merge(element)
         return accumulator
 
     def merge_accumulators(
-        self, accumulators: Iterable[core.Accumulator | None]
-    ) -> core.Accumulator | None:
-        return core.merge_any(accumulators)
+        self, accumulators: Iterable[core.CrowdBucket | None]
+    ) -> core.CrowdBucket | None:
+        result = None
+        for accumulator in accumulators:
+            if accumulator is None:
+                continue
+            if result is None:
+                result = accumulator.copy()
+            else:
+                result.merge(accumulator)
+        return result
 
-    def compact(self, accumulator: core.Accumulator | None) -> core.Accumulator | None:
-        if isinstance(accumulator, core.CrowdAccumulator):
-            accumulator.counts.compact()
-        return accumulator
+    def compact(self, accumulator: core.CrowdBucket | None) -> core.CrowdBucket | None:
+        return None if accumulator is None else accumulator.pack()
 
-    def extract_output(self, accumulator: core.Accumulator | None) -> core.Accumulator | None:
+    def extract_output(self, accumulator: core.CrowdBucket | None) -> core.CrowdBucket | None:
+        if accumulator is not None:
+            accumulator.densify(self._dense_limit)
         return accumulator
 
 
 class AggregateOutputs(NamedTuple):
-    crowds: beam.PCollection  # (crowd key, accumulator)
+    buckets: beam.PCollection  # (bucket key, CrowdBucket)
     dead_letters: beam.PCollection  # lists of DeadLetter dicts
     counts: beam.PCollection  # one dict of counters (global)
 
 
 class AggregateReleases(beam.PTransform):
-    """(message file paths, ``(instance, commit crowd record)`` pairs) -> :class:`AggregateOutputs`."""
+    """(message file paths, crowd record sources) -> :class:`AggregateOutputs`.
+
+    ``read_crowds(source)`` yields a source's ``(instance, crowd record)`` pairs (default: a
+    verified commit record, :func:`commit_crowd_records`); ``buckets``: the analyzer's number of
+    crowd buckets."""
 
     def __init__(
         self,
@@ -209,30 +250,29 @@ class AggregateReleases(beam.PTransform):
         batch_records: int = avro_io.DEFAULT_BATCH_RECORDS,
         dense_limit: int = core.DENSE_LIMIT,
         key_ring: str | None = None,
+        buckets: int = core.ANALYZER_BUCKETS,
+        read_crowds: Callable[[Any], Iterable[tuple[int, Mapping[str, Any]]]] | None = None,
     ) -> None:
         super().__init__()
         self._decode = DecodeReleaseFile(
-            book, supported_versions, batch_records, dense_limit, key_ring=key_ring
+            book, supported_versions, batch_records, dense_limit, key_ring=key_ring, buckets=buckets
         )
-        self._book = book
+        self._crowds = CrowdBuckets(book, read_crowds or commit_crowd_records, buckets)
         self._dense_limit = dense_limit
 
     def expand(self, inputs: tuple[beam.PCollection, beam.PCollection]) -> AggregateOutputs:
-        files, commit_crowds = inputs
-        book, dense_limit = self._book, self._dense_limit
+        files, crowd_sources = inputs
         decoded = files | "DecodeBatches" >> beam.ParDo(self._decode).with_outputs(
-            DEAD_LETTER_TAG, COUNTS_TAG, main="crowds"
+            DEAD_LETTER_TAG, COUNTS_TAG, main="buckets"
         )
-        stated = commit_crowds | "RespondentsFromCommits" >> beam.FlatMap(
-            lambda item: core.respondent_accumulators([item[1]], item[0], book, dense_limit)
-        )
-        crowds = (
-            (decoded.crowds, stated)
+        stated = crowd_sources | "CrowdsFromCommits" >> beam.ParDo(self._crowds)
+        buckets = (
+            (decoded.buckets, stated)
             | "CountsAndRespondents" >> beam.Flatten()
-            | "AddCountArrays" >> beam.CombinePerKey(CombineCrowd())
+            | "AddBuckets" >> beam.CombinePerKey(CombineBucket(self._dense_limit))
         )
         counts = decoded[COUNTS_TAG] | "AddCounters" >> beam.CombineGlobally(SumCounts())
-        return AggregateOutputs(crowds, decoded[DEAD_LETTER_TAG], counts)
+        return AggregateOutputs(buckets, decoded[DEAD_LETTER_TAG], counts)
 
 
 def metrics_summary(counts: Mapping[str, int]) -> dict[str, Any]:

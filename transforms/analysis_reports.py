@@ -87,15 +87,6 @@ def estimated_crowds(report: Mapping[str, Any]) -> list[WindowCrowd]:
     return []
 
 
-def withheld_crowd(record: Mapping[str, Any]) -> WindowCrowd:
-    return (
-        int(record["window_start_ms"]),
-        record["channel"],
-        record["recipe_id"],
-        record.get("crowd_id"),
-    )
-
-
 def part_name(shard: int, shards: int) -> str:
     return f"part-{shard:05d}-of-{shards:05d}.jsonl"
 
@@ -133,17 +124,18 @@ class BatchLines(beam.DoFn):
         size += len(line) + 1
         if size >= self._batch_bytes:
             del self._pending[part]
-            yield part, _pack(lines)
+            yield part, pack_lines(lines)
         else:
             self._pending[part] = (lines, size)
 
     def finish_bundle(self) -> Iterator[WindowedValue]:
         pending, self._pending = self._pending, {}
         for part, (lines, _) in sorted(pending.items()):
-            yield GlobalWindows.windowed_value((part, _pack(lines)))
+            yield GlobalWindows.windowed_value((part, pack_lines(lines)))
 
 
-def _pack(lines: list[str]) -> bytes:
+def pack_lines(lines: list[str]) -> bytes:
+    """Lines joined with newlines and zlib-compressed (read back by :func:`unpack_lines`)."""
     return zlib.compress("\n".join(lines).encode(), 6)
 
 
@@ -168,6 +160,25 @@ def write_json_part(
     return atomic_files.publish_bytes(directory, part_name(shard, shards), content)
 
 
+class WriteLineBatches(beam.PTransform):
+    """(part, compressed lines) -> ``directory/part-SSSSS-of-NNNNN.jsonl`` for every part in
+    ``range(shards)`` (empty ones too), each sorted by ``order`` (:func:`write_json_part`)."""
+
+    def __init__(
+        self, directory: str, shards: int, order: Callable[[Mapping[str, Any]], tuple]
+    ) -> None:
+        super().__init__()
+        if int(shards) < 1:
+            raise ValueError(f"shards must be >= 1, got {shards}")
+        self._directory, self._shards, self._order = directory, int(shards), order
+
+    def expand(self, batches: beam.PCollection) -> beam.PCollection:
+        directory, shards, order = self._directory, self._shards, self._order
+        return group_by_part(batches, shards) | "WriteParts" >> beam.MapTuple(
+            lambda shard, parts: write_json_part(directory, shard, shards, parts, order)
+        )
+
+
 class WriteJsonParts(beam.PTransform):
     """Dicts -> ``directory/part-SSSSS-of-NNNNN.jsonl``, a record's part chosen by a stable hash
     of ``order(record)``. Records cross the grouping into parts as their finished lines, in
@@ -190,45 +201,7 @@ class WriteJsonParts(beam.PTransform):
         keyed = (
             records | "ToLines" >> beam.Map(part_line) | "BatchLines" >> beam.ParDo(BatchLines())
         )
-        return group_by_part(keyed, shards) | "WriteParts" >> beam.MapTuple(
-            lambda shard, batches: write_json_part(directory, shard, shards, batches, order)
-        )
-
-
-class WithheldNotes(beam.PTransform):
-    """(reports, withheld commit records) -> one note per withheld crowd
-    (``analyze_core.withheld_notes``), joined per crowd: nothing gathers every crowd.
-
-    ``withheld``: the crowds some commit record lists as withheld, when known while the graph is
-    built; only estimates of those crowds then enter the join (not one marker per crowd)."""
-
-    def __init__(self, withheld: Iterable[WindowCrowd] | None = None) -> None:
-        super().__init__()
-        self._withheld = None if withheld is None else frozenset(withheld)
-
-    def expand(self, inputs: tuple[beam.PCollection, beam.PCollection]) -> beam.PCollection:
-        reports, withheld = inputs
-        wanted = self._withheld
-
-        def markers(report: Mapping[str, Any]) -> list[tuple[WindowCrowd, bool]]:
-            crowds = estimated_crowds(report)
-            return [(c, True) for c in crowds if wanted is None or c in wanted]
-
-        estimated = reports | "EstimatedCrowds" >> beam.FlatMap(markers)
-        records = withheld | "ByCrowd" >> beam.Map(lambda record: (withheld_crowd(record), record))
-
-        def notes(element: tuple[WindowCrowd, Mapping[str, list]]) -> Iterator[dict[str, Any]]:
-            crowd, joined = element
-            if joined["withheld"]:
-                yield from core.withheld_notes(
-                    joined["withheld"], [crowd] if joined["estimated"] else []
-                )
-
-        return (
-            {"withheld": records, "estimated": estimated}
-            | "JoinWithheld" >> beam.CoGroupByKey()
-            | "Notes" >> beam.FlatMap(notes)
-        )
+        return keyed | "Write" >> WriteLineBatches(directory, shards, order)
 
 
 def report_totals(report: Mapping[str, Any]) -> dict[str, int]:

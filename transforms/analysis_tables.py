@@ -135,8 +135,9 @@ def longitudinal_table(
 _SORT_COLUMNS = ("channel", "recipe_id", "crowd", "window_start", "round_start", "bucket", "period")
 
 
-def shard_of(key: core.CrowdKey, shards: int) -> int:
-    """The part file of a crowd: a stable hash of its key (the same on every worker and run)."""
+def shard_of(key: tuple, shards: int) -> int:
+    """The part file of a crowd or a crowd bucket: a stable hash of its key (the same on every
+    worker and run)."""
     return zlib.crc32(repr(tuple(key)).encode()) % max(1, int(shards))
 
 
@@ -221,11 +222,29 @@ class BatchCrowdTables(beam.DoFn):
             yield GlobalWindows.windowed_value((part, concat_compact(tables)))
 
 
+class WriteTableBatches(beam.PTransform):
+    """(part, Arrow table) -> ``directory/part-SSSSS-of-NNNNN.parquet``: each part is written by
+    one worker holding only its own batches (:func:`write_part`, sorted); every part in
+    ``range(shards)`` exists (empty ones too), so the directory always reads as one table with
+    ``schema``."""
+
+    def __init__(self, directory: str, schema: pa.Schema, shards: int) -> None:
+        super().__init__()
+        if int(shards) < 1:
+            raise ValueError(f"shards must be >= 1, got {shards}")
+        self._directory, self._schema, self._shards = directory, schema, int(shards)
+
+    def expand(self, batches: beam.PCollection) -> beam.PCollection:
+        directory, schema, shards = self._directory, self._schema, self._shards
+        return group_by_part(batches, shards) | "WriteParts" >> beam.MapTuple(
+            lambda shard, parts: write_part(directory, shard, shards, parts, schema)
+        )
+
+
 class WriteTableParts(beam.PTransform):
     """(crowd key, Arrow table) -> ``directory/part-SSSSS-of-NNNNN.parquet``: crowds are grouped
-    into ``shards`` parts by :func:`shard_of` (batched per bundle, :class:`BatchCrowdTables`);
-    each part is written by one worker holding only its own crowds; every part exists (empty ones
-    too), so the directory always reads as one table with ``schema``."""
+    into ``shards`` parts by :func:`shard_of` (batched per bundle, :class:`BatchCrowdTables`)
+    and written by :class:`WriteTableBatches`."""
 
     def __init__(self, directory: str, schema: pa.Schema, shards: int) -> None:
         super().__init__()
@@ -234,11 +253,8 @@ class WriteTableParts(beam.PTransform):
         self._directory, self._schema, self._shards = directory, schema, int(shards)
 
     def expand(self, tables: beam.PCollection) -> beam.PCollection:
-        directory, schema, shards = self._directory, self._schema, self._shards
-        keyed = tables | "ByPart" >> beam.ParDo(BatchCrowdTables(shards))
-        return group_by_part(keyed, shards) | "WriteParts" >> beam.MapTuple(
-            lambda shard, parts: write_part(directory, shard, shards, parts, schema)
-        )
+        keyed = tables | "ByPart" >> beam.ParDo(BatchCrowdTables(self._shards))
+        return keyed | "Write" >> WriteTableBatches(self._directory, self._schema, self._shards)
 
 
 def table_parts(rows: int, rows_per_part: int = ROWS_PER_PART) -> int:

@@ -1,6 +1,6 @@
-"""The analyzer's second half as Beam transforms: count arrays per crowd in, answers out.
+"""The analyzer's second half as Beam transforms: count arrays per crowd bucket in, answers out.
 
-:class:`EstimateCrowds` de-biases each crowd's count arrays with its recipe's estimator at the
+:class:`EstimateBuckets` de-biases, bucket by bucket, each crowd's count arrays with its recipe's estimator at the
 effective respondent count n_eff = Σ_u π_u n_u (``transforms.analyze_core``: the respondents
 each instance's commit record states it released, weighted by the recipe's instance weights),
 adds standard errors, the optional labelled post-processing, the longitudinal marginals of Algorithm 2
@@ -10,7 +10,9 @@ simulation's truth is given, the accuracy against it. :class:`WriteAnalysis` wri
 ``transforms.analysis_tables``), ``reports.jsonl/`` and ``withheld.jsonl/`` (JSON Lines, part by
 part, ``transforms.analysis_reports``) and ``summary.json`` (totals only).
 
-Outputs are per crowd (one Arrow table per crowd, one report dict per crowd), never per message.
+Outputs leave per crowd bucket (``transforms.analyze_core.buckets``): a bucket's rows as a few
+Arrow tables, its reports and notes as compressed JSON Lines, to the part its key hashes to;
+never one element per crowd (pictures aside: at most a few dozen crowds) nor per message.
 """
 
 from __future__ import annotations
@@ -33,20 +35,25 @@ from transforms.aggregate import metrics_summary
 from transforms.analysis_reports import (
     REPORTS_DIR,
     WITHHELD_DIR,
-    WithheldNotes,
-    WriteJsonParts,
+    WindowCrowd,
+    WriteLineBatches,
+    estimated_crowds,
+    json_line,
     json_ready,
     note_order,
+    pack_lines,
     report_order,
     report_totals,
-    withheld_crowd,
 )
 from transforms.analysis_tables import (
-    WriteTableParts,
+    ROWS_PER_BATCH,
+    WriteTableBatches,
+    concat_compact,
     histogram_schema,
     histogram_table,
     longitudinal_schema,
     longitudinal_table,
+    shard_of,
 )
 from transforms.combiners import SumCounts
 
@@ -56,6 +63,8 @@ SUMMARY_FILE = "summary.json"
 HISTOGRAM_TAG = "histogram"
 LONGITUDINAL_TAG = "longitudinal"
 PICTURE_TAG = "picture"
+REPORT_TAG = "report"
+NOTE_TAG = "note"
 
 
 @dataclass(frozen=True)
@@ -132,9 +141,10 @@ class AnalysisConfig:
         return None if self.postprocessing == "none" else f"estimate_{self.postprocessing}"
 
 
-@beam.typehints.with_output_types(typing.Any)
-class EstimateCrowd(beam.DoFn):
-    """(crowd key, accumulator) -> report dict; tagged Arrow tables for the two Parquet files."""
+class CrowdEstimator:
+    """Estimates one crowd at a time: ``estimate(key, accumulator)`` -> ``(report, table)``
+    pairs (one per histogram crowd, one per round of a longitudinal crowd; ``table`` None when
+    there is no estimate). Reads the simulations' truth once (:meth:`setup`)."""
 
     def __init__(self, config: AnalysisConfig) -> None:
         self._config = config
@@ -147,19 +157,19 @@ class EstimateCrowd(beam.DoFn):
         truth = self._truth.get(key[4])
         return truth if truth is not None and truth.applies_to(key) else None
 
-    def process(self, element: tuple[core.CrowdKey, core.Accumulator]) -> Iterator[Any]:
-        key, accumulator = element
+    def estimate(
+        self, key: core.CrowdKey, accumulator: core.Accumulator | None
+    ) -> list[tuple[dict[str, Any], pa.Table | None]]:
         recipe = self._config.book.get(key[4])
         if recipe is None or accumulator is None:  # aggregate_batch only keys known recipes
-            return
+            return []
         if isinstance(accumulator, core.LongitudinalAccumulator):
-            yield from self._longitudinal(recipe, key, accumulator)
-        else:
-            yield from self._histogram(recipe, key, accumulator)
+            return self._longitudinal(recipe, key, accumulator)
+        return [self._histogram(recipe, key, accumulator)]
 
     def _histogram(
         self, recipe: Any, key: core.CrowdKey, accumulator: core.CrowdAccumulator
-    ) -> Iterator[Any]:
+    ) -> tuple[dict[str, Any], pa.Table | None]:
         config = self._config
         try:
             result = core.estimate_histogram(recipe, key, accumulator, config.postprocessing)
@@ -170,8 +180,7 @@ class EstimateCrowd(beam.DoFn):
                 messages=accumulator.messages,
                 notes=[f"no estimate: {error}"],
             )
-            yield report
-            return
+            return report, None
         truth_dense = accuracy = None
         truth = self._truth_for(key)
         if truth is not None:
@@ -183,16 +192,14 @@ class EstimateCrowd(beam.DoFn):
         report = core.histogram_report(
             recipe, result, config.deletion, accuracy, accumulator.rejected
         )
-        yield beam.pvalue.TaggedOutput(HISTOGRAM_TAG, (key, table))
-        if key in config.pictured:
-            yield beam.pvalue.TaggedOutput(PICTURE_TAG, (report, table))
-        yield report
+        return report, table
 
     def _longitudinal(
         self, recipe: Any, key: core.CrowdKey, accumulator: core.LongitudinalAccumulator
-    ) -> Iterator[Any]:
+    ) -> list[tuple[dict[str, Any], pa.Table | None]]:
         config = self._config
         results = core.estimate_longitudinal(recipe, key, accumulator, config.failure_probability)
+        out = []
         for result in results:
             truth = None
             source = self._truth_for(key)
@@ -205,36 +212,110 @@ class EstimateCrowd(beam.DoFn):
                     respondents[instance] = min(respondents.get(instance, count), count)
             table = longitudinal_table(result, config, truth)
             report = core.longitudinal_report(recipe, result, respondents, config.deletion, truth)
-            yield beam.pvalue.TaggedOutput(LONGITUDINAL_TAG, (key, table))
-            if key in config.pictured:
-                yield beam.pvalue.TaggedOutput(PICTURE_TAG, (report, table))
-            yield report
+            out.append((report, table))
+        return out
+
+
+class _Batches:
+    """One bucket's output rows of one kind, concatenated every ``rows_per_batch`` rows."""
+
+    def __init__(self, rows_per_batch: int) -> None:
+        self._rows_per_batch = rows_per_batch
+        self._tables: list[pa.Table] = []
+        self._rows = 0
+
+    def add(self, table: pa.Table) -> pa.Table | None:
+        if table.num_rows:
+            self._tables.append(table)
+            self._rows += table.num_rows
+        return self.flush() if self._rows >= self._rows_per_batch else None
+
+    def flush(self) -> pa.Table | None:
+        tables, self._tables, self._rows = self._tables, [], 0
+        return concat_compact(tables) if tables else None
+
+
+@beam.typehints.with_output_types(typing.Any)
+class EstimateBucket(beam.DoFn):
+    """(bucket key, CrowdBucket) -> the bucket's outputs, each as batches for its part
+    (``shard_of(bucket key, parts)``): ``(part, Arrow table)`` of histogram and longitudinal
+    rows (every :data:`ROWS_PER_BATCH` rows and at the bucket's end), ``(part, compressed JSON
+    Lines)`` of reports and of withheld-crowd notes, ``(report, table)`` of the pictured crowds
+    and one dict of totals (main output). The crowds are estimated one by one with today's
+    estimators (:class:`CrowdEstimator`); nothing leaves per crowd except pictures."""
+
+    def __init__(
+        self, config: AnalysisConfig, parts: int = 1, rows_per_batch: int = ROWS_PER_BATCH
+    ) -> None:
+        self._config = config
+        self._parts = max(1, int(parts))
+        self._rows_per_batch = int(rows_per_batch)
+        self._estimator = CrowdEstimator(config)
+
+    def setup(self) -> None:
+        self._estimator.setup()
+
+    def process(self, element: tuple[core.BucketKey, core.CrowdBucket | None]) -> Iterator[Any]:
+        unit, bucket = element
+        if bucket is None:
+            return
+        part = shard_of(unit, self._parts)
+        tables = {HISTOGRAM_TAG: _Batches(self._rows_per_batch)}
+        tables[LONGITUDINAL_TAG] = _Batches(self._rows_per_batch)
+        lines: list[str] = []
+        totals: dict[str, int] = {}
+        estimated: set[WindowCrowd] = set()
+        pictured = self._config.pictured
+        for key, accumulator in bucket.items():
+            for report, table in self._estimator.estimate(key, accumulator):
+                for name, count in report_totals(report).items():
+                    totals[name] = totals.get(name, 0) + count
+                estimated.update(estimated_crowds(report))
+                lines.append(json_line(report))
+                if table is None:
+                    continue
+                tag = LONGITUDINAL_TAG if key[0] == core.LONGITUDINAL else HISTOGRAM_TAG
+                batch = tables[tag].add(table)
+                if batch is not None:
+                    yield beam.pvalue.TaggedOutput(tag, (part, batch))
+                if key in pictured:
+                    yield beam.pvalue.TaggedOutput(PICTURE_TAG, (report, table))
+        for tag, batches in tables.items():
+            batch = batches.flush()
+            if batch is not None:
+                yield beam.pvalue.TaggedOutput(tag, (part, batch))
+        if lines:
+            yield beam.pvalue.TaggedOutput(REPORT_TAG, (part, pack_lines(lines)))
+        notes = core.withheld_notes(core.withheld_records(bucket.withheld), estimated)
+        if notes:
+            totals["withheld"] = len(notes)
+            notes_lines = [json_line(note) for note in notes]
+            yield beam.pvalue.TaggedOutput(NOTE_TAG, (part, pack_lines(notes_lines)))
+        yield totals
 
 
 class EstimateOutputs(NamedTuple):
-    reports: beam.PCollection  # one dict per crowd (per round for longitudinal)
-    histograms: beam.PCollection  # (crowd key, Arrow table)
-    longitudinal: beam.PCollection  # (crowd key, Arrow table)
+    totals: beam.PCollection  # one dict of report and note counts per bucket
+    reports: beam.PCollection  # (part, compressed JSON Lines of reports)
+    notes: beam.PCollection  # (part, compressed JSON Lines of withheld-crowd notes)
+    histograms: beam.PCollection  # (part, Arrow table)
+    longitudinal: beam.PCollection  # (part, Arrow table)
     pictures: beam.PCollection  # (report, Arrow table) of the crowds in config.pictured
 
 
-class EstimateCrowds(beam.PTransform):
-    """(crowd key, accumulator) -> :class:`EstimateOutputs`."""
+class EstimateBuckets(beam.PTransform):
+    """(bucket key, CrowdBucket) -> :class:`EstimateOutputs` (batches for ``parts`` parts)."""
 
-    def __init__(self, config: AnalysisConfig) -> None:
+    def __init__(self, config: AnalysisConfig, parts: int = 1) -> None:
         super().__init__()
         self._config = config
+        self._parts = int(parts)
 
-    def expand(self, crowds: beam.PCollection) -> EstimateOutputs:
-        outputs = crowds | "Estimate" >> beam.ParDo(EstimateCrowd(self._config)).with_outputs(
-            HISTOGRAM_TAG, LONGITUDINAL_TAG, PICTURE_TAG, main="reports"
-        )
-        return EstimateOutputs(
-            outputs.reports,
-            outputs[HISTOGRAM_TAG],
-            outputs[LONGITUDINAL_TAG],
-            outputs[PICTURE_TAG],
-        )
+    def expand(self, buckets: beam.PCollection) -> EstimateOutputs:
+        estimate = EstimateBucket(self._config, self._parts)
+        tags = (REPORT_TAG, NOTE_TAG, HISTOGRAM_TAG, LONGITUDINAL_TAG, PICTURE_TAG)
+        outputs = buckets | "Estimate" >> beam.ParDo(estimate).with_outputs(*tags, main="totals")
+        return EstimateOutputs(outputs.totals, *(outputs[tag] for tag in tags))
 
 
 def write_summary(
@@ -269,13 +350,14 @@ def write_summary(
 
 
 class WriteAnalysis(beam.PTransform):
-    """Writes histograms.parquet/ and longitudinal.parquet/ (``parts`` part files each, see
-    :class:`WriteTableParts`), reports.jsonl/ and withheld.jsonl/ (per-crowd reports and notes on
-    withheld crowds, ``transforms.analysis_reports``) and summary.json into ``output_dir``.
+    """Writes histograms.parquet/ and longitudinal.parquet/ (``parts`` part files each,
+    ``analysis_tables.WriteTableBatches``), reports.jsonl/ and withheld.jsonl/ (per-crowd reports
+    and notes on withheld crowds, ``analysis_reports.WriteLineBatches``) and summary.json into
+    ``output_dir``, from :class:`EstimateOutputs` of ``parts`` parts and the counters.
 
-    ``withheld_crowds``: the commit records' withheld crowds (each with the ``instance`` whose
-    commit listed it), joined with the reports per crowd. summary.json is written once, after
-    every part, from totals only: no worker and not the driver holds every crowd's report.
+    Every grouping carries batches of a bucket's rows or lines, never one element per crowd;
+    summary.json is written once, after every part, from totals only: no worker and not the
+    driver holds every crowd's report.
     """
 
     def __init__(
@@ -283,7 +365,6 @@ class WriteAnalysis(beam.PTransform):
         output_dir: str,
         config: AnalysisConfig,
         inputs: Mapping[str, Any],
-        withheld_crowds: list[dict[str, Any]],
         parts: int = 1,
     ) -> None:
         super().__init__()
@@ -291,39 +372,31 @@ class WriteAnalysis(beam.PTransform):
         self._output_dir = output_dir
         self._config = config
         self._inputs = dict(inputs)
-        self._withheld_crowds = list(withheld_crowds)
 
     def expand(self, outputs: tuple[EstimateOutputs, beam.PCollection]) -> beam.PCollection:
         estimates, counts = outputs
         output_dir, config, parts = self._output_dir, self._config, self._parts
         join = FileSystems.join
         summary_path = join(output_dir, SUMMARY_FILE)
-        pipeline = estimates.reports.pipeline
-        withheld = pipeline | "WithheldCrowds" >> beam.Create(self._withheld_crowds)
-        withheld_keys = [withheld_crowd(record) for record in self._withheld_crowds]
-        notes = (estimates.reports, withheld) | "WithheldNotes" >> WithheldNotes(withheld_keys)
+        pipeline = estimates.totals.pipeline
         written = [
             estimates.histograms
             | "WriteHistograms"
-            >> WriteTableParts(join(output_dir, HISTOGRAMS_FILE), histogram_schema(config), parts),
+            >> WriteTableBatches(
+                join(output_dir, HISTOGRAMS_FILE), histogram_schema(config), parts
+            ),
             estimates.longitudinal
             | "WriteLongitudinal"
-            >> WriteTableParts(
+            >> WriteTableBatches(
                 join(output_dir, LONGITUDINAL_FILE), longitudinal_schema(config), parts
             ),
             estimates.reports
-            | "WriteReports" >> WriteJsonParts(join(output_dir, REPORTS_DIR), parts, report_order),
-            notes
-            | "WriteNotes" >> WriteJsonParts(join(output_dir, WITHHELD_DIR), parts, note_order),
+            | "WriteReports"
+            >> WriteLineBatches(join(output_dir, REPORTS_DIR), parts, report_order),
+            estimates.notes
+            | "WriteNotes" >> WriteLineBatches(join(output_dir, WITHHELD_DIR), parts, note_order),
         ]
-        totals = (
-            (
-                estimates.reports | "ReportTotals" >> beam.Map(report_totals),
-                notes | "NoteTotals" >> beam.Map(lambda _: {"withheld": 1}),
-            )
-            | "AllTotals" >> beam.Flatten()
-            | "SumTotals" >> beam.CombineGlobally(SumCounts())
-        )
+        totals = estimates.totals | "SumTotals" >> beam.CombineGlobally(SumCounts())
         inputs = self._inputs
 
         def summarize(_: Any, totals: dict, counts: dict, written: list) -> dict[str, Any]:

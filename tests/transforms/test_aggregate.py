@@ -12,13 +12,42 @@ import numpy as np
 import pytest
 
 from transforms.aggregate import (
-    CombineCrowd,
+    CombineBucket,
     commit_crowd_records,
     commit_file_paths,
     metrics_summary,
 )
-from transforms.analyze_core import CrowdAccumulator, LongitudinalAccumulator
+from transforms.analyze_core import CrowdAccumulator, CrowdBucket, LongitudinalAccumulator
 from transforms.combiners import SumCounts
+
+KEY = ("histogram", 0, 1000, "grid", "grid@1", None)
+
+
+class _OneCrowd:
+    """CombineBucket seen through buckets of the one crowd KEY (inputs and outputs unwrapped)."""
+
+    def __init__(self, dense_limit=1 << 20):
+        self.combiner = CombineBucket(dense_limit)
+
+    def create_accumulator(self):
+        return self.combiner.create_accumulator()
+
+    def add_input(self, accumulator, element):
+        return self.combiner.add_input(accumulator, CrowdBucket({KEY: element}))
+
+    def merge_accumulators(self, accumulators):
+        return self.combiner.merge_accumulators(
+            [
+                a if isinstance(a, CrowdBucket | None) else CrowdBucket({KEY: a})
+                for a in accumulators
+            ]
+        )
+
+    def compact(self, accumulator):
+        return self.combiner.compact(accumulator)
+
+    def extract_output(self, accumulator):
+        return self.combiner.extract_output(accumulator)
 
 
 def _histogram(buckets, respondents=None, dense_limit=1 << 20):
@@ -30,9 +59,11 @@ def _histogram(buckets, respondents=None, dense_limit=1 << 20):
 
 
 def _state(accumulator):
-    """A deep, comparable snapshot of an accumulator's value."""
+    """A deep, comparable snapshot of an accumulator's value (of a bucket: of its crowd KEY)."""
     if accumulator is None:
         return None
+    if isinstance(accumulator, CrowdBucket):
+        return _state(accumulator.crowds[KEY])
     if isinstance(accumulator, CrowdAccumulator):
         return (
             accumulator.counts.dense().tolist(),
@@ -48,8 +79,8 @@ def _state(accumulator):
 
 
 @pytest.mark.parametrize("dense_limit", [1 << 20, 0])
-def test_combine_crowd_adds_without_touching_its_inputs(dense_limit):
-    combiner = CombineCrowd()
+def test_combine_bucket_adds_without_touching_its_inputs(dense_limit):
+    combiner = _OneCrowd()
     elements = [
         _histogram([1, 2, 2], dense_limit=dense_limit),
         _histogram([], {0: 50}, dense_limit=dense_limit),  # a commit record's count only
@@ -72,26 +103,26 @@ def test_combine_crowd_adds_without_touching_its_inputs(dense_limit):
     # Adding more into the result later does not reach back into any input.
     combiner.add_input(result, _histogram([0]))
     assert [_state(e) for e in elements] == before
-    assert pickle.loads(pickle.dumps(result)).counts.dense().tolist() == _state(result)[0]
+    assert _state(pickle.loads(pickle.dumps(result)))[0] == _state(result)[0]
 
 
-def test_combine_crowd_merges_dense_and_sparse_partials_the_same_in_any_order():
-    combiner = CombineCrowd()
+def test_combine_bucket_merges_dense_and_sparse_partials_the_same_in_any_order():
+    combiner = _OneCrowd()
     dense, sparse = _histogram([3, 3, 4], {0: 9}), _histogram([4, 5], {1: 2}, dense_limit=0)
-    one = combiner.merge_accumulators([dense, sparse])
-    other = combiner.merge_accumulators([sparse, dense])
+    one = combiner.merge_accumulators([dense, sparse]).crowds[KEY]
+    other = combiner.merge_accumulators([sparse, dense]).crowds[KEY]
     assert one.counts.is_dense and other.counts.is_dense
     assert _state(one) == _state(other) == ([0, 0, 0, 2, 2, 1, 0, 0], {0: 9, 1: 2}, 5, {})
 
 
-def test_combine_crowd_never_sums_a_respondent_count_stated_twice():
-    combiner = CombineCrowd()
+def test_combine_bucket_never_sums_a_respondent_count_stated_twice():
+    combiner = _OneCrowd()
     with pytest.raises(ValueError, match="stated twice"):
         combiner.merge_accumulators([_histogram([], {0: 50}), _histogram([], {0: 50})])
 
 
-def test_combine_crowd_handles_longitudinal_rounds_without_touching_inputs():
-    combiner = CombineCrowd()
+def test_combine_bucket_handles_longitudinal_rounds_without_touching_inputs():
+    combiner = _OneCrowd()
     first = LongitudinalAccumulator(3, 1000)
     first.add_messages(0, np.array([0, 1]), np.array([1, -1]))
     second = LongitudinalAccumulator(3, 1000)

@@ -20,7 +20,7 @@ from schemas import SUPPORTED_SCHEMA_VERSIONS, crc32c, parsed_schema
 from schemas.payloads import CENSUS, encode_payloads
 from schemas.recipes import recipe_from_dict
 from transforms import analyze_core as core
-from transforms.aggregate import AggregateReleases, CombineCrowd, SumCounts, metrics_summary
+from transforms.aggregate import AggregateReleases, CombineBucket, SumCounts, metrics_summary
 from transforms.analysis_reports import (
     BatchLines,
     json_line,
@@ -39,7 +39,7 @@ from transforms.analysis_tables import (
 )
 from transforms.analyze import (
     AnalysisConfig,
-    EstimateCrowds,
+    EstimateBuckets,
     TruthSource,
     WriteAnalysis,
 )
@@ -76,11 +76,21 @@ def _accumulator(buckets, respondents):
     return accumulator
 
 
-def test_combine_crowd_three_ways_agree():
+def _pairs(pair):
+    """A crowd record source that is one ``(instance, crowd record)`` pair."""
+    yield pair
+
+
+def test_combine_bucket_three_ways_agree():
     # Beam's combiners_test habit: call the CombineFn directly; sequential adds, merges of
     # single-element accumulators and merges after compact + pickling must agree.
-    parts = [_accumulator([1, 2], {0: 4}), _accumulator([2], {1: 4}), _accumulator([7, 7], {})]
-    combine = CombineCrowd()
+    other = (*KEY[:5], "other")
+    parts = [
+        core.CrowdBucket({KEY: _accumulator([1, 2], {0: 4})}),
+        core.CrowdBucket({KEY: _accumulator([2], {1: 4}), other: _accumulator([3], {0: 1})}),
+        core.CrowdBucket({KEY: _accumulator([7, 7], {})}),
+    ]
+    combine = CombineBucket()
 
     def fresh():
         return [pickle.loads(pickle.dumps(p)) for p in parts]
@@ -95,7 +105,9 @@ def test_combine_crowd_three_ways_agree():
         [pickle.loads(pickle.dumps(combine.compact(p))) for p in fresh()] + [None]
     )
     for result in (sequential, merged, compacted):
-        output = combine.extract_output(result)
+        bucket = combine.extract_output(result)
+        assert bucket.crowds[other].messages == 1
+        output = bucket.crowds[KEY]
         np.testing.assert_array_equal(output.counts.dense(), [0, 1, 2, 0, 0, 0, 0, 2])
         assert output.respondents == {0: 4, 1: 4}
         assert output.messages == 5
@@ -179,9 +191,14 @@ def test_aggregate_releases_adds_every_file_and_dead_letters_bad_records(release
         outputs = (
             pipeline | "Files" >> beam.Create(files),
             pipeline | "Commits" >> beam.Create(commits),
-        ) | AggregateReleases(BOOK, SUPPORTED_SCHEMA_VERSIONS, batch_records=100)
-        crowds = outputs.crowds | beam.Map(
-            lambda kv: (kv[0], kv[1].counts.dense().tolist(), kv[1].respondents)
+        ) | AggregateReleases(
+            BOOK, SUPPORTED_SCHEMA_VERSIONS, batch_records=100, read_crowds=_pairs
+        )
+        crowds = outputs.buckets | beam.FlatMap(
+            lambda kv: [
+                (key, accumulator.counts.dense().tolist(), accumulator.respondents)
+                for key, accumulator in kv[1].items()
+            ]
         )
         assert_that(crowds, equal_to([(KEY, sums.tolist(), {0: 400, 1: 400})]), label="crowds")
         reasons = outputs.dead_letters | beam.FlatMap(
@@ -210,16 +227,13 @@ def test_estimate_and_write_analysis(release_files, tmp_path):
         BOOK, postprocessing="clip_nonnegative", truth=(TruthSource(str(truth_path), "grid@1"),)
     )
     output = tmp_path / "out"
-    withheld = [{**crowd, "instance": u} for u, crowd in commits if crowd["status"] == "withheld"]
     with beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner"])) as pipeline:
         aggregated = (
             pipeline | "Files" >> beam.Create(files),
             pipeline | "Commits" >> beam.Create(commits),
-        ) | AggregateReleases(BOOK, {1})
-        estimates = aggregated.crowds | EstimateCrowds(config)
-        _ = (estimates, aggregated.counts) | WriteAnalysis(
-            str(output), config, {"test": True}, withheld
-        )
+        ) | AggregateReleases(BOOK, {1}, read_crowds=_pairs)
+        estimates = aggregated.buckets | EstimateBuckets(config)
+        _ = (estimates, aggregated.counts) | WriteAnalysis(str(output), config, {"test": True})
     table = pq.read_table(output / "histograms.parquet")
     assert table.schema == histogram_schema(config)
     assert table.column("bucket").to_pylist() == list(range(8))

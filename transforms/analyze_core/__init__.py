@@ -2,6 +2,7 @@
 
 * ``accumulate``: bucket sums and per-crowd accumulators, the recipes the analyzer accepts;
 * ``batches``: one batch of shuffled messages -> partial accumulators and dead-letter reasons;
+* ``buckets``: crowd buckets, the unit the analyzer adds, estimates and writes crowds in;
 * ``estimate``: n_eff and the de-biased histograms and longitudinal marginals;
 * ``report``: privacy summary, truth, per-crowd report entries and notes.
 
@@ -44,6 +45,17 @@ from transforms.analyze_core.batches import (
     respondent_accumulators,
     tree_node_matches_period,
 )
+from transforms.analyze_core.buckets import (
+    ANALYZER_BUCKETS,
+    BucketKey,
+    CrowdBucket,
+    WithheldRecord,
+    bucket_accumulators,
+    bucket_key,
+    commit_buckets,
+    crowd_sort_key,
+    withheld_records,
+)
 from transforms.analyze_core.estimate import (
     MATERIALIZE_LIMIT,
     POSTPROCESSING,
@@ -72,6 +84,15 @@ from transforms.analyze_core.report import (
 
 __all__ = [
     "ALGORITHM_3",
+    "ANALYZER_BUCKETS",
+    "BucketKey",
+    "CrowdBucket",
+    "WithheldRecord",
+    "bucket_accumulators",
+    "bucket_key",
+    "commit_buckets",
+    "crowd_sort_key",
+    "withheld_records",
     "Accumulator",
     "BAD_WINDOW",
     "BatchAggregate",
