@@ -39,9 +39,10 @@ estimate [unbiased], stderr, raw_count, n, estimate_<postprocessing>, truth), ``
 accuracy, JSON Lines), ``withheld.jsonl`` (notes on withheld crowds), ``summary.json`` (inputs,
 metrics, totals and the names of those two), ``dead_letter/part-*.avro`` and PNG pictures
 under ``pictures/`` (drawn per crowd inside the pipeline). The two tables are Parquet datasets:
-directories of ``part-SSSSS-of-NNNNN.parquet`` files, each holding whole crowds, about a million
-rows per part; ``pyarrow.parquet.read_table(DIR/histograms.parquet)`` reads one as a table. The
-two JSON Lines datasets are split the same way (``transforms.analysis_reports.read_reports``).
+directories of ``part-SSSSS-of-NNNNN.parquet`` files, each holding whole crowd buckets
+(``transforms.analyze_core.buckets``), at most about a million rows and a thousand crowds per
+part; ``pyarrow.parquet.read_table(DIR/histograms.parquet)`` reads one as a table. The two JSON
+Lines datasets are split the same way (``transforms.analysis_reports.read_reports``).
 
 Other runners take the same flags plus their own (``--runner=FlinkRunner --flink_master=HOST:PORT``,
 or ``--runner=DataflowRunner --project P --region R --temp_location gs://... --setup_file
@@ -83,7 +84,7 @@ from transforms import analyze_core as core
 from transforms import atomic_files
 from transforms.aggregate import AggregateReleases
 from transforms.analysis_reports import REPORTS_DIR, WITHHELD_DIR, read_reports
-from transforms.analysis_tables import table_parts
+from transforms.analysis_tables import analysis_parts
 from transforms.analyze import (
     HISTOGRAMS_FILE,
     LONGITUDINAL_FILE,
@@ -355,7 +356,7 @@ def run(options: PipelineOptions) -> dict[str, Any]:
     # Driver-side per crowd: nothing but two bounded results of one pass over the releases'
     # crowds (the pictured crowd keys, the table-size estimate for the number of parts); the
     # respondent counts and withheld crowds are read from the verified releases by workers.
-    pictured, rows = _release_selection(releases, book, not values.analyze_no_pictures)
+    pictured, rows, crowds = _release_selection(releases, book, not values.analyze_no_pictures)
     config = AnalysisConfig(
         book=book,
         postprocessing=values.analyze_postprocessing,
@@ -364,7 +365,7 @@ def run(options: PipelineOptions) -> dict[str, Any]:
         truth=truth_sources(values.analyze_truth, values.analyze_truth_recipe),
         pictured=pictured,
     )
-    parts = table_parts(rows)
+    parts = analysis_parts(rows, crowds)
     releases = [
         replace(r, commit={k: v for k, v in r.commit.items() if k not in ("crowds", "files")})
         for r in releases
@@ -439,17 +440,20 @@ def _iter_release_crowds(item: Release) -> Iterator[dict[str, Any]]:
 
 def _release_selection(
     releases: Sequence[Release], book: core.RecipeBook, pictures_wanted: bool
-) -> tuple[frozenset, int]:
-    """One pass over the released crowds of known recipes: the crowd keys that get pictures
-    (``pictures.pictured_crowds``, the first ones in the summary's order) and about how many
-    histogram rows they give (dense domains in full; the largest release's, as the instances
-    release mostly the same crowds). Holds nothing per crowd."""
+) -> tuple[frozenset, int, int]:
+    """One pass over the releases' crowds: the crowd keys that get pictures
+    (``pictures.pictured_crowds``: the first released crowds of known recipes in the summary's
+    order), about how many histogram rows the released crowds give (dense domains in full) and
+    how many crowds there are (the largest release's figures, as the instances release mostly
+    the same crowds). Holds nothing per crowd."""
     sizes: dict[str, int] = {}
     rows: dict[int, int] = {}
+    crowds: dict[int, int] = {}
 
     def released() -> Iterator[core.CrowdKey]:
         for item in releases:
             for crowd in _iter_release_crowds(item):
+                crowds[item.instance] = crowds.get(item.instance, 0) + 1
                 recipe = book.get(crowd["recipe_id"])
                 if crowd["status"] != "released" or recipe is None:
                     continue
@@ -462,7 +466,11 @@ def _release_selection(
                 yield key
 
     chosen = pictures.pictured_crowds(released(), limit=pictures.MAX_PICTURED_CROWDS)
-    return (chosen if pictures_wanted else frozenset()), max(rows.values(), default=0)
+    return (
+        chosen if pictures_wanted else frozenset(),
+        max(rows.values(), default=0),
+        max(crowds.values(), default=0),
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -188,10 +188,11 @@ class CombineBucket(beam.CombineFn):
     """Adds partial :class:`~transforms.analyze_core.CrowdBucket` accumulators of one bucket
     (per crowd: count arrays, respondents, counters; withheld records).
 
-    The empty accumulator is ``None``. Inputs are never modified: ``add_input`` copies the
-    first bucket it keeps and merges later ones into that copy; ``merge_accumulators`` sums into
-    a new bucket. ``compact`` packs a bucket into one compressed blob before it crosses the
-    grouping; ``extract_output`` counts small domains densely (``CrowdBucket.densify``).
+    The empty accumulator is ``None``. Inputs are never modified in value: buckets are added
+    lazily as their packed blobs (``CrowdBucket.add``), so every key's accumulator stays mostly
+    compressed while a bundle is combined; ``compact`` packs a bucket into one blob before it
+    crosses the grouping; ``extract_output`` counts small domains densely
+    (``CrowdBucket.densify``).
     """
 
     def __init__(self, dense_limit: int = core.DENSE_LIMIT) -> None:
@@ -204,8 +205,8 @@ class CombineBucket(beam.CombineFn):
         self, accumulator: core.CrowdBucket | None, element: core.CrowdBucket
     ) -> core.CrowdBucket:
         if accumulator is None:
-            return element.copy()
-        accumulator.merge(element)
+            accumulator = core.CrowdBucket()
+        accumulator.add(element)
         return accumulator
 
     def merge_accumulators(
@@ -216,9 +217,8 @@ class CombineBucket(beam.CombineFn):
             if accumulator is None:
                 continue
             if result is None:
-                result = accumulator.copy()
-            else:
-                result.merge(accumulator)
+                result = core.CrowdBucket()
+            result.add(accumulator)
         return result
 
     def compact(self, accumulator: core.CrowdBucket | None) -> core.CrowdBucket | None:

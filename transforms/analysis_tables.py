@@ -24,8 +24,11 @@ from transforms import atomic_files
 if TYPE_CHECKING:
     from transforms.analyze import AnalysisConfig
 
-# Crowd tables are split over part files of about this many rows each.
+# Crowd tables are split over part files of about this many rows each, and of at most about
+# this many crowds each (reports and notes go to the same parts: a part is written by one worker
+# holding all of its crowds' rows and reports, so its size must not grow with the crowds).
 ROWS_PER_PART = 1_000_000
+CROWDS_PER_PART = 1_000
 _TIME = pa.timestamp("ms", tz="UTC")
 
 
@@ -260,3 +263,10 @@ class WriteTableParts(beam.PTransform):
 def table_parts(rows: int, rows_per_part: int = ROWS_PER_PART) -> int:
     """Part files for about ``rows`` rows (at least one)."""
     return max(1, math.ceil(max(0, int(rows)) / max(1, int(rows_per_part))))
+
+
+def analysis_parts(rows: int, crowds: int, crowds_per_part: int = CROWDS_PER_PART) -> int:
+    """Part files of an analysis of about ``rows`` table rows and ``crowds`` crowds: at most
+    about :data:`ROWS_PER_PART` rows and ``crowds_per_part`` crowds each (at least one)."""
+    by_crowds = math.ceil(max(0, int(crowds)) / max(1, int(crowds_per_part)))
+    return max(table_parts(rows), by_crowds)

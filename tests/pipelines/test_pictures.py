@@ -32,3 +32,26 @@ def test_estimate_vs_truth_is_a_png_for_small_and_large_domains():
             np.arange(size), estimate, np.full(size, 5.0), truth, "test"
         )
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
+
+
+def test_pictured_crowds_are_the_first_in_order_streamed_with_repeats():
+    """The bounded streaming choice equals sorting every distinct key (repeats: one crowd
+    released by several instances) and taking the first ``limit`` of each kind."""
+    rng = seeded_generator(8)
+    keys = [
+        (kind, int(day) * 10, int(day) * 10 + 10, f"ch{int(c)}", "r@1", None if i % 7 == 0 else f"k{i}")
+        for i, (kind, day, c) in enumerate(
+            zip(rng.choice(["histogram", "longitudinal"], 300), rng.integers(0, 5, 300),
+                rng.integers(0, 3, 300), strict=True)
+        )
+    ]  # fmt: skip
+    stream = keys + keys[::-1]  # every crowd twice
+
+    def order(key):
+        return (key[3], key[4], key[5] or "", key[1])
+
+    for limit in (0, 5, 24):
+        expected = set()
+        for kind in ("histogram", "longitudinal"):
+            expected |= set(sorted({k for k in keys if k[0] == kind}, key=order)[:limit])
+        assert pictures.pictured_crowds(iter(stream), limit) == expected

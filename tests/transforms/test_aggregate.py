@@ -117,8 +117,10 @@ def test_combine_bucket_merges_dense_and_sparse_partials_the_same_in_any_order()
 
 def test_combine_bucket_never_sums_a_respondent_count_stated_twice():
     combiner = _OneCrowd()
-    with pytest.raises(ValueError, match="stated twice"):
-        combiner.merge_accumulators([_histogram([], {0: 50}), _histogram([], {0: 50})])
+    with pytest.raises(ValueError, match="stated twice"):  # when the added buckets are folded
+        combiner.extract_output(
+            combiner.merge_accumulators([_histogram([], {0: 50}), _histogram([], {0: 50})])
+        )
 
 
 def test_combine_bucket_handles_longitudinal_rounds_without_touching_inputs():

@@ -132,3 +132,23 @@ def test_a_message_file_of_many_crowds_adds_up_per_crowd_in_bucket_elements(tmp_
     for index, (day, crowd_id) in enumerate(crowds):
         expected = np.bincount(values[row_crowd == index], minlength=16)
         np.testing.assert_array_equal(seen[_key(day, crowd_id)], expected)
+
+
+def test_buckets_added_lazily_stay_packed_and_equal_eager_merges():
+    """CombineBucket's adds keep the accumulator a compressed blob between folds; the folded
+    result equals merging the same buckets one by one."""
+    rng = seeded_generator(4)
+    parts = []
+    for index in range(60):
+        accumulator = core.CrowdAccumulator.empty(16)
+        accumulator.add_messages(rng.integers(0, 16, size=5))
+        parts.append(core.CrowdBucket({_key(index % 3, f"c{index % 25}"): accumulator}))
+    lazy, eager = core.CrowdBucket(), core.CrowdBucket()
+    for part in parts:
+        lazy.add(part)
+        eager.merge(part)
+    assert not lazy._crowds and lazy._pending  # blobs: no Python objects per crowd while adding
+    assert len(lazy) == len(eager) == 60
+    for (key, mine), (other_key, other) in zip(lazy.items(), eager.items(), strict=True):
+        assert key == other_key and mine.messages == other.messages
+        np.testing.assert_array_equal(mine.counts.dense(), other.counts.dense())

@@ -50,6 +50,11 @@ def crowd_sort_key(key: CrowdKey) -> tuple:
     return (kind, start, stop, channel, recipe_id, crowd_id is not None, crowd_id or "")
 
 
+# A bucket folds the packed buckets added to it (:meth:`CrowdBucket.add`) once they hold at least
+# this many bytes, or as many as its own packed content.
+PENDING_BYTES = 1 << 16
+
+
 class CrowdBucket:
     """The partial accumulators of one bucket's crowds (crowd key -> accumulator) and the
     withheld records of those crowds.
@@ -57,10 +62,14 @@ class CrowdBucket:
     ``merge`` adds another bucket without changing it (crowds it holds that this one lacks are
     copied). Pickled, a bucket is one zlib-compressed blob and stays one until it is read again
     (:meth:`pack`), so a runner that holds grouped values decoded keeps a bytes object per
-    bucket, not Python objects per crowd.
+    bucket, not Python objects per crowd. :meth:`add` keeps a combiner's buckets packed too:
+    an added bucket waits as its blob, and the waiting blobs are folded in (unpacked, merged,
+    packed again) once they weigh as much as the bucket's own blob, so adding costs amortized
+    O(log) unpacks per crowd and a combiner holding every bucket (Beam's lifted combine keeps
+    every key's accumulator until its bundle ends) holds compressed bytes.
     """
 
-    __slots__ = ("_crowds", "_withheld", "_packed")
+    __slots__ = ("_crowds", "_withheld", "_packed", "_pending", "_pending_bytes")
 
     def __init__(
         self,
@@ -70,21 +79,42 @@ class CrowdBucket:
         self._crowds: dict[CrowdKey, Accumulator] | None = dict(crowds or {})
         self._withheld: list[WithheldRecord] | None = list(withheld)
         self._packed: bytes | None = None
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
 
     def _open(self) -> tuple[dict[CrowdKey, Accumulator], list[WithheldRecord]]:
         if self._crowds is None or self._withheld is None:
-            self._crowds, self._withheld = pickle.loads(zlib.decompress(self._packed or b""))
+            self._crowds, self._withheld = _unpack(self._packed)
             self._packed = None
+        if self._pending:
+            pending, self._pending, self._pending_bytes = self._pending, [], 0
+            for blob in pending:  # freshly unpacked: merged without copies
+                crowds, withheld = _unpack(blob)
+                for key, accumulator in crowds.items():
+                    mine = self._crowds.get(key)
+                    if mine is None:
+                        self._crowds[key] = accumulator
+                    else:
+                        mine.merge(accumulator)
+                self._withheld.extend(withheld)
         return self._crowds, self._withheld
 
     def pack(self) -> CrowdBucket:
         """Compress the content into one blob (read back on first use); returns ``self``."""
-        if self._packed is None:
+        if self._packed is None or self._pending:
             crowds, withheld = self._open()
             state = (crowds, withheld)
             self._packed = zlib.compress(pickle.dumps(state, pickle.HIGHEST_PROTOCOL), 1)
             self._crowds = self._withheld = None
         return self
+
+    def add(self, other: CrowdBucket) -> None:
+        """Adds ``other`` (its value unchanged) lazily, keeping this bucket packed."""
+        blob = other.__getstate__()
+        self._pending.append(blob)
+        self._pending_bytes += len(blob)
+        if self._pending_bytes >= max(PENDING_BYTES, len(self._packed or b"")):
+            self.pack()
 
     def __getstate__(self) -> bytes:
         self.pack()
@@ -93,6 +123,8 @@ class CrowdBucket:
     def __setstate__(self, state: bytes) -> None:
         self._crowds = self._withheld = None
         self._packed = state
+        self._pending = []
+        self._pending_bytes = 0
 
     def __len__(self) -> int:
         return len(self._open()[0])
@@ -140,6 +172,12 @@ class CrowdBucket:
             if isinstance(counts, BucketCounts) and not counts.is_dense:
                 if counts.domain_size <= dense_limit:
                     counts.merge(BucketCounts(counts.domain_size, dense_limit))
+
+
+def _unpack(blob: bytes | None) -> tuple[dict[CrowdKey, Accumulator], list[WithheldRecord]]:
+    if not blob:
+        return {}, []
+    return pickle.loads(zlib.decompress(blob))
 
 
 def bucket_accumulators(
