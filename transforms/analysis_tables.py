@@ -148,12 +148,35 @@ def part_path(directory: str, shard: int, shards: int) -> str:
     return FileSystems.join(directory, f"part-{shard:05d}-of-{shards:05d}.parquet")
 
 
+def pack_table(table: pa.Table) -> bytes:
+    """``table`` as one zstd-compressed Arrow IPC stream (read back by :func:`unpack_table`):
+    what crosses a grouping is then bytes, not Arrow buffers and wrappers, and a runner that
+    keeps grouped values in memory (Beam's FnApiRunner) holds a fraction of the rows' bytes."""
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression="zstd")
+    with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def unpack_table(data: bytes) -> pa.Table:
+    """The table of a :func:`pack_table` stream."""
+    with pa.ipc.open_stream(pa.py_buffer(data)) as reader:
+        return reader.read_all()
+
+
 def write_part(
-    directory: str, shard: int, shards: int, tables: Iterable[pa.Table], schema: pa.Schema
+    directory: str,
+    shard: int,
+    shards: int,
+    tables: Iterable[pa.Table | bytes],
+    schema: pa.Schema,
 ) -> str:
-    """One part file: the shard's crowd tables, sorted (an empty table with the schema if none).
-    Named by shard index, so a retried bundle overwrites its own file; written to
-    ``directory/_temporary/`` and renamed when complete (``transforms.atomic_files``)."""
+    """One part file: the shard's crowd tables (or :func:`pack_table` bytes of them), sorted (an
+    empty table with the schema if none). Named by shard index, so a retried bundle overwrites
+    its own file; written to ``directory/_temporary/`` and renamed when complete
+    (``transforms.atomic_files``)."""
+    tables = [unpack_table(t) if isinstance(t, bytes) else t for t in tables]
     tables = [table for table in tables if table.num_rows]
     table = pa.concat_tables(tables) if tables else schema.empty_table()
     if table.num_rows:
@@ -226,7 +249,7 @@ class BatchCrowdTables(beam.DoFn):
 
 
 class WriteTableBatches(beam.PTransform):
-    """(part, Arrow table) -> ``directory/part-SSSSS-of-NNNNN.parquet``: each part is written by
+    """(part, Arrow table or :func:`pack_table` bytes) -> ``directory/part-SSSSS-of-NNNNN.parquet``: each part is written by
     one worker holding only its own batches (:func:`write_part`, sorted); every part in
     ``range(shards)`` exists (empty ones too), so the directory always reads as one table with
     ``schema``."""

@@ -53,6 +53,7 @@ from transforms.analysis_tables import (
     histogram_table,
     longitudinal_schema,
     longitudinal_table,
+    pack_table,
     shard_of,
 )
 from transforms.combiners import SumCounts
@@ -238,8 +239,8 @@ class _Batches:
 @beam.typehints.with_output_types(typing.Any)
 class EstimateBucket(beam.DoFn):
     """(bucket key, CrowdBucket) -> the bucket's outputs, each as batches for its part
-    (``shard_of(bucket key, parts)``): ``(part, Arrow table)`` of histogram and longitudinal
-    rows (every :data:`ROWS_PER_BATCH` rows and at the bucket's end), ``(part, compressed JSON
+    (``shard_of(bucket key, parts)``): ``(part, compressed Arrow IPC bytes)`` of histogram and
+    longitudinal rows (``pack_table``; every :data:`ROWS_PER_BATCH` rows and at the bucket's end), ``(part, compressed JSON
     Lines)`` of reports and of withheld-crowd notes, ``(report, table)`` of the pictured crowds
     and one dict of totals (main output). The crowds are estimated one by one with today's
     estimators (:class:`CrowdEstimator`); nothing leaves per crowd except pictures."""
@@ -277,13 +278,13 @@ class EstimateBucket(beam.DoFn):
                 tag = LONGITUDINAL_TAG if key[0] == core.LONGITUDINAL else HISTOGRAM_TAG
                 batch = tables[tag].add(table)
                 if batch is not None:
-                    yield beam.pvalue.TaggedOutput(tag, (part, batch))
+                    yield beam.pvalue.TaggedOutput(tag, (part, pack_table(batch)))
                 if key in pictured:
                     yield beam.pvalue.TaggedOutput(PICTURE_TAG, (report, table))
         for tag, batches in tables.items():
             batch = batches.flush()
             if batch is not None:
-                yield beam.pvalue.TaggedOutput(tag, (part, batch))
+                yield beam.pvalue.TaggedOutput(tag, (part, pack_table(batch)))
         if lines:
             yield beam.pvalue.TaggedOutput(REPORT_TAG, (part, pack_lines(lines)))
         notes = core.withheld_notes(core.withheld_records(bucket.withheld), estimated)
@@ -298,8 +299,8 @@ class EstimateOutputs(NamedTuple):
     totals: beam.PCollection  # one dict of report and note counts per bucket
     reports: beam.PCollection  # (part, compressed JSON Lines of reports)
     notes: beam.PCollection  # (part, compressed JSON Lines of withheld-crowd notes)
-    histograms: beam.PCollection  # (part, Arrow table)
-    longitudinal: beam.PCollection  # (part, Arrow table)
+    histograms: beam.PCollection  # (part, pack_table bytes)
+    longitudinal: beam.PCollection  # (part, pack_table bytes)
     pictures: beam.PCollection  # (report, Arrow table) of the crowds in config.pictured
 
 

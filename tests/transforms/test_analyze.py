@@ -33,6 +33,7 @@ from transforms.analysis_tables import (
     BatchCrowdTables,
     WriteTableParts,
     histogram_schema,
+    pack_table,
     shard_of,
     table_parts,
     write_part,
@@ -317,4 +318,8 @@ def test_batched_parts_hold_exactly_the_sorted_records(tmp_path):
     path = write_part(str(tmp_path / "h"), 0, 1, [table for _, table in batched], schema)
     one_by_one = write_part(str(tmp_path / "h1"), 0, 1, [table for _, table in crowds], schema)
     assert pq.read_table(path).equals(pq.read_table(one_by_one))
+    packed = [pack_table(table) for _, table in batched]  # compressed IPC bytes, as buckets send
+    assert all(isinstance(blob, bytes) for blob in packed)
+    from_bytes = write_part(str(tmp_path / "hb"), 0, 1, packed, schema)
+    assert pq.read_table(from_bytes).equals(pq.read_table(one_by_one))
     assert pq.read_table(path).num_rows == 90
