@@ -3,7 +3,8 @@
 ``reports.jsonl/part-SSSSS-of-NNNNN.jsonl`` holds one privacy/accuracy report per crowd (per round
 for longitudinal crowds), ``withheld.jsonl/part-*.jsonl`` one note per crowd a shuffler withheld
 (``analyze_core.withheld_notes``). Like the Parquet tables (``transforms.analysis_tables``), each
-part is written by one worker holding only its own crowds, sorted, under a name fixed by its
+part (a shard of crowd buckets, whose lines arrive compressed, :func:`pack_lines`) is written
+by one worker holding only its own crowds, sorted, under a name fixed by its
 index (a retried bundle replaces it, ``transforms.atomic_files``); every part exists, empty ones
 too. ``summary.json`` keeps only totals and these directories' names, so neither a worker nor the
 driver ever gathers every crowd's report (issue: no whole-dataset gathers).

@@ -1,6 +1,8 @@
 """The analyzer's result tables: Arrow schemas and per-crowd tables of ``histograms.parquet``
-and ``longitudinal.parquet``, and :class:`WriteTableParts`, which writes them as Parquet
-datasets (one part file per shard of crowds, so no worker or driver holds every crowd's table).
+and ``longitudinal.parquet``, and :class:`WriteTableBatches`, which writes them as Parquet
+datasets (one part file per shard of crowd buckets, at most about :data:`ROWS_PER_PART` rows and
+:data:`CROWDS_PER_PART` crowds each, so no worker or driver holds every crowd's table); rows
+reach it as compressed Arrow IPC batches (:func:`pack_table`).
 """
 
 from __future__ import annotations
