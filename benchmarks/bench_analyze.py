@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from benchmarks.common import RAW_READ_SCRIPT, raw_read_note, run_child
-from benchmarks.releases import DAY_MS, T0, commit_one_crowd
+from benchmarks.releases import DAY_MS, T0, commit_one_crowd, released_message_files
 from schemas import SCHEMA_VERSION, schema_json
 from schemas.avro.container import encode_container
 from schemas.avro.crc32c import crc32c_many
@@ -141,10 +141,6 @@ def generate(directory: Path, respondents: int, released: bool, seed: int = 0) -
     return {"recipe": recipe_path, "paths": paths, "messages": total}
 
 
-def _released_files(directory: Path) -> list[str]:
-    return sorted(str(p) for p in directory.glob("instance=*/messages/*/*/*.avro"))
-
-
 def run(quick: bool) -> list[dict]:
     respondents = 2_000 if quick else 200_000
     work = Path(tempfile.mkdtemp(prefix="bench-analyze-"))
@@ -170,7 +166,7 @@ def run(quick: bool) -> list[dict]:
                         },
                     )
                 )
-        raw_released = run_child(RAW_READ_SCRIPT, _released_files(shuffled_dir))
+        raw_released = run_child(RAW_READ_SCRIPT, released_message_files(shuffled_dir))
         analyzed = run_child(
             _ANALYZE,
             {

@@ -71,18 +71,18 @@ from pipelines import keys as keys_cli
 from pipelines import pictures
 from pipelines.cli import UsageError
 from pipelines.options import AnalyzeOptions, with_default_runner
-from pipelines.release_crowds import (
-    check_release_counts,
-    pinned_crowd_records,
-    pinned_message_paths,
-)
+from pipelines.release_crowds import check_release_counts, pinned_message_paths
 from schemas import SUPPORTED_SCHEMA_VERSIONS, release
 from schemas.crowd_buckets import CROWDS_DIR
 from schemas.recipes import load_recipe, shipped_recipes
 from schemas.signing_keys import ShufflerKeys
 from transforms import analyze_core as core
 from transforms import atomic_files
-from transforms.aggregate import AggregateReleases
+from transforms.aggregate import (
+    AggregateReleases,
+    pinned_crowd_table_records,
+    pinned_crowd_tables,
+)
 from transforms.analysis_reports import REPORTS_DIR, WITHHELD_DIR, read_reports
 from transforms.analysis_tables import analysis_parts
 from transforms.analyze import (
@@ -403,13 +403,20 @@ def run(options: PipelineOptions) -> dict[str, Any]:
         | "ReleaseFiles" >> beam.FlatMap(pinned_message_paths)
         | "SpreadFiles" >> beam.Reshuffle()
     )
-    aggregated = (release_files, commits) | "Aggregate" >> AggregateReleases(
+    # The crowds come from the crowd tables the records commit, each read by a worker if its
+    # SHA-256 is the committed one, one table at a time.
+    crowd_tables = (
+        commits
+        | "CrowdTables" >> beam.FlatMap(pinned_crowd_tables)
+        | "SpreadTables" >> beam.Reshuffle()
+    )
+    aggregated = (release_files, crowd_tables) | "Aggregate" >> AggregateReleases(
         book,
         SUPPORTED_SCHEMA_VERSIONS,
         batch_records=values.analyze_batch_records,
         dense_limit=values.analyze_dense_limit,
         key_ring=values.analyze_key_ring,  # a path: workers read the keys (sealed payloads)
-        read_crowds=pinned_crowd_records,
+        read_crowds=pinned_crowd_table_records,
     )
     estimates = aggregated.buckets | "EstimateBuckets" >> EstimateBuckets(config, parts)
     _ = aggregated.dead_letters | "WriteDeadLetters" >> WriteDeadLetters(output)
@@ -432,12 +439,6 @@ def run(options: PipelineOptions) -> dict[str, Any]:
     return summary
 
 
-def _iter_release_crowds(item: Release) -> Iterator[dict[str, Any]]:
-    """The crowd records of one verified release, streamed (the one place the driver reads
-    crowds): its crowd tables, one at a time."""
-    yield from release.iter_crowds(item)
-
-
 def _release_selection(
     releases: Sequence[Release], book: core.RecipeBook, pictures_wanted: bool
 ) -> tuple[frozenset, int, int]:
@@ -452,7 +453,7 @@ def _release_selection(
 
     def released() -> Iterator[core.CrowdKey]:
         for item in releases:
-            for crowd in _iter_release_crowds(item):
+            for crowd in release.iter_crowds(item):  # one crowd table at a time
                 crowds[item.instance] = crowds.get(item.instance, 0) + 1
                 recipe = book.get(crowd["recipe_id"])
                 if crowd["status"] != "released" or recipe is None:

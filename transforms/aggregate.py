@@ -2,13 +2,13 @@
 bucket out.
 
 :class:`AggregateReleases` takes the committed ShuffledMessage Avro files of every release and
-the sources of every release's crowd records (a commit record: ``(instance, directory, SHA-256)``,
-read by ``read_crowds``). Each file is read in column batches (``transforms.avro_io``: one Beam
+its committed crowd tables (``esa-release/2``: ``(instance, path, SHA-256)`` of each, read by
+``read_crowds``, one table per element). Each file is read in column batches (``transforms.avro_io``: one Beam
 element per batch, never per message); a batch is verified (schema version, window, CRC32C, a
 known recipe on its channel), its payloads decoded per recipe, and its randomized messages
 counted into partial accumulators per crowd (``transforms.analyze_core.aggregate_batch``), which
 leave as one :class:`~transforms.analyze_core.CrowdBucket` per crowd bucket the batch touches
-(a file may hold any number of crowds). Each released crowd of a commit record becomes a partial
+(a file may hold any number of crowds). Each released crowd of a crowd table becomes a partial
 accumulator holding only n_u, the respondents instance u states it released
 (``respondent_accumulators``): n never comes from messages; each withheld crowd a record in its
 bucket. A combiner adds the buckets per (kind, window, bucket) (longitudinal crowds: per window
@@ -33,8 +33,10 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from schemas import schema_json
+from schemas.crowd_buckets import CROWDS_DIR
 from schemas.records import dead_letter
 from schemas.release import COMMIT_FILE
+from schemas.release_crowds import parse_crowd_table
 from transforms import analyze_core as core
 from transforms import avro_io
 from transforms import sealed as sealed_payloads
@@ -147,23 +149,27 @@ def read_pinned_commit(directory: str, sha256: str | None) -> dict[str, Any]:
     return json.loads(content)
 
 
-def commit_crowd_records(
-    commit: tuple[int, str, str | None],
-) -> Iterator[tuple[int, dict[str, Any]]]:
+def pinned_crowd_tables(commit: tuple[int, str, str | None]) -> Iterator[tuple[int, str, str]]:
     """``(instance, release directory, SHA-256 of its verified _COMMIT.json)`` -> ``(instance,
-    crowd record)`` for every crowd the record lists (:func:`read_pinned_commit`), so that no
-    list of every crowd is built on the driver or pickled into the job."""
+    path, committed SHA-256)`` of every crowd table the record commits (``esa-release/2``)."""
     instance, directory, sha256 = commit
-    for crowd in read_pinned_commit(directory, sha256)["crowds"]:
-        yield instance, crowd
-
-
-def commit_file_paths(commit: tuple[int, str, str | None]) -> Iterator[str]:
-    """``(instance, release directory, SHA-256)`` -> the path of every file the verified record
-    commits (joined as ``schemas.release.verify_release`` joins them)."""
-    _, directory, sha256 = commit
     for entry in read_pinned_commit(directory, sha256)["files"]:
-        yield os.path.join(directory, *entry["path"].split("/"))
+        if entry["path"].startswith(CROWDS_DIR + "/"):
+            yield instance, os.path.join(directory, *entry["path"].split("/")), entry["sha256"]
+
+
+def pinned_crowd_table_records(
+    table: tuple[int, str, str],
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(instance, crowd table path, committed SHA-256)`` -> ``(instance, crowd)`` for every
+    row of the table, read only if its SHA-256 is the committed one (ValueError otherwise)."""
+    instance, path, sha256 = table
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        data = handle.read()
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise ValueError(f"{path} is not the crowd table that was verified (SHA-256 differs)")
+    for crowd in parse_crowd_table(data, path):
+        yield instance, crowd
 
 
 class CrowdBuckets(beam.DoFn):
@@ -240,8 +246,8 @@ class AggregateReleases(beam.PTransform):
     """(message file paths, crowd record sources) -> :class:`AggregateOutputs`.
 
     ``read_crowds(source)`` yields a source's ``(instance, crowd record)`` pairs (default: a
-    verified commit record, :func:`commit_crowd_records`); ``buckets``: the analyzer's number of
-    crowd buckets."""
+    committed crowd table, :func:`pinned_crowd_table_records`); ``buckets``: the analyzer's
+    number of crowd buckets."""
 
     def __init__(
         self,
@@ -257,7 +263,7 @@ class AggregateReleases(beam.PTransform):
         self._decode = DecodeReleaseFile(
             book, supported_versions, batch_records, dense_limit, key_ring=key_ring, buckets=buckets
         )
-        self._crowds = CrowdBuckets(book, read_crowds or commit_crowd_records, buckets)
+        self._crowds = CrowdBuckets(book, read_crowds or pinned_crowd_table_records, buckets)
         self._dense_limit = dense_limit
 
     def expand(self, inputs: tuple[beam.PCollection, beam.PCollection]) -> AggregateOutputs:

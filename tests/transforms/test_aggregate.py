@@ -11,13 +11,16 @@ import pickle
 import numpy as np
 import pytest
 
+from schemas import parsed_schema
+from schemas.release import sha256_of
 from transforms.aggregate import (
     CombineBucket,
-    commit_crowd_records,
-    commit_file_paths,
     metrics_summary,
+    pinned_crowd_table_records,
+    pinned_crowd_tables,
 )
 from transforms.analyze_core import CrowdAccumulator, CrowdBucket, LongitudinalAccumulator
+from transforms.avro_io import write_avro
 from transforms.combiners import SumCounts
 
 KEY = ("histogram", 0, 1000, "grid", "grid@1", None)
@@ -162,17 +165,27 @@ def test_accumulators_survive_pickling_as_raw_bytes_and_stay_writable(dense_limi
     assert _state(accumulator)[0] == [1, 0, 0, 2, 0, 0, 0, 1]
 
 
-def test_commit_records_are_read_only_with_the_verified_digest(tmp_path):
-    crowd = {"status": "released", "respondents_released": 3, "crowd_id": "a"}
-    record = {"crowds": [crowd], "files": [{"path": "messages/x.avro"}]}
+def test_crowd_tables_are_read_only_with_their_committed_digests(tmp_path):
+    crowd = {"window_start": 0, "window_end": 1000, "instance": 2, "channel": "grid",
+             "recipe_id": "grid@1", "crowd_id": "a", "status": "released",
+             "respondents_released": 3, "messages_released": 3}  # fmt: skip
+    table = tmp_path / "crowds" / "0-u2-b00001.avro"
+    table.parent.mkdir()
+    write_avro(str(table), parsed_schema("released_crowd"), [crowd])
+    record = {"files": [{"path": "messages/0-u2-b00001-g00000.avro", "sha256": "0" * 64},
+                        {"path": "crowds/0-u2-b00001.avro", "sha256": sha256_of(str(table))}]}  # fmt: skip
     content = json.dumps(record).encode()
     (tmp_path / "_COMMIT.json").write_bytes(content)
     pinned = (2, str(tmp_path), hashlib.sha256(content).hexdigest())
-    assert list(commit_crowd_records(pinned)) == [(2, crowd)]
-    assert list(commit_file_paths(pinned)) == [str(tmp_path / "messages" / "x.avro")]
-    crowd["respondents_released"] = 300  # edited after the driver verified it: refused
-    (tmp_path / "_COMMIT.json").write_text(json.dumps(record))
-    with pytest.raises(ValueError, match="SHA-256 differs"):
-        list(commit_crowd_records(pinned))
-    with pytest.raises(ValueError, match="SHA-256 differs"):
-        list(commit_file_paths((2, str(tmp_path), None)))
+    [source] = pinned_crowd_tables(pinned)  # crowd tables only, with their committed digest
+    assert source == (2, str(table), sha256_of(str(table)))
+    [(instance, read)] = pinned_crowd_table_records(source)
+    assert instance == 2 and read["window_start_ms"] == 0 and read["respondents_released"] == 3
+    write_avro(str(table), parsed_schema("released_crowd"), [{**crowd, "respondents_released": 30}])
+    with pytest.raises(
+        ValueError, match="SHA-256 differs"
+    ):  # a table changed after it was verified
+        list(pinned_crowd_table_records(source))
+    (tmp_path / "_COMMIT.json").write_text(json.dumps({"files": []}))
+    with pytest.raises(ValueError, match="SHA-256 differs"):  # so is a changed commit record
+        list(pinned_crowd_tables(pinned))
