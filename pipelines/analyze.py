@@ -393,8 +393,8 @@ def run(options: PipelineOptions) -> dict[str, Any]:
     with_default_runner(options)
     started = time.monotonic()
     pipeline = beam.Pipeline(options=options)
-    # Workers read the committed file list and crowds from each commit record, pinned to the
-    # SHA-256 the driver verified: nothing per file or crowd is pickled into the job.
+    # Workers read the committed message files and crowd tables from each commit record, pinned
+    # to the SHA-256 the driver verified: nothing per file or crowd is pickled into the job.
     commits = pipeline | "CommitRecords" >> beam.Create(
         [(r.instance, r.path, r.commit_sha256) for r in releases]
     )
