@@ -71,7 +71,7 @@ from pipelines import keys as keys_cli
 from pipelines import pictures
 from pipelines.cli import UsageError
 from pipelines.options import AnalyzeOptions, with_default_runner
-from pipelines.release_crowds import check_release_counts, pinned_message_paths
+from pipelines.release_crowds import check_release_counts
 from schemas import SUPPORTED_SCHEMA_VERSIONS, release
 from schemas.crowd_buckets import CROWDS_DIR
 from schemas.recipes import load_recipe, shipped_recipes
@@ -82,6 +82,7 @@ from transforms.aggregate import (
     AggregateReleases,
     pinned_crowd_table_records,
     pinned_crowd_tables,
+    pinned_message_paths,
 )
 from transforms.analysis_reports import REPORTS_DIR, WITHHELD_DIR, read_reports
 from transforms.analysis_tables import analysis_parts

@@ -21,31 +21,23 @@ released, so a respondent may have sent no data message to one instance.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 
 from pipelines.cli import UsageError
 from schemas import release
 from schemas.crowd_buckets import CROWDS_DIR, parse_release_path
-from schemas.release_crowds import parse_crowd_table
 from transforms import avro_io
-from transforms.aggregate import read_pinned_commit
 
 __all__ = [
     "CrowdKey",
     "check_crowd_counts",
     "check_release_counts",
     "count_crowd_messages",
-    "pinned_crowd_records",
-    "pinned_message_paths",
     "release_stems",
 ]
 
@@ -174,33 +166,3 @@ def check_release_counts(
         except release.ReleaseError as error:
             raise UsageError(f"refusing release {path}: {error}") from None
         check_crowd_counts(path, crowds, files, batch_records)
-
-
-def _pinned_files(commit: tuple[int, str, str | None], tables: bool) -> Iterator[tuple[Any, str]]:
-    _, directory, sha256 = commit
-    for entry in read_pinned_commit(directory, sha256)["files"]:
-        if entry["path"].startswith(CROWDS_DIR + "/") == tables:
-            yield entry, os.path.join(directory, *entry["path"].split("/"))
-
-
-def pinned_message_paths(commit: tuple[int, str, str | None]) -> Iterator[str]:
-    """``(instance, release directory, SHA-256 of its verified _COMMIT.json)`` -> the path of
-    every message file the record commits (never its crowd tables); run on workers."""
-    for _, path in _pinned_files(commit, tables=False):
-        yield path
-
-
-def pinned_crowd_records(
-    commit: tuple[int, str, str | None],
-) -> Iterator[tuple[int, dict[str, Any]]]:
-    """``(instance, release directory, SHA-256)`` -> ``(instance, crowd)`` for every crowd of the
-    record's crowd tables, one table at a time, each read only if its SHA-256 is the committed
-    one (ValueError otherwise); run on workers, so no list of every crowd is on the driver."""
-    instance = commit[0]
-    for entry, path in _pinned_files(commit, tables=True):
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-            data = handle.read()
-        if hashlib.sha256(data).hexdigest() != entry["sha256"]:
-            raise ValueError(f"{path} is not the crowd table that was verified (SHA-256 differs)")
-        for crowd in parse_crowd_table(data, path):
-            yield instance, crowd

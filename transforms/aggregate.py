@@ -149,6 +149,15 @@ def read_pinned_commit(directory: str, sha256: str | None) -> dict[str, Any]:
     return json.loads(content)
 
 
+def pinned_message_paths(commit: tuple[int, str, str | None]) -> Iterator[str]:
+    """``(instance, release directory, SHA-256 of its verified _COMMIT.json)`` -> the path of
+    every message file the record commits (never its crowd tables); run on workers."""
+    _, directory, sha256 = commit
+    for entry in read_pinned_commit(directory, sha256)["files"]:
+        if not entry["path"].startswith(CROWDS_DIR + "/"):
+            yield os.path.join(directory, *entry["path"].split("/"))
+
+
 def pinned_crowd_tables(commit: tuple[int, str, str | None]) -> Iterator[tuple[int, str, str]]:
     """``(instance, release directory, SHA-256 of its verified _COMMIT.json)`` -> ``(instance,
     path, committed SHA-256)`` of every crowd table the record commits (``esa-release/2``)."""
