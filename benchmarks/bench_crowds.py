@@ -14,16 +14,16 @@ the same stages on a standalone Flink cluster (``make engines``) at 10,000 vs 1,
 both modes, with the peak RSS of the Python process (driver and LOOPBACK worker), the
 TaskManager and the JobManager.
 
-Why memory grows with the crowds on FnApiRunner (measured by instrumenting its data buffers per
-stage, and with memray at the peak): a grouping's input is held decoded (Python objects) and its
-output encoded until the consuming stage ran, and RSS never shrinks, so whatever crosses a
-grouping per crowd counts with its copies. The pipelines therefore pass compact values across
-groupings: compressed report lines and concatenated Arrow rows per bundle in the analyzer,
-accumulators pickled as raw bytes, manifest tuples and spill pointers sharing their path strings
-in the shuffler; the analyzer's workers read the crowds and the file list from the verified
-commit record instead of ``beam.Create``. What still grows is one small element per crowd through
-each of the shuffle's seven groupings, the accumulator and rows per crowd in the analyzer, and
-on the drivers the commit record itself (one record per crowd and per message file).
+Why memory used to grow with the crowds on FnApiRunner (measured by instrumenting its data
+buffers per stage, and with memray at the peak): a grouping's input is held decoded (Python
+objects) and its output encoded until the consuming stage ran, and RSS never shrinks, so whatever
+crosses a grouping per crowd counts with its copies. Both stages therefore work in crowd buckets
+(``schemas/crowd_buckets.py``): the shuffler's unit is the bucket of a window and instance
+(``--crowd-buckets``, 16 by default; one spill piece per bucket and batch, one message file per
+group of a bucket, one crowd table per bucket, release format ``esa-release/2``), the analyzer's
+the bucket of a kind and window (its accumulators, estimates and output rows cross groupings as
+one compressed blob per bucket). What crosses a grouping per crowd is a few bytes inside such a
+blob; the drivers hold one commit entry per file, never one per crowd.
 """
 
 from __future__ import annotations
