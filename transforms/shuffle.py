@@ -88,15 +88,15 @@ from transforms.shuffle_sinks import (  # noqa: F401 - re-exported: pipelines/an
     ReleasedGroup,
     WriteDeadLetters,
 )
-from transforms.shuffle_spill import Piece, crowd_of_text
-from transforms.shuffle_steps import count as _count
+from transforms.shuffle_spill import Piece, crowd_of_text, pack_texts, unpack_texts
 from transforms.shuffle_steps import (
+    DRAFT_COLUMNS,
     distinct_per_crowd,
-    manifest_record,
-    manifest_row,
+    draft_row,
     screen,
     spilled_dead_letters,
 )
+from transforms.shuffle_steps import count as _count
 
 # Allowed lateness in streaming: effectively unbounded, so Beam never drops a late element
 # silently; late panes are dead-lettered by PlanShards instead.
@@ -185,7 +185,7 @@ class CountShard(beam.DoFn):
         messages = np.bincount(crowds[codes == decide.DATA], minlength=len(texts))
         min_crowd = np.zeros(len(texts), dtype=np.int64)
         np.maximum.at(min_crowd, crowds, rows.column("min_crowd_size").to_numpy())
-        yield key, spill.ShardCount(task, tuple(texts), respondents, messages, min_crowd)
+        yield key, spill.ShardCount(task, pack_texts(texts), respondents, messages, min_crowd)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -196,7 +196,7 @@ class CountShard(beam.DoFn):
 @beam.typehints.with_output_types(typing.Any)
 class Decide(beam.DoFn):
     """(bucket, shard counts) -> DeletionTasks per shard; the bucket's draft (its crowds'
-    manifests, completed with message counts later) tagged ``draft``; counts."""
+    decisions, completed into manifests with message counts later) tagged ``draft``; counts."""
 
     def __init__(self, config: ShuffleConfig) -> None:
         self._config = config
@@ -208,16 +208,17 @@ class Decide(beam.DoFn):
     def process(self, element: tuple[BucketKey, Iterable[spill.ShardCount]]) -> Iterator[Any]:
         key, shard_counts = element
         shard_counts = sorted(shard_counts, key=lambda count: count.task.shard)
+        shard_texts = [unpack_texts(count.crowds) for count in shard_counts]
         position: dict[str, int] = {}
-        for count in shard_counts:
-            for text in count.crowds:
+        for texts in shard_texts:
+            for text in texts:
                 position.setdefault(text, len(position))
         crowds = len(position)
         respondents = np.zeros((len(shard_counts), crowds), dtype=np.int64)
         messages = np.zeros(crowds, dtype=np.int64)
         min_crowd = np.zeros(crowds, dtype=np.int64)
         for row, count in enumerate(shard_counts):
-            columns = np.array([position[text] for text in count.crowds], dtype=np.int64)
+            columns = np.array([position[text] for text in shard_texts[row]], dtype=np.int64)
             respondents[row, columns] = count.respondents
             messages[columns] += count.messages
             np.maximum.at(min_crowd, columns, count.min_crowd)
@@ -225,11 +226,11 @@ class Decide(beam.DoFn):
         window_end = key[0] + self._config.window.period_ms
         deleted = np.zeros_like(respondents)
         released = np.zeros(crowds, dtype=bool)
-        manifests = []
+        decisions = np.zeros((crowds, len(DRAFT_COLUMNS)), dtype=np.int64)
         counts: dict[str, int] = {}
-        for text in texts:
+        for index, text in enumerate(texts):
             column = position[text]
-            channel, recipe_id, crowd_id = crowd_of_text(text)
+            recipe_id = crowd_of_text(text)[1]
             route = self._config.rules.routes.get(recipe_id)
             threshold = decide.crowd_threshold(
                 self._config.crowd_threshold,
@@ -240,9 +241,7 @@ class Decide(beam.DoFn):
             decision = decide.decide_crowd(
                 int(crowd_respondents.sum()), threshold, self._config.deletion, self._source
             )
-            crowd_key = (key[0], key[1], channel, recipe_id, crowd_id)
-            record = manifest_record(crowd_key, window_end, decision, int(messages[column]), 0, 0)
-            manifests.append(manifest_row(record))
+            decisions[index] = draft_row(decision, int(messages[column]))
             if decision.status == decide.WITHHELD:
                 _count(counts, WITHHELD, int(messages[column]))
                 _count(counts, "crowds_withheld", 1)
@@ -257,12 +256,12 @@ class Decide(beam.DoFn):
         # is chosen later from the released count, which the analyzer sees anyway.
         slot_bits = decide.split_bits(int(messages[released].sum()), self._config.messages_per_file)
         yield beam.pvalue.TaggedOutput(
-            "draft", (key, spill.BucketDraft(window_end, slot_bits, tuple(manifests)))
+            "draft", (key, spill.BucketDraft(window_end, slot_bits, pack_texts(texts), decisions))
         )
         for row, count in enumerate(shard_counts):
             chosen = [
                 text
-                for text in count.crowds
+                for text in shard_texts[row]
                 if released[position[text]] and respondents[row, position[text]]
             ]
             if not chosen:
@@ -272,7 +271,7 @@ class Decide(beam.DoFn):
                 key,
                 spill.DeletionTask(
                     count.task,
-                    tuple(chosen),
+                    pack_texts(chosen),
                     respondents[row, columns],
                     deleted[row, columns],
                     slot_bits,

@@ -26,11 +26,12 @@ from transforms import shuffle_core as core
 from transforms import shuffle_spill as spill
 from transforms.shuffle_config import DELETED, RELEASED, ShuffleConfig
 from transforms.shuffle_sinks import CrowdTable, ReleasedGroup
-from transforms.shuffle_spill import Piece, crowd_of_text, crowd_text
+from transforms.shuffle_spill import Piece, crowd_of_text, unpack_texts
 from transforms.shuffle_steps import count as _count
 from transforms.shuffle_steps import (
     crowd_codes,
-    manifest_dict,
+    draft_decision,
+    manifest_record,
     manifest_row,
     released_crowd,
     screen,
@@ -52,6 +53,7 @@ class DeleteAndScatter(beam.DoFn):
 
     def process(self, element: tuple[BucketKey, spill.DeletionTask]) -> Iterator[Any]:
         key, deletion = element
+        task_texts = unpack_texts(deletion.crowds)
         rows, _ = spill.read_shard_rows(
             deletion.task, ["origin_hash", "payload", "payload_crc32c", "crowd"]
         )
@@ -63,7 +65,7 @@ class DeleteAndScatter(beam.DoFn):
         data = screened.codes == decide.DATA
         kept = np.zeros(rows.num_rows, dtype=bool)
         for text, respondents, respondents_deleted in zip(
-            deletion.crowds,
+            task_texts,
             deletion.respondents.tolist(),
             deletion.respondents_deleted.tolist(),
             strict=True,
@@ -82,13 +84,13 @@ class DeleteAndScatter(beam.DoFn):
                 origin_codes.reshape(-1), distinct.size, respondents_deleted, self._source
             )
         chosen = np.zeros(len(screened.texts) + 1, dtype=bool)
-        chosen[[code_of[text] for text in deletion.crowds if text in code_of]] = True
+        chosen[[code_of[text] for text in task_texts if text in code_of]] = True
         in_release = chosen[screened.crowds] & data
         survivors = np.flatnonzero(kept & in_release)
         gone = ~kept & in_release
         # The task's crowds' codes (one past the last for a crowd with no rows here).
         task_codes = np.array(
-            [code_of.get(text, len(screened.texts)) for text in deletion.crowds], dtype=np.int64
+            [code_of.get(text, len(screened.texts)) for text in task_texts], dtype=np.int64
         )
         per_deleted = np.bincount(screened.crowds[gone], minlength=len(screened.texts) + 1)
         per_released = np.bincount(screened.crowds[survivors], minlength=len(screened.texts) + 1)
@@ -148,7 +150,7 @@ class CompleteBucket(beam.DoFn):
         stats: dict[str, list[int]] = {}
         for shard in shards:
             for text, deleted, released in zip(
-                shard.crowds,
+                unpack_texts(shard.crowds),
                 shard.messages_deleted.tolist(),
                 shard.messages_released.tolist(),
                 strict=True,
@@ -157,14 +159,17 @@ class CompleteBucket(beam.DoFn):
                 total[0] += deleted
                 total[1] += released
         manifests, table = [], []
-        for row in draft.manifests:
-            manifest = manifest_dict(row)
-            deleted, released = stats.get(
-                crowd_text(manifest["channel"], manifest["recipe_id"], manifest["crowd_id"]),
-                (0, 0),
+        for text, row in zip(unpack_texts(draft.crowds), draft.decisions.tolist(), strict=True):
+            decision, messages_in = draft_decision(row)
+            deleted, released = stats.get(text, (0, 0))
+            manifest = manifest_record(
+                (key[0], key[1], *crowd_of_text(text)),
+                draft.window_end,
+                decision,
+                messages_in,
+                deleted,
+                released,
             )
-            manifest["messages_deleted"] = deleted
-            manifest["messages_released"] = released
             manifests.append(manifest_row(manifest))
             table.append(released_crowd(manifest))
         yield beam.pvalue.TaggedOutput("manifest", (key, tuple(manifests)))

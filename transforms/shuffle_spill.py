@@ -23,7 +23,8 @@ from __future__ import annotations
 import json
 import secrets
 import sys
-from collections.abc import Iterable
+import zlib
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 import numpy as np
@@ -46,6 +47,28 @@ def crowd_of_text(text: str) -> tuple[str, str, str | None]:
     """``(channel, recipe_id, crowd_id)`` of a :func:`crowd_text`."""
     channel, recipe_id, crowd_id = json.loads(text)
     return channel, recipe_id, crowd_id
+
+
+# Crowd key texts are JSON, in which a NUL character is always escaped: NUL separates them.
+_SEPARATOR = "\0"
+
+
+def pack_texts(texts: Sequence[str]) -> bytes:
+    """Crowd key texts as ONE bytes object (NUL-joined UTF-8, zlib level 1), in their order.
+
+    What crosses a grouping holds its crowds this way, never as one Python string per crowd:
+    a runner that keeps grouped values decoded (FnApiRunner) holds a bucket's crowds as one
+    object instead of hundreds, so memory does not grow with the number of crowds."""
+    if not texts:
+        return b""
+    return zlib.compress(_SEPARATOR.join(texts).encode(), 1)
+
+
+def unpack_texts(packed: bytes) -> list[str]:
+    """The texts :func:`pack_texts` packed."""
+    if not packed:
+        return []
+    return zlib.decompress(packed).decode().split(_SEPARATOR)
 
 
 class Piece(NamedTuple):
@@ -85,11 +108,12 @@ class ShardTask(NamedTuple):
 
 
 class ShardCount(NamedTuple):
-    """Per crowd of a shard (``crowds``: key texts, sorted): distinct respondents (origins,
-    presence or data), kept data messages and the largest min_crowd_size of its rows."""
+    """Per crowd of a shard (``crowds``: key texts, sorted, :func:`pack_texts`): distinct
+    respondents (origins, presence or data), kept data messages and the largest
+    min_crowd_size of its rows."""
 
     task: ShardTask
-    crowds: tuple[str, ...]
+    crowds: bytes
     respondents: np.ndarray
     messages: np.ndarray
     min_crowd: np.ndarray
@@ -98,10 +122,10 @@ class ShardCount(NamedTuple):
 class DeletionTask(NamedTuple):
     """Per released crowd of a shard: delete ``respondents_deleted`` of its ``respondents``
     origins; scatter the surviving messages over 2**slot_bits uniform slots (merged into the
-    bucket's output groups later)."""
+    bucket's output groups later). ``crowds``: key texts, :func:`pack_texts`."""
 
     task: ShardTask
-    crowds: tuple[str, ...]
+    crowds: bytes
     respondents: np.ndarray
     respondents_deleted: np.ndarray
     slot_bits: int
@@ -109,9 +133,10 @@ class DeletionTask(NamedTuple):
 
 class ShardRelease(NamedTuple):
     """What a shard released: per crowd messages deleted and released, and its surviving
-    messages as one piece per slot drawn (``(slot, Piece)``)."""
+    messages as one piece per slot drawn (``(slot, Piece)``). ``crowds``: key texts,
+    :func:`pack_texts`."""
 
-    crowds: tuple[str, ...]
+    crowds: bytes
     messages_deleted: np.ndarray
     messages_released: np.ndarray
     slot_bits: int
@@ -119,13 +144,15 @@ class ShardRelease(NamedTuple):
 
 
 class BucketDraft(NamedTuple):
-    """A bucket's decisions: its crowds' manifests (``shuffle_steps.manifest_row`` tuples in
-    ``crowd_order``, counts of messages deleted and released completed later) and the slots
-    its surviving messages are scattered over."""
+    """A bucket's decisions: its crowds (key texts in ``crowd_order``, :func:`pack_texts`), one
+    row of ``decisions`` each (``shuffle_steps.DRAFT_COLUMNS``: the manifest before its counts
+    of messages deleted and released), and the slots its surviving messages are scattered
+    over."""
 
     window_end: int
     slot_bits: int
-    manifests: tuple[tuple, ...]
+    crowds: bytes
+    decisions: np.ndarray
 
 
 # Spill files hold Arrow IPC streams (schema, dictionaries, one record batch) of one of these

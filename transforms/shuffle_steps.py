@@ -203,9 +203,39 @@ def manifest_record(
     }
 
 
-# The fields of a CrowdManifest in manifest_record's order. Between steps a manifest travels as
-# the tuple of its values (manifest_row): a dict per crowd, decoded and held by runners that keep
-# grouped values in memory (FnApiRunner), costs several times the tuple.
+# A crowd's decision between Decide and CompleteBucket: one int64 row of a bucket's array (never
+# a Python object per crowd across a grouping: runners that keep grouped values decoded in
+# memory, FnApiRunner, would hold them all). ``outcome`` indexes OUTCOMES.
+DRAFT_COLUMNS = ("respondents", "messages_in", "threshold", "respondents_kept", "outcome")
+OUTCOMES = (
+    (decide.RELEASED, None),
+    (decide.WITHHELD, decide.BELOW_THRESHOLD),
+    (decide.WITHHELD, decide.DELETION_ABORTED),
+    (decide.WITHHELD, decide.BELOW_THRESHOLD_AFTER_DELETION),
+)
+
+
+def draft_row(decision: decide.CrowdDecision, messages_in: int) -> list[int]:
+    """A crowd's decision and data messages as a row of :data:`DRAFT_COLUMNS`."""
+    outcome = OUTCOMES.index((decision.status, decision.withheld_reason))
+    return [
+        decision.respondents,
+        messages_in,
+        decision.threshold,
+        decision.respondents_kept,
+        outcome,
+    ]
+
+
+def draft_decision(row: Sequence[int]) -> tuple[decide.CrowdDecision, int]:
+    """``(decision, messages_in)`` of a :func:`draft_row`."""
+    respondents, messages_in, threshold, kept, outcome = (int(value) for value in row)
+    status, reason = OUTCOMES[outcome]
+    return decide.CrowdDecision(respondents, threshold, status, reason, kept), messages_in
+
+
+# The fields of a CrowdManifest in manifest_record's order. To its writer a manifest travels as
+# the tuple of its values (manifest_row).
 MANIFEST_FIELDS = (
     "window_start", "window_end", "shuffler_instance", "channel", "recipe_id", "crowd_id",
     "respondents", "messages_in", "threshold", "status", "withheld_reason",
