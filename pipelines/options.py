@@ -45,6 +45,7 @@ from simulators.plan import SimulationPlan
 from simulators.populations import MAX_RESPONDENTS
 from transforms.analyze import AnalysisConfig
 from transforms.analyze_core import DENSE_LIMIT
+from transforms.avro_io import DEFAULT_BATCH_RECORDS
 from transforms.shuffle import ShuffleConfig
 from transforms.shuffle_core import WindowSpec
 
@@ -403,8 +404,8 @@ class AnalyzeOptions(StageFlags, PipelineOptions):
         Flag("deletion_delta", "delta_cr, see above.", type=float),
         Flag(
             "batch_records",
-            f"Records per column batch. Default {ShuffleConfig.batch_records}.",
-            default=ShuffleConfig.batch_records,
+            f"Records per column batch. Default {DEFAULT_BATCH_RECORDS}.",
+            default=DEFAULT_BATCH_RECORDS,
             type=int,
         ),
         Flag(

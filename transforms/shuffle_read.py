@@ -32,6 +32,7 @@ from transforms.shuffle_config import (
     STAGE_READ,
     UNKNOWN_PREFIX,
 )
+from transforms.shuffle_memory import release_freed_memory
 from transforms.shuffle_spill import Piece
 from transforms.shuffle_steps import bucket_rows, rejected_dead_letters
 from transforms.shuffle_steps import count as _count
@@ -134,6 +135,9 @@ class SpillBatch(beam.DoFn):
             )
             # A plain tuple key: Beam has a fast deterministic coder for it.
             yield beam_window.TimestampedValue((tuple(key), piece), Timestamp(micros=key[0] * 1000))
+        # The batch is spilled and freed: its pages go back (issue: memory flat in the input).
+        del item, batch, keyed, rows, element
+        release_freed_memory()
 
 
 def draw_origin_key(_: Any) -> np.ndarray:
