@@ -88,7 +88,14 @@ from transforms.shuffle_sinks import (  # noqa: F401 - re-exported: pipelines/an
     ReleasedGroup,
     WriteDeadLetters,
 )
-from transforms.shuffle_spill import Piece, crowd_of_text, pack_texts, unpack_texts
+from transforms.shuffle_spill import (
+    Piece,
+    crowd_of_text,
+    pack_ints,
+    pack_texts,
+    unpack_ints,
+    unpack_texts,
+)
 from transforms.shuffle_steps import (
     DRAFT_COLUMNS,
     distinct_per_crowd,
@@ -185,7 +192,16 @@ class CountShard(beam.DoFn):
         messages = np.bincount(crowds[codes == decide.DATA], minlength=len(texts))
         min_crowd = np.zeros(len(texts), dtype=np.int64)
         np.maximum.at(min_crowd, crowds, rows.column("min_crowd_size").to_numpy())
-        yield key, spill.ShardCount(task, pack_texts(texts), respondents, messages, min_crowd)
+        yield (
+            key,
+            spill.ShardCount(
+                task,
+                pack_texts(texts),
+                pack_ints(respondents),
+                pack_ints(messages),
+                pack_ints(min_crowd),
+            ),
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,9 +235,9 @@ class Decide(beam.DoFn):
         min_crowd = np.zeros(crowds, dtype=np.int64)
         for row, count in enumerate(shard_counts):
             columns = np.array([position[text] for text in shard_texts[row]], dtype=np.int64)
-            respondents[row, columns] = count.respondents
-            messages[columns] += count.messages
-            np.maximum.at(min_crowd, columns, count.min_crowd)
+            respondents[row, columns] = unpack_ints(count.respondents)
+            messages[columns] += unpack_ints(count.messages)
+            np.maximum.at(min_crowd, columns, unpack_ints(count.min_crowd))
         texts = sorted(position, key=lambda text: crowd_order(*crowd_of_text(text)))
         window_end = key[0] + self._config.window.period_ms
         deleted = np.zeros_like(respondents)
@@ -256,7 +272,11 @@ class Decide(beam.DoFn):
         # is chosen later from the released count, which the analyzer sees anyway.
         slot_bits = decide.split_bits(int(messages[released].sum()), self._config.messages_per_file)
         yield beam.pvalue.TaggedOutput(
-            "draft", (key, spill.BucketDraft(window_end, slot_bits, pack_texts(texts), decisions))
+            "draft",
+            (
+                key,
+                spill.BucketDraft(window_end, slot_bits, pack_texts(texts), pack_ints(decisions)),
+            ),
         )
         for row, count in enumerate(shard_counts):
             chosen = [
@@ -272,8 +292,8 @@ class Decide(beam.DoFn):
                 spill.DeletionTask(
                     count.task,
                     pack_texts(chosen),
-                    respondents[row, columns],
-                    deleted[row, columns],
+                    pack_ints(respondents[row, columns]),
+                    pack_ints(deleted[row, columns]),
                     slot_bits,
                 ),
             )

@@ -26,7 +26,7 @@ from transforms import shuffle_core as core
 from transforms import shuffle_spill as spill
 from transforms.shuffle_config import DELETED, RELEASED, ShuffleConfig
 from transforms.shuffle_sinks import CrowdTable, ReleasedGroup
-from transforms.shuffle_spill import Piece, crowd_of_text, unpack_texts
+from transforms.shuffle_spill import Piece, crowd_of_text, pack_ints, unpack_ints, unpack_texts
 from transforms.shuffle_steps import count as _count
 from transforms.shuffle_steps import (
     crowd_codes,
@@ -66,8 +66,8 @@ class DeleteAndScatter(beam.DoFn):
         kept = np.zeros(rows.num_rows, dtype=bool)
         for text, respondents, respondents_deleted in zip(
             task_texts,
-            deletion.respondents.tolist(),
-            deletion.respondents_deleted.tolist(),
+            unpack_ints(deletion.respondents).tolist(),
+            unpack_ints(deletion.respondents_deleted).tolist(),
             strict=True,
         ):
             code = code_of.get(text)
@@ -119,8 +119,8 @@ class DeleteAndScatter(beam.DoFn):
             key,
             spill.ShardRelease(
                 deletion.crowds,
-                per_deleted[task_codes],
-                per_released[task_codes],
+                pack_ints(per_deleted[task_codes]),
+                pack_ints(per_released[task_codes]),
                 deletion.slot_bits,
                 tuple(pieces),
             ),
@@ -151,15 +151,17 @@ class CompleteBucket(beam.DoFn):
         for shard in shards:
             for text, deleted, released in zip(
                 unpack_texts(shard.crowds),
-                shard.messages_deleted.tolist(),
-                shard.messages_released.tolist(),
+                unpack_ints(shard.messages_deleted).tolist(),
+                unpack_ints(shard.messages_released).tolist(),
                 strict=True,
             ):
                 total = stats.setdefault(text, [0, 0])
                 total[0] += deleted
                 total[1] += released
         manifests, table = [], []
-        for text, row in zip(unpack_texts(draft.crowds), draft.decisions.tolist(), strict=True):
+        for text, row in zip(
+            unpack_texts(draft.crowds), unpack_ints(draft.decisions).tolist(), strict=True
+        ):
             decision, messages_in = draft_decision(row)
             deleted, released = stats.get(text, (0, 0))
             manifest = manifest_record(

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import struct
 import sys
 import zlib
 from collections.abc import Iterable, Sequence
@@ -71,6 +72,29 @@ def unpack_texts(packed: bytes) -> list[str]:
     return zlib.decompress(packed).decode().split(_SEPARATOR)
 
 
+def pack_ints(values: np.ndarray | Sequence[int]) -> bytes:
+    """A 1-D or 2-D array of integers (per-crowd counts) as ONE bytes object: its shape, then
+    its int64 values compressed (zlib level 1: small counts compress to about a byte each).
+
+    Like :func:`pack_texts`: a decoded grouping holds a bucket's counts as one small object,
+    not as 8 bytes or more per crowd and column."""
+    array = np.ascontiguousarray(values, dtype="<i8")
+    if array.ndim not in (1, 2):
+        raise ValueError(f"pack_ints takes a 1-D or 2-D array, got {array.ndim} dimensions")
+    shape = struct.pack("<B2q", array.ndim, *array.shape, *([0] * (2 - array.ndim)))
+    return shape + zlib.compress(array.tobytes(), 1)
+
+
+_SHAPE = struct.calcsize("<B2q")
+
+
+def unpack_ints(packed: bytes) -> np.ndarray:
+    """The int64 array :func:`pack_ints` packed."""
+    ndim, rows, columns = struct.unpack_from("<B2q", packed)
+    values = np.frombuffer(zlib.decompress(packed[_SHAPE:]), dtype="<i8").astype(np.int64)
+    return values.reshape((rows, columns)[:ndim])
+
+
 class Piece(NamedTuple):
     """Pointer to rows spilled as one Arrow IPC stream (schema, dictionaries, one record
     batch): bytes ``offset .. offset + length - 1`` of the spill file at ``path``.
@@ -114,9 +138,9 @@ class ShardCount(NamedTuple):
 
     task: ShardTask
     crowds: bytes
-    respondents: np.ndarray
-    messages: np.ndarray
-    min_crowd: np.ndarray
+    respondents: bytes  # pack_ints, one per crowd (as are the arrays of the classes below)
+    messages: bytes
+    min_crowd: bytes
 
 
 class DeletionTask(NamedTuple):
@@ -126,8 +150,8 @@ class DeletionTask(NamedTuple):
 
     task: ShardTask
     crowds: bytes
-    respondents: np.ndarray
-    respondents_deleted: np.ndarray
+    respondents: bytes
+    respondents_deleted: bytes
     slot_bits: int
 
 
@@ -137,8 +161,8 @@ class ShardRelease(NamedTuple):
     :func:`pack_texts`."""
 
     crowds: bytes
-    messages_deleted: np.ndarray
-    messages_released: np.ndarray
+    messages_deleted: bytes
+    messages_released: bytes
     slot_bits: int
     pieces: tuple[tuple[int, Piece], ...]
 
@@ -152,7 +176,7 @@ class BucketDraft(NamedTuple):
     window_end: int
     slot_bits: int
     crowds: bytes
-    decisions: np.ndarray
+    decisions: bytes  # pack_ints of a (crowds, len(DRAFT_COLUMNS)) array
 
 
 # Spill files hold Arrow IPC streams (schema, dictionaries, one record batch) of one of these

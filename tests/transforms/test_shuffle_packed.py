@@ -54,6 +54,15 @@ def test_a_draft_row_gives_back_every_kind_of_decision_and_its_manifest() -> Non
         )
 
 
+@pytest.mark.parametrize(
+    "values", [np.zeros(0, np.int64), np.arange(5) - 2, np.arange(12).reshape(4, 3) * 10**12]
+)
+def test_packed_ints_come_back_with_their_shape(values: np.ndarray) -> None:
+    back = spill.unpack_ints(spill.pack_ints(values))
+    assert back.dtype == np.int64 and back.shape == values.shape
+    assert np.array_equal(back, values)
+
+
 def _objects(value: Any) -> int:
     """Python objects reachable from ``value`` (a numpy array or a bytes blob counts once)."""
     seen: set[int] = set()
@@ -77,9 +86,9 @@ def _decide(crowds: int) -> list[Any]:
         spill.ShardCount(
             task._replace(shard=shard),
             spill.pack_texts(texts),
-            np.full(crowds, 3 + shard, dtype=np.int64),
-            np.full(crowds, 4, dtype=np.int64),
-            np.zeros(crowds, dtype=np.int64),
+            spill.pack_ints(np.full(crowds, 3 + shard)),
+            spill.pack_ints(np.full(crowds, 4)),
+            spill.pack_ints(np.zeros(crowds, dtype=np.int64)),
         )
         for shard in range(2)
     ]
@@ -92,7 +101,7 @@ def test_decide_emits_as_many_objects_for_2000_crowds_as_for_2() -> None:
     few, many = _decide(2), _decide(2000)
     assert _objects(few) == _objects(many)
     (draft,) = [output.value[1] for output in many if getattr(output, "tag", None) == "draft"]
-    assert draft.decisions.shape == (2000, len(steps.DRAFT_COLUMNS))
+    assert spill.unpack_ints(draft.decisions).shape == (2000, len(steps.DRAFT_COLUMNS))
     tasks = [output[1] for output in many if isinstance(output, tuple)]
     texts = [spill.crowd_text(rf.CHANNEL, rf.RECIPE, f"c{index:05d}") for index in range(2000)]
     # Every crowd has 3 + 4 respondents over the two shards: released, and both shards hold it.
