@@ -4,8 +4,11 @@
 the crowd tables, the crowd manifests, the dead letters and the counts. The unit of work is the
 crowd bucket ``BucketKey(window_start, instance, crowd_bucket(channel, recipe, crowd ID, B))``
 (``schemas/crowd_buckets.py``), never the crowd: many crowds share one element through every
-grouping, one set of files and one commit entry, with per-crowd data in numpy/Arrow columns
-inside (issue: memory and element counts flat in the number of crowds). Each step is a thin
+grouping, one set of files and one commit entry (issue: memory and element counts flat in the
+number of crowds). Inside an element that crosses a grouping a bucket's crowds are a few bytes
+objects, never a Python object per crowd: key texts as one zlib'd blob (``pack_texts``), counts
+and decisions as zlib'd int64 arrays (``pack_ints``), unpacked by the consuming DoFn, because
+FnApiRunner holds a grouping's values decoded, and encoded twice more, until the next stage ran. Each step is a thin
 DoFn over column batches; the row work is in ``shuffle_core`` (validation, windows, hashes) and
 ``shuffle_steps``, the release decisions in ``release_core`` (pure, injected randomness), the
 spill format in ``shuffle_spill``:
