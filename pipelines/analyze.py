@@ -85,7 +85,7 @@ from transforms.aggregate import (
     pinned_message_paths,
 )
 from transforms.analysis_reports import REPORTS_DIR, WITHHELD_DIR, read_reports
-from transforms.analysis_tables import analysis_parts
+from transforms.analysis_tables import SPILL_DIR, analysis_parts
 from transforms.analyze import (
     HISTOGRAMS_FILE,
     LONGITUDINAL_FILE,
@@ -417,9 +417,14 @@ def run(options: PipelineOptions) -> dict[str, Any]:
         batch_records=values.analyze_batch_records,
         dense_limit=values.analyze_dense_limit,
         key_ring=values.analyze_key_ring,  # a path: workers read the keys (sealed payloads)
+        buckets=core.analyzer_buckets(crowds),  # a bucket's size does not grow with the crowds
         read_crowds=pinned_crowd_table_records,
     )
-    estimates = aggregated.buckets | "EstimateBuckets" >> EstimateBuckets(config, parts)
+    # The estimates' batches are spilled to files; the groupings into parts carry their paths.
+    spill_dir = FileSystems.join(output, SPILL_DIR)
+    estimates = aggregated.buckets | "EstimateBuckets" >> EstimateBuckets(
+        config, parts, spill_dir=spill_dir
+    )
     _ = aggregated.dead_letters | "WriteDeadLetters" >> WriteDeadLetters(output)
     _ = (estimates, aggregated.counts) | "WriteAnalysis" >> WriteAnalysis(
         output, config, inputs, parts=parts
@@ -430,6 +435,8 @@ def run(options: PipelineOptions) -> dict[str, Any]:
     finally:  # failed attempts' temporary part files (transforms/atomic_files.py)
         for table in (HISTOGRAMS_FILE, LONGITUDINAL_FILE, REPORTS_DIR, WITHHELD_DIR):
             atomic_files.remove_temporary(FileSystems.join(output, table))
+        if _exists(spill_dir):  # the estimates' spilled batches
+            FileSystems.delete([spill_dir])
     summary = _read_json(FileSystems.join(output, SUMMARY_FILE))
     if summary is None:
         raise RuntimeError(f"the pipeline finished without writing {output}/{SUMMARY_FILE}")

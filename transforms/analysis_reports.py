@@ -28,7 +28,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from transforms import analyze_core as core
 from transforms import atomic_files
-from transforms.analysis_tables import group_by_part
+from transforms.analysis_tables import group_by_part, load_batch
 
 REPORTS_DIR = "reports.jsonl"
 WITHHELD_DIR = "withheld.jsonl"
@@ -149,12 +149,13 @@ def write_json_part(
     directory: str,
     shard: int,
     shards: int,
-    batches: Iterable[bytes],
+    batches: Iterable[bytes | str],
     order: Callable[[Mapping[str, Any]], tuple],
 ) -> str:
-    """One JSON Lines part: the lines of the shard's :class:`BatchLines` batches, sorted by
-    ``order`` of the record each line holds (the same order as the records')."""
-    lines = [line for batch in batches for line in unpack_lines(batch)]
+    """One JSON Lines part: the lines of the shard's :class:`BatchLines` batches (or the paths
+    ``analysis_tables.spill_batch`` wrote them to), sorted by ``order`` of the record each line
+    holds (the same order as the records')."""
+    lines = [line for batch in batches for line in unpack_lines(load_batch(batch))]
     keys = [order(json.loads(line)) for line in lines]
     ordered = sorted(range(len(lines)), key=keys.__getitem__)
     content = "".join(lines[index] + "\n" for index in ordered).encode()

@@ -16,6 +16,7 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms.window import GlobalWindows
 from apache_beam.utils.windowed_value import WindowedValue
@@ -167,18 +168,40 @@ def unpack_table(data: bytes) -> pa.Table:
         return reader.read_all()
 
 
+# Batches spilled by the estimates (``spill_batch``) live under this directory of the analysis's
+# output, which the driver removes once the pipeline has finished, on success and on failure.
+SPILL_DIR = "_batches"
+
+
+def spill_batch(directory: str, name: str, data: bytes) -> str:
+    """Write a batch's bytes to ``directory/name`` (write-then-rename, ``atomic_files``: a
+    retried bundle rewrites the same name) and return the path, which then crosses a grouping
+    instead of the bytes: on a runner that holds grouped values in memory (FnApiRunner) what a
+    grouping holds no longer grows with the rows."""
+    return atomic_files.publish_bytes(directory, name, data)
+
+
+def load_batch(batch: bytes | str) -> bytes:
+    """The bytes of a batch: ``batch`` itself, or the file :func:`spill_batch` wrote."""
+    if isinstance(batch, bytes):
+        return batch
+    with FileSystems.open(batch, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        return handle.read()
+
+
 def write_part(
     directory: str,
     shard: int,
     shards: int,
-    tables: Iterable[pa.Table | bytes],
+    tables: Iterable[pa.Table | bytes | str],
     schema: pa.Schema,
 ) -> str:
-    """One part file: the shard's crowd tables (or :func:`pack_table` bytes of them), sorted (an
+    """One part file: the shard's crowd tables (or :func:`pack_table` bytes of them, or paths
+    of such bytes spilled by :func:`spill_batch`), sorted (an
     empty table with the schema if none). Named by shard index, so a retried bundle overwrites
     its own file; written to ``directory/_temporary/`` and renamed when complete
     (``transforms.atomic_files``)."""
-    tables = [unpack_table(t) if isinstance(t, bytes) else t for t in tables]
+    tables = [t if isinstance(t, pa.Table) else unpack_table(load_batch(t)) for t in tables]
     tables = [table for table in tables if table.num_rows]
     table = pa.concat_tables(tables) if tables else schema.empty_table()
     if table.num_rows:

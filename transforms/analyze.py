@@ -55,6 +55,7 @@ from transforms.analysis_tables import (
     longitudinal_table,
     pack_table,
     shard_of,
+    spill_batch,
 )
 from transforms.combiners import SumCounts
 
@@ -243,14 +244,23 @@ class EstimateBucket(beam.DoFn):
     longitudinal rows (``pack_table``; every :data:`ROWS_PER_BATCH` rows and at the bucket's end), ``(part, compressed JSON
     Lines)`` of reports and of withheld-crowd notes, ``(report, table)`` of the pictured crowds
     and one dict of totals (main output). The crowds are estimated one by one with today's
-    estimators (:class:`CrowdEstimator`); nothing leaves per crowd except pictures."""
+    estimators (:class:`CrowdEstimator`); nothing leaves per crowd except pictures.
+
+    With ``spill_dir``, each batch is written to a file there (``analysis_tables.spill_batch``,
+    named by bucket key, tag and index) and ``(part, path)`` leaves instead of its bytes: the
+    groupings into parts then hold a path per batch, nothing that grows with the rows."""
 
     def __init__(
-        self, config: AnalysisConfig, parts: int = 1, rows_per_batch: int = ROWS_PER_BATCH
+        self,
+        config: AnalysisConfig,
+        parts: int = 1,
+        rows_per_batch: int = ROWS_PER_BATCH,
+        spill_dir: str | None = None,
     ) -> None:
         self._config = config
         self._parts = max(1, int(parts))
         self._rows_per_batch = int(rows_per_batch)
+        self._spill_dir = spill_dir
         self._estimator = CrowdEstimator(config)
 
     def setup(self) -> None:
@@ -261,6 +271,15 @@ class EstimateBucket(beam.DoFn):
         if bucket is None:
             return
         part = shard_of(unit, self._parts)
+        batches: dict[str, int] = {}
+
+        def out(tag: str, data: bytes) -> beam.pvalue.TaggedOutput:
+            if self._spill_dir is None:
+                return beam.pvalue.TaggedOutput(tag, (part, data))
+            index = batches[tag] = batches.get(tag, -1) + 1  # the same names on a retry
+            name = f"{tag}/{unit[0]}-{unit[1]}-{unit[2]}-b{unit[3]:05d}-{index:05d}"
+            return beam.pvalue.TaggedOutput(tag, (part, spill_batch(self._spill_dir, name, data)))
+
         tables = {HISTOGRAM_TAG: _Batches(self._rows_per_batch)}
         tables[LONGITUDINAL_TAG] = _Batches(self._rows_per_batch)
         lines: list[str] = []
@@ -278,20 +297,20 @@ class EstimateBucket(beam.DoFn):
                 tag = LONGITUDINAL_TAG if key[0] == core.LONGITUDINAL else HISTOGRAM_TAG
                 batch = tables[tag].add(table)
                 if batch is not None:
-                    yield beam.pvalue.TaggedOutput(tag, (part, pack_table(batch)))
+                    yield out(tag, pack_table(batch))
                 if key in pictured:
                     yield beam.pvalue.TaggedOutput(PICTURE_TAG, (report, table))
-        for tag, batches in tables.items():
-            batch = batches.flush()
+        for tag, pending in tables.items():
+            batch = pending.flush()
             if batch is not None:
-                yield beam.pvalue.TaggedOutput(tag, (part, pack_table(batch)))
+                yield out(tag, pack_table(batch))
         if lines:
-            yield beam.pvalue.TaggedOutput(REPORT_TAG, (part, pack_lines(lines)))
+            yield out(REPORT_TAG, pack_lines(lines))
         notes = core.withheld_notes(core.withheld_records(bucket.withheld), estimated)
         if notes:
             totals["withheld"] = len(notes)
             notes_lines = [json_line(note) for note in notes]
-            yield beam.pvalue.TaggedOutput(NOTE_TAG, (part, pack_lines(notes_lines)))
+            yield out(NOTE_TAG, pack_lines(notes_lines))
         yield totals
 
 
@@ -305,15 +324,19 @@ class EstimateOutputs(NamedTuple):
 
 
 class EstimateBuckets(beam.PTransform):
-    """(bucket key, CrowdBucket) -> :class:`EstimateOutputs` (batches for ``parts`` parts)."""
+    """(bucket key, CrowdBucket) -> :class:`EstimateOutputs` (batches for ``parts`` parts,
+    spilled to files under ``spill_dir`` when given: :class:`EstimateBucket`)."""
 
-    def __init__(self, config: AnalysisConfig, parts: int = 1) -> None:
+    def __init__(
+        self, config: AnalysisConfig, parts: int = 1, spill_dir: str | None = None
+    ) -> None:
         super().__init__()
         self._config = config
         self._parts = int(parts)
+        self._spill_dir = spill_dir
 
     def expand(self, buckets: beam.PCollection) -> EstimateOutputs:
-        estimate = EstimateBucket(self._config, self._parts)
+        estimate = EstimateBucket(self._config, self._parts, spill_dir=self._spill_dir)
         tags = (REPORT_TAG, NOTE_TAG, HISTOGRAM_TAG, LONGITUDINAL_TAG, PICTURE_TAG)
         outputs = buckets | "Estimate" >> beam.ParDo(estimate).with_outputs(*tags, main="totals")
         return EstimateOutputs(outputs.totals, *(outputs[tag] for tag in tags))

@@ -219,8 +219,12 @@ def test_aggregate_releases_adds_every_file_and_dead_letters_bad_records(release
         assert_that(balance, equal_to([(4, 3, False)]), label="counts")
 
 
-def test_estimate_and_write_analysis(release_files, tmp_path):
+@pytest.mark.parametrize("spill", [False, True])
+def test_estimate_and_write_analysis(release_files, tmp_path, spill):
+    """The same analysis whether the estimates' batches cross the groupings as bytes or are
+    spilled to files whose paths cross instead."""
     files, commits, _, true_counts = release_files
+    spill_dir = str(tmp_path / "spilled") if spill else None
     truth_path = tmp_path / "truth.parquet"
     truth = {"window_start": [T0] * 8, "bucket": list(range(8)), "count": true_counts.tolist()}
     pq.write_table(pa.table(truth), truth_path)
@@ -233,8 +237,15 @@ def test_estimate_and_write_analysis(release_files, tmp_path):
             pipeline | "Files" >> beam.Create(files),
             pipeline | "Commits" >> beam.Create(commits),
         ) | AggregateReleases(BOOK, {1}, read_crowds=_pairs)
-        estimates = aggregated.buckets | EstimateBuckets(config)
+        estimates = aggregated.buckets | EstimateBuckets(config, spill_dir=spill_dir)
         _ = (estimates, aggregated.counts) | WriteAnalysis(str(output), config, {"test": True})
+    if spill:  # one batch per kind of output of the one bucket, named by its key and index
+        spilled = {p.parent.name: p.name for p in (tmp_path / "spilled").glob("*/*")}
+        assert spilled.keys() == {"histogram", "report", "note"}
+        assert (
+            spilled["report"]
+            == f"{core.HISTOGRAM}-{T0}-{T0 + DAY}-b{core.bucket_key(KEY)[3]:05d}-00000"
+        )
     table = pq.read_table(output / "histograms.parquet")
     assert table.schema == histogram_schema(config)
     assert table.column("bucket").to_pylist() == list(range(8))

@@ -34,6 +34,18 @@ def test_bucket_key_is_the_crowd_bucket_of_its_crowd_in_every_window():
     assert buckets == set(range(16))  # 200 crowds reach every bucket (P(miss) < 16 (15/16)^200)
 
 
+def test_the_analyzer_has_more_buckets_with_more_crowds_so_none_grows():
+    assert core.analyzer_buckets(0) == core.analyzer_buckets(16_000) == core.ANALYZER_BUCKETS
+    assert core.analyzer_buckets(16_001) == 17  # at most CROWDS_PER_BUCKET crowds each
+    assert core.analyzer_buckets(100_000) == 100 and core.analyzer_buckets(10**9) == 65536
+    assert core.analyzer_buckets(2_500, crowds_per_bucket=100) == 25
+    # A bucket of one window holds about crowds / buckets crowds: 100 buckets of 100,000 crowds
+    # in one window, none with more than a few standard deviations above 1,000.
+    keys = [(core.HISTOGRAM, 0, DAY, "c", "r@1", f"k{i}") for i in range(100_000)]
+    sizes = np.bincount([core.bucket_key(key, 100)[3] for key in keys], minlength=100)
+    assert sizes.max() < 1_000 + 5 * np.sqrt(1_000)  # ~3e-7 per bucket under the SHA-256 hash
+
+
 def test_a_bucket_pickles_as_one_blob_and_merges_without_touching_its_inputs():
     first = core.CrowdAccumulator.empty(16)
     first.add_messages(np.array([1, 1, 3]))

@@ -47,9 +47,11 @@ from transforms.analyze_core.batches import (
 )
 from transforms.analyze_core.buckets import (
     ANALYZER_BUCKETS,
+    CROWDS_PER_BUCKET,
     BucketKey,
     CrowdBucket,
     WithheldRecord,
+    analyzer_buckets,
     bucket_accumulators,
     bucket_key,
     commit_buckets,
@@ -85,9 +87,11 @@ from transforms.analyze_core.report import (
 __all__ = [
     "ALGORITHM_3",
     "ANALYZER_BUCKETS",
+    "CROWDS_PER_BUCKET",
     "BucketKey",
     "CrowdBucket",
     "WithheldRecord",
+    "analyzer_buckets",
     "bucket_accumulators",
     "bucket_key",
     "commit_buckets",

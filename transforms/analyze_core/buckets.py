@@ -13,12 +13,13 @@ Pure: numpy, pickle and zlib; no Beam.
 
 from __future__ import annotations
 
+import math
 import pickle
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from schemas.crowd_buckets import DEFAULT_CROWD_BUCKETS, crowd_bucket
+from schemas.crowd_buckets import DEFAULT_CROWD_BUCKETS, MAX_CROWD_BUCKETS, crowd_bucket
 from transforms.analyze_core.accumulate import (
     HISTOGRAM,
     Accumulator,
@@ -28,8 +29,23 @@ from transforms.analyze_core.accumulate import (
 )
 from transforms.analyze_core.batches import crowd_key, respondent_accumulators
 
-# The analyzer's own number of crowd buckets (independent of any shuffler's).
+# The analyzer's own number of crowd buckets (independent of any shuffler's): at least this many,
+# more when there are many crowds (:func:`analyzer_buckets`).
 ANALYZER_BUCKETS = DEFAULT_CROWD_BUCKETS
+# At most about this many crowds per bucket and window (:func:`analyzer_buckets`).
+CROWDS_PER_BUCKET = 1000
+
+
+def analyzer_buckets(crowds: int, crowds_per_bucket: int = CROWDS_PER_BUCKET) -> int:
+    """Crowd buckets for about ``crowds`` crowds (all windows counted): enough that a bucket of
+    one window holds at most about ``crowds_per_bucket`` crowds even if every crowd is in the
+    same window, so what a worker holds of one bucket (its crowds' accumulators, reports and
+    rows) does not grow with the crowds; at least :data:`ANALYZER_BUCKETS`, at most
+    ``MAX_CROWD_BUCKETS``."""
+    wanted = math.ceil(max(0, int(crowds)) / max(1, int(crowds_per_bucket)))
+    return min(MAX_CROWD_BUCKETS, max(ANALYZER_BUCKETS, wanted))
+
+
 # (kind, window_start, window_end, bucket): window_start 0 and window_end the window length for
 # longitudinal crowds, as in their crowd keys (a round spans windows).
 BucketKey = tuple[str, int, int, int]
@@ -253,9 +269,11 @@ def withheld_records(records: Iterable[WithheldRecord]) -> list[dict[str, Any]]:
 
 __all__ = [
     "ANALYZER_BUCKETS",
+    "CROWDS_PER_BUCKET",
     "BucketKey",
     "CrowdBucket",
     "WithheldRecord",
+    "analyzer_buckets",
     "bucket_accumulators",
     "bucket_key",
     "commit_buckets",
