@@ -92,8 +92,29 @@ def part_name(shard: int, shards: int) -> str:
     return f"part-{shard:05d}-of-{shards:05d}.jsonl"
 
 
+def _json_scalar(value: Any) -> Any:
+    """``json.dumps``'s ``default`` for :func:`json_line`'s direct path: numpy integers and finite
+    floats and arrays; anything else (a non-finite float too) makes the direct path give up."""
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating) and math.isfinite(float(value)):
+        return float(value)
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"not directly serializable: {type(value).__name__}")
+
+
 def json_line(record: Mapping[str, Any]) -> str:
-    """One JSON Lines line of ``record`` (numpy values as JSON types, no NaN)."""
+    """One JSON Lines line of ``record`` (numpy values as JSON types, no NaN).
+
+    The same line as ``json.dumps(json_ready(record))``: when every key is a string and every
+    float finite, ``json.dumps`` writes it directly (numpy values through :func:`_json_scalar`)
+    without copying the record; else (a non-string key, a NaN) through :func:`json_ready`."""
+    try:
+        if all(isinstance(key, str) for key in record):
+            return json.dumps(record, allow_nan=False, default=_json_scalar)
+    except (TypeError, ValueError):
+        pass
     return json.dumps(json_ready(record), sort_keys=False, allow_nan=False)
 
 

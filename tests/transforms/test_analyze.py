@@ -24,6 +24,7 @@ from transforms.aggregate import AggregateReleases, CombineBucket, SumCounts, me
 from transforms.analysis_reports import (
     BatchLines,
     json_line,
+    json_ready,
     read_json_parts,
     read_reports,
     report_order,
@@ -334,3 +335,25 @@ def test_batched_parts_hold_exactly_the_sorted_records(tmp_path):
     from_bytes = write_part(str(tmp_path / "hb"), 0, 1, packed, schema)
     assert pq.read_table(from_bytes).equals(pq.read_table(one_by_one))
     assert pq.read_table(path).num_rows == 90
+
+
+def test_json_lines_written_directly_equal_those_of_json_ready():
+    records = [
+        {"a": np.int64(3), "b": [np.float64(0.1), 2.5], "c": np.arange(3), "d": {1: "x"}},
+        {"a": np.float32(0.25), "nested": {"e": (1, np.int32(2))}, "none": None},
+        {"nan": float("nan"), "arr": np.array([1.0, np.inf])},  # non-finite: through json_ready
+        {3: "int key at the top", "k": np.float64(-0.0)},
+    ]
+    for record in records:
+        assert json_line(record) == json.dumps(json_ready(record), allow_nan=False)
+    assert json.loads(json_line(records[2])) == {"nan": None, "arr": [1.0, None]}
+
+
+def test_cached_privacy_reports_equal_fresh_ones_and_are_copies():
+    recipe = BOOK.get("grid@1")
+    for respondents, deletion in [({0: 400, 1: 400}, None), ({1: 30, 0: 25}, {0: (0.5, 1e-9)})]:
+        fresh = core.privacy_summary(recipe, respondents, deletion)
+        first = core.cached_privacy_summary(recipe, respondents, deletion)
+        assert first == fresh
+        first["notes"].append("changed by a caller")
+        assert core.cached_privacy_summary(recipe, respondents, deletion) == fresh

@@ -6,6 +6,7 @@ vectorized over the batch; the only Python loop is over the crowds the batch hol
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -134,6 +135,7 @@ def aggregate_batch(
     channel_column = batch.column("channel")
     recipe_column = batch.column("recipe_id")
     crowd_column = batch.column("crowd_id")
+    crowds: list[tuple[int, Recipe, str, str, str | None, np.ndarray]] = []
     for begin, end in zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True):
         group = order[begin:end]
         first = int(group[0])
@@ -150,11 +152,12 @@ def aggregate_batch(
         live = group[reasons[group] == ""]
         if live.size == 0:
             continue
-        decoded = decode_payloads(
-            payloads_subset(payloads, live),
-            allowed_kinds=(CENSUS, recipe.payload_kind),
-            limits=decode_limits(recipe),
-        )
+        crowds.append((first, recipe, channel, recipe_id, crowd_id, live))
+    decoded_crowds = _decode_per_recipe(payloads, crowds)
+    randomizers: dict[str, Any] = {}
+    for (first, recipe, channel, recipe_id, crowd_id, live), decoded in zip(
+        crowds, decoded_crowds, strict=True
+    ):
         bad = ~decoded.valid
         if bad.any():
             reasons[live[bad]] = decoded.reason_names()[bad]
@@ -167,7 +170,9 @@ def aggregate_batch(
             _add_longitudinal(accumulators, recipe, key, decoded, live, reasons, start, stop)
         else:
             key = (HISTOGRAM, start, stop, channel, recipe_id, crowd_id)
-            randomizer = recipe.build_randomizer()
+            randomizer = randomizers.get(recipe_id)
+            if randomizer is None:
+                randomizer = randomizers[recipe_id] = recipe.build_randomizer()
             accumulator = CrowdAccumulator.empty(randomizer.message_domain_size, dense_limit)
             columns = message_columns(
                 decoded,
@@ -184,6 +189,40 @@ def aggregate_batch(
             accumulator.add_messages(columns["bucket"], columns["sign"] if signed else None)
             accumulators[key] = accumulator
     return _finish(accumulators, reasons, counts)
+
+
+def _decode_per_recipe(
+    payloads: EncodedPayloads,
+    crowds: list[tuple[int, Recipe, str, str, str | None, np.ndarray]],
+) -> list[DecodedPayloads]:
+    """Each crowd's payloads (its ``live`` rows) decoded, in one ``decode_payloads`` call per
+    recipe (the decoder is vectorized and row-wise: the same result as per crowd, without a
+    call's fixed cost per crowd)."""
+    out: list[DecodedPayloads | None] = [None] * len(crowds)
+    by_recipe: dict[str, list[int]] = {}
+    for index, crowd in enumerate(crowds):
+        by_recipe.setdefault(crowd[3], []).append(index)
+    for indices in by_recipe.values():
+        recipe = crowds[indices[0]][1]
+        rows = np.concatenate([crowds[index][5] for index in indices])
+        decoded = decode_payloads(
+            payloads_subset(payloads, rows),
+            allowed_kinds=(CENSUS, recipe.payload_kind),
+            limits=decode_limits(recipe),
+        )
+        offset = 0
+        for index in indices:
+            size = crowds[index][5].size
+            part = slice(offset, offset + size)
+            out[index] = dataclasses.replace(
+                decoded,
+                kind=decoded.kind[part],
+                columns={name: column[part] for name, column in decoded.columns.items()},
+                valid=decoded.valid[part],
+                reason=decoded.reason[part],
+            )
+            offset += size
+    return out  # type: ignore[return-value]
 
 
 def _add_longitudinal(

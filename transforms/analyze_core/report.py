@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
+import pickle
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -198,6 +199,34 @@ def privacy_summary(
     return out
 
 
+# Privacy reports already made, per (recipe object, respondents, deletion) in their order (sums
+# over them are order-sensitive in the last bit): many crowds share them, and making one (the
+# bounds' reports turned into plain dicts) costs more than the rest of a crowd's report. Each
+# entry keeps its recipe, so an id() is never a later object's; the cache empties when full.
+_SUMMARIES: dict[tuple, tuple[Recipe, bytes]] = {}
+_SUMMARIES_LIMIT = 4096
+
+
+def cached_privacy_summary(
+    recipe: Recipe,
+    respondents: Mapping[int, int],
+    deletion: Mapping[int, tuple[float, float]] | None = None,
+) -> dict[str, Any]:
+    """:func:`privacy_summary`, made once per distinct arguments; a fresh copy each call."""
+    key = (
+        id(recipe),
+        tuple((int(u), int(c)) for u, c in respondents.items()),
+        tuple((int(u), None if p is None else tuple(p)) for u, p in (deletion or {}).items()),
+    )
+    hit = _SUMMARIES.get(key)
+    if hit is None or hit[0] is not recipe:
+        if len(_SUMMARIES) >= _SUMMARIES_LIMIT:
+            _SUMMARIES.clear()
+        made = privacy_summary(recipe, respondents, deletion)
+        hit = _SUMMARIES[key] = (recipe, pickle.dumps(made, pickle.HIGHEST_PROTOCOL))
+    return pickle.loads(hit[1])
+
+
 # ---------------------------------------------------------------------------------------------
 # Truth (simulations only) and report assembly
 # ---------------------------------------------------------------------------------------------
@@ -282,7 +311,7 @@ def histogram_report(
         domain_size=int(result.domain_size),
         buckets_reported=int(result.buckets.size),
         postprocessing=result.postprocessing,
-        privacy=privacy_summary(recipe, result.respondents_by_instance, deletion),
+        privacy=cached_privacy_summary(recipe, result.respondents_by_instance, deletion),
         notes=[],
     )
     if not result.dense:
@@ -320,7 +349,7 @@ def longitudinal_report(
         error_bound=float(result.bound),
         error_bound_failure_probability=float(result.failure_probability),
         error_bound_source="Theorem 6 (amplification-by-shuffling), explicit constants",
-        privacy=privacy_summary(recipe, respondents, deletion),
+        privacy=cached_privacy_summary(recipe, respondents, deletion),
         notes=list(result.notes),
     )
     if truth is not None and np.all(np.isfinite(truth)):
