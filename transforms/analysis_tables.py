@@ -78,14 +78,18 @@ def longitudinal_schema(config: AnalysisConfig) -> pa.Schema:
 
 
 def histogram_table(
-    result: core.HistogramResult, config: AnalysisConfig, truth: np.ndarray | None
+    result: core.HistogramResult,
+    config: AnalysisConfig,
+    truth: np.ndarray | None,
+    schema: pa.Schema | None = None,
 ) -> pa.Table:
-    """histograms.parquet rows of one crowd."""
+    """histograms.parquet rows of one crowd (``schema``: ``histogram_schema(config)``, given by
+    a caller that makes many tables)."""
     rows = result.buckets.size
     _, start, end, channel, recipe_id, crowd_id = result.key
     columns: dict[str, Any] = {
-        "window_start": pa.array(np.full(rows, start, dtype=np.int64)).cast(_TIME),
-        "window_end": pa.array(np.full(rows, end, dtype=np.int64)).cast(_TIME),
+        "window_start": pa.array(np.full(rows, start, dtype=np.int64), type=_TIME),
+        "window_end": pa.array(np.full(rows, end, dtype=np.int64), type=_TIME),
         "channel": pa.array([channel] * rows, pa.string()),
         "recipe_id": pa.array([recipe_id] * rows, pa.string()),
         "crowd": pa.array([crowd_id] * rows, pa.string()),
@@ -107,7 +111,7 @@ def histogram_table(
         columns["truth"] = (
             pa.array(truth, pa.float64()) if truth is not None else pa.nulls(rows, pa.float64())
         )
-    return pa.table(columns, schema=histogram_schema(config))
+    return pa.table(columns, schema=schema or histogram_schema(config))
 
 
 def longitudinal_table(

@@ -151,6 +151,7 @@ class CrowdEstimator:
     def __init__(self, config: AnalysisConfig) -> None:
         self._config = config
         self._truth: dict[str, core.Truth] = {}
+        self._schema = histogram_schema(config)
 
     def setup(self) -> None:
         self._truth = {source.recipe_id: read_truth(source) for source in self._config.truth}
@@ -190,7 +191,7 @@ class CrowdEstimator:
             accuracy = core.histogram_accuracy(result, buckets, counts)
             keys, values = core.sparse_truth(buckets, counts)
             truth_dense = core.values_at(result.buckets, keys, values)
-        table = histogram_table(result, config, truth_dense)
+        table = histogram_table(result, config, truth_dense, self._schema)
         report = core.histogram_report(
             recipe, result, config.deletion, accuracy, accumulator.rejected
         )
