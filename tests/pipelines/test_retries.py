@@ -30,6 +30,7 @@ from pipelines import shuffle as shuffle_pipeline
 from pipelines import simulate as simulate_pipeline
 from tests.pipelines import shuffled
 from transforms import atomic_files
+from transforms.analysis_tables import SPILL_DIR
 
 pytestmark = pytest.mark.slow
 
@@ -72,20 +73,24 @@ class Faults:
         self.active = False  # set by the test between the uninjected and the injected run
         self.every = False  # fail every file's first attempt (else half of them)
         self.failed: list[str] = []
+        self.roots: list[str] = []  # "root//name" of each failure
         self._original = atomic_files.publish
+
+    @staticmethod
+    def _kind(root: str, name: str) -> str:
+        if name.startswith(("messages/", "index/messages-")):
+            return "messages"
+        return "batches" if root.rstrip("/").endswith(SPILL_DIR) else "files"
 
     def publish(self, root, name, write):
         # At most BUDGET failures per run and kind: message files (and their index entries) are
         # written in a stage of their own; crowd tables, their index entries and manifests in the
-        # stage that completes a bucket.
-        kind = name.startswith(("messages/", "index/messages-"))
+        # stage that completes a bucket; the analyzer's spilled batches in its estimate stage,
+        # its part files in the stages that write them.
+        kind = self._kind(root, name)
         if (
             not self.active
-            or sum(
-                failed.startswith(("messages/", "index/messages-")) == kind
-                for failed in self.failed
-            )
-            >= BUDGET
+            or sum(self._kind(*failed.rsplit("//", 1)) == kind for failed in self.roots) >= BUDGET
             # Every crowd table fails once (there may be only one), half of the other files.
             or not _fails_first_attempt(
                 self.markers, f"{root}/{name}", self.every or name.startswith("crowds/")
@@ -98,6 +103,7 @@ class Faults:
         data = buffer.getvalue()
         self._original(root, name, lambda sink: sink.write(data[: len(data) // 2]))
         self.failed.append(name)
+        self.roots.append(f"{root}//{name}")
         raise InjectedFault(f"injected failure writing {name}")
 
 
@@ -231,6 +237,7 @@ def test_retried_table_writes_give_exactly_the_uninjected_analysis(reports, faul
     faults.active = faults.every = True
     retried = _analyze(root, recipe, root / "analysis-retried", RETRYING)
     assert any(name.startswith("part-") for name in faults.failed)
+    assert any(failed.rsplit("//", 1)[0].endswith(SPILL_DIR) for failed in faults.roots)
     expected = _tables(root / "analysis-plain")
     assert expected[analyze_pipeline.HISTOGRAMS_FILE][1]  # the crowd was estimated
     assert _tables(root / "analysis-retried") == expected
