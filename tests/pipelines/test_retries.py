@@ -214,6 +214,7 @@ def _analyze(root: Path, recipe: str, output: Path, runner: list[str]) -> dict:
 
 
 def _tables(output: Path) -> dict:
+    assert not (output / SPILL_DIR).exists()  # the spilled batches are removed after the run
     tables = {}
     for name in (analyze_pipeline.HISTOGRAMS_FILE, analyze_pipeline.LONGITUDINAL_FILE):
         directory = output / name
