@@ -65,12 +65,12 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
 from pipelines import keys as keys_cli
 from pipelines import pictures
 from pipelines.cli import UsageError
-from pipelines.options import AnalyzeOptions, with_default_runner
+from pipelines.options import AnalyzeOptions, temp_location_root, with_default_runner
 from pipelines.release_crowds import check_release_counts
 from schemas import SUPPORTED_SCHEMA_VERSIONS, release
 from schemas.crowd_buckets import CROWDS_DIR
@@ -339,6 +339,15 @@ def _prepare_output(output: str | None, overwrite: bool) -> str:
     return output
 
 
+def analysis_spill_dir(output: str, temp_location: str | None) -> str:
+    """Where the estimates' batches are spilled while the analysis runs (removed by ``run`` on
+    success and on failure): ``<--temp_location>/esa-analysis/<digest of OUTPUT>`` when the
+    runner was given a temp location, else ``OUTPUT/_batches``. They hold estimates only."""
+    if temp_location:
+        return temp_location_root(temp_location, "esa-analysis", output)
+    return FileSystems.join(output, SPILL_DIR)
+
+
 def run(options: PipelineOptions) -> dict[str, Any]:
     """Run the analyzer; returns summary.json's content (plus ``pictures`` and ``seconds``)."""
     values = options.view_as(AnalyzeOptions)
@@ -421,7 +430,7 @@ def run(options: PipelineOptions) -> dict[str, Any]:
         read_crowds=pinned_crowd_table_records,
     )
     # The estimates' batches are spilled to files; the groupings into parts carry their paths.
-    spill_dir = FileSystems.join(output, SPILL_DIR)
+    spill_dir = analysis_spill_dir(output, options.view_as(GoogleCloudOptions).temp_location)
     estimates = aggregated.buckets | "EstimateBuckets" >> EstimateBuckets(
         config, parts, spill_dir=spill_dir
     )

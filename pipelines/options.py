@@ -11,9 +11,12 @@ before any work; any flag that is neither the stage's nor Beam's own is an error
 
 from __future__ import annotations
 
+import hashlib
+import os
 from datetime import UTC, datetime
 from typing import Any
 
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 from pipelines import keys as keys_cli
@@ -192,6 +195,13 @@ class ShuffleOptions(StageFlags, PipelineOptions):
 
 
 _PLAN = SimulationPlan  # defaults of the device fleet (simulators/plan.py)
+
+
+def temp_location_root(temp_location: str, kind: str, output: str) -> str:
+    """``<--temp_location>/<kind>/<digest of output>``: one scratch root per output directory, so
+    that cleaning a dead run's scratch data never touches another output's."""
+    digest = hashlib.sha256(os.path.abspath(output).encode()).hexdigest()[:16]
+    return FileSystems.join(temp_location, kind, digest)
 
 
 def parse_start_ms(text: str) -> int:

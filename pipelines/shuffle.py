@@ -72,6 +72,7 @@ from pipelines.options import (
     ShuffleOptions,
     add_stage_arguments,
     stage_option_values,
+    temp_location_root,
     with_default_runner,
 )
 from schemas import SUPPORTED_SCHEMA_VERSIONS
@@ -224,8 +225,7 @@ def spill_root_path(output: str, private: str, temp_location: str | None) -> str
     touches another release's), else ``PDIR/spill``."""
     if not temp_location:
         return FileSystems.join(private, "spill")
-    digest = hashlib.sha256(os.path.abspath(output).encode()).hexdigest()[:16]
-    return FileSystems.join(temp_location, "esa-spill", digest)
+    return temp_location_root(temp_location, "esa-spill", output)
 
 
 def _remove_empty(path: str) -> None:

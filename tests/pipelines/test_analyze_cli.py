@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pipelines import analyze as analyze_pipeline
 from pipelines.cli import main
 from privacy.rng import seeded_generator
 from schemas import release
@@ -256,3 +257,29 @@ def test_a_simulation_is_not_a_release(tmp_path, recipe_path):
     code, _, err = _analyze("--input", str(directory), "--output", str(tmp_path / "o"),
                             "--recipe", recipe_path)  # fmt: skip
     assert code == 2 and "not a shuffler release" in err
+
+
+def test_spilled_estimates_live_under_the_temp_location_and_are_removed(
+    releases, recipe_path, tmp_path, monkeypatch
+):
+    from transforms import analyze as analyze_transforms
+
+    written: list[str] = []
+    spill = analyze_transforms.spill_batch
+
+    def recording(directory: str, name: str, data: bytes) -> str:
+        path = spill(directory, name, data)
+        written.append(path)
+        return path
+
+    monkeypatch.setattr(analyze_transforms, "spill_batch", recording)
+    root, _ = releases
+    output, temp = tmp_path / "a", tmp_path / "temp"
+    code, _, err = _analyze("--input", str(root), "--output", str(output),
+                            "--recipe", recipe_path, f"--temp_location={temp}")  # fmt: skip
+    assert code == 0, err
+    expected = analyze_pipeline.analysis_spill_dir(str(output), str(temp))
+    assert written and all(path.startswith(expected + "/") for path in written)
+    assert expected.startswith(str(temp / "esa-analysis") + "/")
+    assert not Path(expected).exists() and not (output / "_batches").exists()
+    assert analyze_pipeline.analysis_spill_dir(str(output), None) == str(output / "_batches")
