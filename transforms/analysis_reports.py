@@ -16,15 +16,13 @@ import json
 import math
 import os
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.transforms.window import GlobalWindows
-from apache_beam.utils.windowed_value import WindowedValue
 
 from transforms import analyze_core as core
 from transforms import atomic_files
@@ -118,51 +116,13 @@ def json_line(record: Mapping[str, Any]) -> str:
     return json.dumps(json_ready(record), sort_keys=False, allow_nan=False)
 
 
-# A bundle's lines of one part are joined and compressed into one element every this many bytes.
-BATCH_BYTES = 1 << 22
-
-
-class BatchLines(beam.DoFn):
-    """(part, line) -> (part, zlib-compressed lines): a bundle's finished lines of one part,
-    joined with newlines and compressed, every :data:`BATCH_BYTES` and at the bundle's end.
-
-    What crosses the grouping into parts is then a few compressed blobs per bundle, not a dict
-    (or even a string) per record: a runner that keeps grouped values in memory (Beam's
-    FnApiRunner) holds about a tenth of the lines' bytes (per-crowd reports repeat their privacy
-    wording). Which records share a batch does not matter: :func:`write_json_part` sorts a part.
-    """
-
-    def __init__(self, batch_bytes: int = BATCH_BYTES) -> None:
-        self._batch_bytes = int(batch_bytes)
-        self._pending: dict[int, tuple[list[str], int]] = {}
-
-    def start_bundle(self) -> None:
-        self._pending = {}
-
-    def process(self, element: tuple[int, str]) -> Iterator[tuple[int, bytes]]:
-        part, line = element
-        lines, size = self._pending.get(part, ([], 0))
-        lines.append(line)
-        size += len(line) + 1
-        if size >= self._batch_bytes:
-            del self._pending[part]
-            yield part, pack_lines(lines)
-        else:
-            self._pending[part] = (lines, size)
-
-    def finish_bundle(self) -> Iterator[WindowedValue]:
-        pending, self._pending = self._pending, {}
-        for part, (lines, _) in sorted(pending.items()):
-            yield GlobalWindows.windowed_value((part, pack_lines(lines)))
-
-
 def pack_lines(lines: list[str]) -> bytes:
     """Lines joined with newlines and zlib-compressed (read back by :func:`unpack_lines`)."""
     return zlib.compress("\n".join(lines).encode(), 6)
 
 
 def unpack_lines(batch: bytes) -> list[str]:
-    """The lines of a :class:`BatchLines` batch."""
+    """The lines of a :func:`pack_lines` batch."""
     return zlib.decompress(batch).decode().split("\n")
 
 
@@ -173,7 +133,7 @@ def write_json_part(
     batches: Iterable[bytes | str],
     order: Callable[[Mapping[str, Any]], tuple],
 ) -> str:
-    """One JSON Lines part: the lines of the shard's :class:`BatchLines` batches (or the paths
+    """One JSON Lines part: the lines of the shard's :func:`pack_lines` batches (or the paths
     ``analysis_tables.spill_batch`` wrote them to), sorted by ``order`` of the record each line
     holds (the same order as the records')."""
     lines = [line for batch in batches for line in unpack_lines(load_batch(batch))]
@@ -200,31 +160,6 @@ class WriteLineBatches(beam.PTransform):
         return group_by_part(batches, shards) | "WriteParts" >> beam.MapTuple(
             lambda shard, parts: write_json_part(directory, shard, shards, parts, order)
         )
-
-
-class WriteJsonParts(beam.PTransform):
-    """Dicts -> ``directory/part-SSSSS-of-NNNNN.jsonl``, a record's part chosen by a stable hash
-    of ``order(record)``. Records cross the grouping into parts as their finished lines, in
-    compressed batches per bundle (:class:`BatchLines`)."""
-
-    def __init__(
-        self, directory: str, shards: int, order: Callable[[Mapping[str, Any]], tuple]
-    ) -> None:
-        super().__init__()
-        if int(shards) < 1:
-            raise ValueError(f"shards must be >= 1, got {shards}")
-        self._directory, self._shards, self._order = directory, int(shards), order
-
-    def expand(self, records: beam.PCollection) -> beam.PCollection:
-        directory, shards, order = self._directory, self._shards, self._order
-
-        def part_line(record: Mapping[str, Any]) -> tuple[int, str]:
-            return zlib.crc32(repr(order(record)).encode()) % shards, json_line(record)
-
-        keyed = (
-            records | "ToLines" >> beam.Map(part_line) | "BatchLines" >> beam.ParDo(BatchLines())
-        )
-        return keyed | "Write" >> WriteLineBatches(directory, shards, order)
 
 
 def report_totals(report: Mapping[str, Any]) -> dict[str, int]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import apache_beam as beam
@@ -18,8 +18,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.transforms.window import GlobalWindows
-from apache_beam.utils.windowed_value import WindowedValue
 
 from transforms import analyze_core as core
 from transforms import atomic_files
@@ -225,56 +223,14 @@ def group_by_part(keyed: beam.PCollection, shards: int) -> beam.PCollection:
     )
 
 
-# A bundle's crowd tables of one part are concatenated into one table every this many rows; the
-# pending crowd tables are compacted every this many tables (a small Arrow table costs kilobytes
-# of buffers and wrappers whatever its rows).
+# A bucket's estimated rows are sent to their part every this many rows (a small Arrow table
+# costs kilobytes of buffers and wrappers whatever its rows, so rows travel in batches).
 ROWS_PER_BATCH = 1 << 16
-TABLES_PER_COMPACTION = 256
 
 
 def concat_compact(tables: list[pa.Table]) -> pa.Table:
     """``tables`` (one schema) as one table with one chunk per column."""
     return pa.concat_tables(tables).combine_chunks()
-
-
-class BatchCrowdTables(beam.DoFn):
-    """(crowd key, table) -> (part, table): a bundle's crowd tables of one part concatenated,
-    every :data:`ROWS_PER_BATCH` rows and at the bundle's end.
-
-    What crosses the grouping into parts is then a few column arrays per bundle instead of an
-    Arrow table (schema, a dozen arrays and buffers) per crowd: a runner that keeps grouped values
-    in memory (Beam's FnApiRunner) holds about the rows' own bytes. Which crowds share a batch
-    does not matter: :func:`write_part` sorts a part's rows.
-    """
-
-    def __init__(self, shards: int, rows_per_batch: int = ROWS_PER_BATCH) -> None:
-        self._shards = int(shards)
-        self._rows_per_batch = int(rows_per_batch)
-        self._pending: dict[int, tuple[list[pa.Table], int]] = {}
-
-    def start_bundle(self) -> None:
-        self._pending = {}
-
-    def process(self, element: tuple[core.CrowdKey, pa.Table]) -> Iterator[tuple[int, pa.Table]]:
-        key, table = element
-        if not table.num_rows:
-            return
-        part = shard_of(key, self._shards)
-        tables, rows = self._pending.get(part, ([], 0))
-        tables.append(table)
-        rows += table.num_rows
-        if rows >= self._rows_per_batch:
-            del self._pending[part]
-            yield part, concat_compact(tables)
-            return
-        if len(tables) >= TABLES_PER_COMPACTION:
-            tables = [concat_compact(tables)]
-        self._pending[part] = (tables, rows)
-
-    def finish_bundle(self) -> Iterator[WindowedValue]:
-        pending, self._pending = self._pending, {}
-        for part, (tables, _) in sorted(pending.items()):
-            yield GlobalWindows.windowed_value((part, concat_compact(tables)))
 
 
 class WriteTableBatches(beam.PTransform):
@@ -294,22 +250,6 @@ class WriteTableBatches(beam.PTransform):
         return group_by_part(batches, shards) | "WriteParts" >> beam.MapTuple(
             lambda shard, parts: write_part(directory, shard, shards, parts, schema)
         )
-
-
-class WriteTableParts(beam.PTransform):
-    """(crowd key, Arrow table) -> ``directory/part-SSSSS-of-NNNNN.parquet``: crowds are grouped
-    into ``shards`` parts by :func:`shard_of` (batched per bundle, :class:`BatchCrowdTables`)
-    and written by :class:`WriteTableBatches`."""
-
-    def __init__(self, directory: str, schema: pa.Schema, shards: int) -> None:
-        super().__init__()
-        if int(shards) < 1:
-            raise ValueError(f"shards must be >= 1, got {shards}")
-        self._directory, self._schema, self._shards = directory, schema, int(shards)
-
-    def expand(self, tables: beam.PCollection) -> beam.PCollection:
-        keyed = tables | "ByPart" >> beam.ParDo(BatchCrowdTables(self._shards))
-        return keyed | "Write" >> WriteTableBatches(self._directory, self._schema, self._shards)
 
 
 def table_parts(rows: int, rows_per_part: int = ROWS_PER_PART) -> int:

@@ -22,20 +22,19 @@ from schemas.recipes import recipe_from_dict
 from transforms import analyze_core as core
 from transforms.aggregate import AggregateReleases, CombineBucket, SumCounts, metrics_summary
 from transforms.analysis_reports import (
-    BatchLines,
     json_line,
     json_ready,
+    pack_lines,
     read_json_parts,
     read_reports,
     report_order,
     write_json_part,
 )
 from transforms.analysis_tables import (
-    BatchCrowdTables,
-    WriteTableParts,
+    WriteTableBatches,
+    concat_compact,
     histogram_schema,
     pack_table,
-    shard_of,
     table_parts,
     write_part,
 )
@@ -273,64 +272,54 @@ def test_estimate_and_write_analysis(release_files, tmp_path, spill):
     assert summary["inputs"] == {"test": True}
 
 
-def test_crowd_tables_are_written_in_parts_without_a_whole_table_gather(tmp_path):
+def test_table_batches_are_written_in_parts_without_a_whole_table_gather(tmp_path):
     schema = pa.schema([("crowd", pa.string()), ("bucket", pa.int64())])
-    keys = [(core.HISTOGRAM, T0 + d * DAY, T0 + (d + 1) * DAY, "grid", "grid@1", None)
-            for d in range(12)]  # fmt: skip
-    tables = [
-        (key, pa.table({"crowd": [f"day{d}"] * 3, "bucket": [2, 0, 1]}, schema=schema))
-        for d, key in enumerate(keys)
-    ]
+    batches = [
+        (d % 5, pack_table(pa.table({"crowd": [f"day{d:02d}"] * 3, "bucket": [2, 0, 1]},
+                                    schema=schema)))
+        for d in range(12)
+    ]  # fmt: skip
     directory = tmp_path / "histograms.parquet"
     with beam.Pipeline(options=PipelineOptions(["--runner=FnApiRunner"])) as pipeline:
-        _ = pipeline | beam.Create(tables) | WriteTableParts(str(directory), schema, shards=5)
+        _ = pipeline | beam.Create(batches) | WriteTableBatches(str(directory), schema, shards=5)
     parts = sorted(p.name for p in directory.iterdir() if p.name != TEMPORARY_DIR)
     assert parts == [f"part-{s:05d}-of-00005.parquet" for s in range(5)]  # empty parts too
     assert not list((directory / TEMPORARY_DIR).iterdir())  # every part was renamed into place
     table = pq.read_table(directory)
     assert table.num_rows == 36 and table.schema == schema
-    for key, crowd in tables:  # each crowd sits whole, sorted, in the part its key hashes to
-        part = pq.read_table(directory / parts[shard_of(key, 5)])
-        rows = part.filter(pc.equal(part.column("crowd"), crowd.column("crowd")[0]))
+    for d in range(12):  # each batch sits whole, sorted, in its part
+        part = pq.read_table(directory / parts[d % 5])
+        rows = part.filter(pc.equal(part.column("crowd"), f"day{d:02d}"))
         assert rows.column("bucket").to_pylist() == [0, 1, 2]
     assert table_parts(0) == 1 and table_parts(2_500_000) == 3
 
 
-def _bundle(do_fn, elements):
-    """A DoFn's outputs for one bundle of ``elements``, finish_bundle's included (unwrapped)."""
-    do_fn.start_bundle()
-    outputs = [out for element in elements for out in do_fn.process(element)]
-    return outputs + [windowed.value for windowed in do_fn.finish_bundle()]
-
-
 def test_batched_parts_hold_exactly_the_sorted_records(tmp_path):
-    """Lines and tables cross the grouping in batches per bundle (compressed, concatenated); the
-    parts written from batches of any bundling equal the records sorted, as one by one."""
+    """Lines and tables cross the grouping into parts in compressed batches; the parts written
+    from batches of any batching equal the records sorted, as one by one."""
     reports = [
         {"kind": core.HISTOGRAM, "channel": "c", "recipe_id": "r@1", "crowd_id": f"k{i % 7}",
          "window_start": T0 + (i // 7) * DAY, "estimate": [0.5 * i, np.float64(i)]}
         for i in range(40)
     ]  # fmt: skip
     shuffled = [reports[i] for i in seeded_generator(5).permutation(len(reports))]
-    batches = []
-    for start in range(0, 40, 15):  # three bundles, and within one a flush every ~300 bytes
-        lines = [(0, json_line(report)) for report in shuffled[start : start + 15]]
-        batches += [batch for _, batch in _bundle(BatchLines(batch_bytes=300), lines)]
+    batches = [
+        pack_lines([json_line(report) for report in shuffled[start : start + 6]])
+        for start in range(0, 40, 6)
+    ]
     assert len(batches) > 3
     write_json_part(str(tmp_path / "r"), 0, 1, batches, report_order)
     expected = [json.loads(json_line(r)) for r in sorted(reports, key=report_order)]
     assert read_json_parts(str(tmp_path / "r")) == expected
 
     schema = pa.schema([("crowd", pa.string()), ("bucket", pa.int64())])
-    keys = [(core.HISTOGRAM, T0 + d * DAY, T0 + (d + 1) * DAY, "c", "r@1", None) for d in range(30)]
-    crowds = [(key, pa.table({"crowd": [f"d{d:02d}"] * 3, "bucket": [2, 0, 1]}, schema=schema))
-              for d, key in enumerate(keys)]  # fmt: skip
-    batched = _bundle(BatchCrowdTables(shards=1, rows_per_batch=20), crowds)
-    assert len(batched) == 5 and {part for part, _ in batched} == {0}
-    path = write_part(str(tmp_path / "h"), 0, 1, [table for _, table in batched], schema)
-    one_by_one = write_part(str(tmp_path / "h1"), 0, 1, [table for _, table in crowds], schema)
+    crowds = [pa.table({"crowd": [f"d{d:02d}"] * 3, "bucket": [2, 0, 1]}, schema=schema)
+              for d in seeded_generator(6).permutation(30)]  # fmt: skip
+    batched = [concat_compact(crowds[start : start + 7]) for start in range(0, 30, 7)]
+    path = write_part(str(tmp_path / "h"), 0, 1, batched, schema)
+    one_by_one = write_part(str(tmp_path / "h1"), 0, 1, crowds, schema)
     assert pq.read_table(path).equals(pq.read_table(one_by_one))
-    packed = [pack_table(table) for _, table in batched]  # compressed IPC bytes, as buckets send
+    packed = [pack_table(table) for table in batched]  # compressed IPC bytes, as buckets send
     assert all(isinstance(blob, bytes) for blob in packed)
     from_bytes = write_part(str(tmp_path / "hb"), 0, 1, packed, schema)
     assert pq.read_table(from_bytes).equals(pq.read_table(one_by_one))
