@@ -78,9 +78,20 @@ def _grouping_inputs(tmp_path: Path, crowds: int, monkeypatch) -> dict[str, dict
     return counted
 
 
-def test_no_grouping_carries_an_element_per_crowd(tmp_path: Path, monkeypatch) -> None:
+def test_no_grouping_carries_an_element_per_crowd(
+    tmp_path: Path, monkeypatch, record_property
+) -> None:
     small = _grouping_inputs(tmp_path, SMALL, monkeypatch)
     large = _grouping_inputs(tmp_path, LARGE, monkeypatch)
+    record_property(
+        "scale",
+        f"elements into the groupings at {SMALL:,} -> {LARGE:,} crowds: "
+        + ", ".join(
+            f"{stage} {len(large[stage])} groupings, {sum(small[stage].values()):,} -> "
+            f"{sum(large[stage].values()):,} in all, at most {max(large[stage].values()):,}"
+            for stage in ("shuffle", "analyze")
+        ),
+    )
     assert set(small) == set(large) == {"shuffle", "analyze"}
     added = LARGE - SMALL
     for stage in ("shuffle", "analyze"):

@@ -27,9 +27,21 @@ SMALL, LARGE = 1_000, 10_000
 MARGIN = 1.12
 
 
-def test_peak_memory_at_10x_the_crowds_stays_within_a_margin(tmp_path: Path) -> None:
+def test_peak_memory_at_10x_the_crowds_stays_within_a_margin(
+    tmp_path: Path, record_property
+) -> None:
     small = bench_crowds.measure(tmp_path / "small", SMALL)
     large = bench_crowds.measure(tmp_path / "large", LARGE)
+    figures = ", ".join(
+        f"{stage} {small[stage]['peak_rss_mb']:.0f} -> {large[stage]['peak_rss_mb']:.0f} MB "
+        f"({large[stage]['peak_rss_mb'] / small[stage]['peak_rss_mb']:.2f})"
+        for stage in ("shuffle", "analyze")
+    )
+    record_property(
+        "scale",
+        f"peak RSS at {small['shuffle']['crowds']:,} -> {large['shuffle']['crowds']:,} crowds "
+        f"(FnApiRunner, limit {MARGIN}x): {figures}",
+    )
     for stage in ("shuffle", "analyze"):
         assert large[stage]["adds_up"] and large[stage]["crowds"] > 0.9 * LARGE
         assert large[stage]["peak_rss_mb"] <= MARGIN * small[stage]["peak_rss_mb"], stage
