@@ -3,7 +3,8 @@ memory flat in the number of crowds): the shuffle and analyze pipelines run on F
 two crowd counts, and Beam's own element counters say how many elements went into every
 GroupByKey (CoGroupByKey, Reshuffle and combiners expand to GroupByKeys). With crowd buckets
 (schemas/crowd_buckets.py) these are per bucket, shard, part or file: the same at 4x the crowds
-once every bucket of every window holds crowds. One element per crowd anywhere fails the test."""
+once every bucket of every window holds crowds. One element per crowd anywhere fails the test, and
+so does a transform that gathers a whole PCollection into one element (ToList/ToDict/ToSet)."""
 
 from __future__ import annotations
 
@@ -21,18 +22,40 @@ from pipelines import shuffle as shuffle_pipeline
 pytestmark = pytest.mark.slow
 
 _GROUP_BY_KEY = "beam:transform:group_by_key:v1"
+_GATHERS = (beam.combiners.ToList, beam.combiners.ToDict, beam.combiners.ToSet)
 # bench_crowds: 2 channels x 10 windows x crowd IDs; at 800 crowds each window holds 80 crowds
 # over 16 buckets (a bucket is empty with probability (15/16)^80 < 0.6 %: the figures are
 # deterministic for this data, the check does not depend on luck).
 SMALL, LARGE = 800, 3200
 
 
-def _grouping_inputs(tmp_path: Path, crowds: int, monkeypatch) -> dict[str, dict[str, int]]:
-    """Elements written into each GroupByKey, per pipeline (``shuffle``, ``analyze``)."""
+class _Gathers(beam.pipeline.PipelineVisitor):
+    """The labels of the transforms that gather a whole PCollection into one element."""
+
+    def __init__(self) -> None:
+        self.labels: list[str] = []
+
+    def enter_composite_transform(self, node) -> None:
+        if isinstance(node.transform, _GATHERS):
+            self.labels.append(node.full_label)
+
+    def visit_transform(self, node) -> None:
+        self.enter_composite_transform(node)
+
+
+def _grouping_inputs(
+    tmp_path: Path, crowds: int, monkeypatch, gathers: list[str] | None = None
+) -> dict[str, dict[str, int]]:
+    """Elements written into each GroupByKey, per pipeline (``shuffle``, ``analyze``); the labels
+    of gathering transforms are added to ``gathers``."""
     counted: dict[str, dict[str, int]] = {}
     original = beam.Pipeline.run
 
     def run(self, *args, **kwargs):
+        visitor = _Gathers()
+        self.visit(visitor)
+        if gathers is not None:
+            gathers.extend(visitor.labels)
         proto = self.to_runner_api()
         inputs = {
             transform.unique_name: next(iter(transform.inputs.values()))
@@ -81,8 +104,12 @@ def _grouping_inputs(tmp_path: Path, crowds: int, monkeypatch) -> dict[str, dict
 def test_no_grouping_carries_an_element_per_crowd(
     tmp_path: Path, monkeypatch, record_property
 ) -> None:
-    small = _grouping_inputs(tmp_path, SMALL, monkeypatch)
+    gathers: list[str] = []
+    small = _grouping_inputs(tmp_path, SMALL, monkeypatch, gathers)
     large = _grouping_inputs(tmp_path, LARGE, monkeypatch)
+    # No transform of either pipeline, as built, gathers a whole PCollection (side inputs read
+    # as lists are allowed only for the parts' file names and totals).
+    assert [label for label in gathers if "Analyze" in label or "Write" in label] == []
     record_property(
         "scale",
         f"elements into the groupings at {SMALL:,} -> {LARGE:,} crowds: "

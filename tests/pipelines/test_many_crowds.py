@@ -1,19 +1,15 @@
 """Memory in the number of crowds (issue: no whole-dataset gathers): shuffle and analyze of 10x
 the crowds in child processes (``benchmarks/bench_crowds.py`` measures the same at 10,000 vs
-100,000 crowds and states the figures) must stay within a margin of the smaller run's peak, and
-neither pipeline has a transform that gathers a whole PCollection into one element."""
+100,000 crowds and states the figures) must stay within a margin of the smaller run's peak.
+tests/pipelines/test_grouping_elements.py checks the pipelines' groupings and gathers."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import apache_beam as beam
 import pytest
-from apache_beam.options.pipeline_options import PipelineOptions
 
 from benchmarks import bench_crowds
-from pipelines import analyze as analyze_pipeline
-from pipelines import shuffle as shuffle_pipeline
 
 pytestmark = pytest.mark.slow
 
@@ -45,48 +41,3 @@ def test_peak_memory_at_10x_the_crowds_stays_within_a_margin(
     for stage in ("shuffle", "analyze"):
         assert large[stage]["adds_up"] and large[stage]["crowds"] > 0.9 * LARGE
         assert large[stage]["peak_rss_mb"] <= MARGIN * small[stage]["peak_rss_mb"], stage
-
-
-_GATHERS = (beam.combiners.ToList, beam.combiners.ToDict, beam.combiners.ToSet)
-
-
-def test_no_stage_gathers_a_whole_pcollection(tmp_path: Path, monkeypatch) -> None:
-    """Every transform of the shuffle and analyze pipelines, as built: no ToList/ToDict/ToSet
-    (side inputs read as lists are allowed only for the parts' file names and totals)."""
-    seen: list[str] = []
-    original = beam.Pipeline.run
-
-    def run(self, *args, **kwargs):
-        class Visitor(beam.pipeline.PipelineVisitor):
-            def enter_composite_transform(self, node) -> None:
-                if isinstance(node.transform, _GATHERS):
-                    seen.append(node.full_label)
-
-            def visit_transform(self, node) -> None:
-                self.enter_composite_transform(node)
-
-        self.visit(Visitor())
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(beam.Pipeline, "run", run)
-    recipes = bench_crowds.generate(tmp_path / "reports", 20)
-    shuffle_pipeline.run(
-        PipelineOptions(
-            ["--runner=FnApiRunner"],
-            input=str(tmp_path / "reports" / "*.avro"),
-            output=str(tmp_path / "shuffled"),
-            instance=0,
-            recipe=recipes,
-            crowd_threshold=2,
-        )
-    )
-    analyze_pipeline.run(
-        PipelineOptions(
-            ["--runner=FnApiRunner"],
-            analyze_input=[str(tmp_path / "shuffled")],
-            analyze_output=str(tmp_path / "analysis"),
-            analyze_recipe=recipes,
-            analyze_no_pictures=True,
-        )
-    )
-    assert [label for label in seen if "Analyze" in label or "Write" in label] == []
