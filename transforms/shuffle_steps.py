@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 from apache_beam.metrics import Metrics
 
 from schemas import SCHEMA_VERSION
-from schemas.crowd_buckets import BucketKey, crowd_bucket, crowd_order
+from schemas.crowd_buckets import BucketKey, crowd_bucket
 from schemas.records import dead_letter
 from transforms import avro_io
 from transforms import release_core as decide
@@ -316,9 +316,3 @@ def released_crowd(manifest: Mapping[str, Any]) -> dict[str, Any]:
         ),
         "messages_released": int(manifest["messages_released"]) if released else 0,
     }
-
-
-def manifest_crowd_order(row: Sequence[Any]) -> tuple[str, str, int, str]:
-    """``crowd_order`` of a manifest row."""
-    record = manifest_dict(row)
-    return crowd_order(record["channel"], record["recipe_id"], record["crowd_id"])
