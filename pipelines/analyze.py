@@ -68,7 +68,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
 from pipelines import keys as keys_cli
-from pipelines import pictures
+from pipelines import pictures, release_keys
 from pipelines.cli import UsageError
 from pipelines.options import AnalyzeOptions, temp_location_root, with_default_runner
 from pipelines.release_crowds import check_release_counts
@@ -363,6 +363,7 @@ def run(options: PipelineOptions) -> dict[str, Any]:
     book = recipe_book(values.analyze_recipe)
     message_files = sum(len(r.files) for r in releases)
     keys_cli.check_key_ring(values.analyze_key_ring)  # one-line error before the pipeline
+    release_keys.check_release_keys(releases, values.analyze_key_ring)
     # Driver-side per crowd: nothing but two bounded results of one pass over the releases'
     # crowds (the pictured crowd keys, the table-size estimate for the number of parts); the
     # respondent counts and withheld crowds are read from the verified releases by workers.
@@ -565,9 +566,10 @@ def summary_table(
     else:
         lines.append("no crowd was estimated")
     for note in reports["withheld"]:
+        by = note.get("withheld_by") or []
         lines.append(
             f"note: {note['channel']} {note['crowd_id'] or ''} {pictures.day(note['window_start'])}: "
-            f"{note['note']} (by instance {', '.join(map(str, note['withheld_by']))})"
+            f"{note['note']}" + (f" (by instance {', '.join(map(str, by))})" if by else "")
         )
     totals = summary.get("reports", {})
     shown = len(reports["histograms"]) + len(reports["longitudinal"])

@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import apache_beam as beam
+import numpy as np
+import pyarrow as pa
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
@@ -37,6 +39,7 @@ from schemas.crowd_buckets import CROWDS_DIR
 from schemas.records import dead_letter
 from schemas.release import COMMIT_FILE
 from schemas.release_crowds import parse_crowd_table
+from schemas.replays import DUPLICATE_PAYLOAD
 from transforms import analyze_core as core
 from transforms import avro_io
 from transforms import sealed as sealed_payloads
@@ -86,6 +89,7 @@ class DecodeReleaseFile(beam.DoFn):
 
     def process(self, path: str) -> Iterator[Any]:
         counts: dict[str, int] = {"files": 1}
+        replays = core.FileReplays()
         expect = schema_json("shuffled_message")  # else the whole file is schema_mismatch
         for item in avro_io.read_avro_batches(path, self._batch_records, expect):
             if isinstance(item, avro_io.UnreadableChunk):
@@ -97,23 +101,39 @@ class DecodeReleaseFile(beam.DoFn):
                 yield beam.pvalue.TaggedOutput(DEAD_LETTER_TAG, [letter])
                 continue
             columns, opened = item.columns, None
+            # Repeats of a sealed payload in a crowd of this file are discarded, counted.
+            repeated = replays.repeated(columns)
+            kept = np.flatnonzero(~repeated)  # positions of ``columns`` rows in the file's batch
+            replayed = np.flatnonzero(repeated)
+            rejections = [_Rejections(replayed, [DUPLICATE_PAYLOAD] * replayed.size)]
+            if repeated.any():
+                _inc(counts, "read", int(np.count_nonzero(repeated)))
+                _inc(counts, f"rejected:{DUPLICATE_PAYLOAD}", int(np.count_nonzero(repeated)))
+                columns = columns.take(pa.array(kept))
             if self._opener is not None:  # -- sealed payloads: open before decoding --
                 opened = self._opener.open_batch(columns)
                 columns = opened.columns
                 for name, value in opened.counts.items():
                     _inc(counts, name, value)
-                if opened.rejected_rows.size:
-                    yield from self._dead_letters(item, opened)
+                rejections.append(_Rejections(kept[opened.rejected_rows], opened.rejected_reasons))
+                kept = kept[opened.kept_rows]
             result = core.aggregate_batch(columns, self._book, self._versions, self._dense_limit)
-            if opened is not None:  # rejected rows as positions in the sealed batch
-                result = dataclasses.replace(
-                    result, rejected_rows=opened.kept_rows[result.rejected_rows]
-                )
+            result = dataclasses.replace(result, rejected_rows=kept[result.rejected_rows])
+            rejections.append(result)
             for name, value in result.counts.items():
                 _inc(counts, name, value)
-            if result.rejected_rows.size:
-                yield from self._dead_letters(item, result)
-            yield from core.bucket_accumulators(result.accumulators, self._buckets).items()
+            accumulators = result.accumulators
+            for rejection in rejections:
+                if rejection.rejected_rows.size:
+                    yield from self._dead_letters(item, rejection)
+                    found = core.rejected_accumulators(
+                        item.columns,
+                        rejection.rejected_rows,
+                        rejection.rejected_reasons,
+                        self._book,
+                    )
+                    accumulators = _with_rejections(accumulators, found)
+            yield from core.bucket_accumulators(accumulators, self._buckets).items()
         yield beam.pvalue.TaggedOutput(COUNTS_TAG, counts)
 
     @staticmethod
@@ -136,6 +156,28 @@ class DecodeReleaseFile(beam.DoFn):
             yield beam.pvalue.TaggedOutput(
                 DEAD_LETTER_TAG, letters[start : start + DEAD_LETTERS_PER_ELEMENT]
             )
+
+
+class _Rejections(NamedTuple):
+    """Rows of a batch (positions in the file's batch) rejected, one reason per row."""
+
+    rejected_rows: np.ndarray
+    rejected_reasons: list[str]
+
+
+def _with_rejections(
+    accumulators: dict[core.CrowdKey, core.Accumulator],
+    rejected: Mapping[core.CrowdKey, core.Accumulator],
+) -> dict[core.CrowdKey, core.Accumulator]:
+    """The batch's accumulators with each crowd's rejections added (a crowd whose messages
+    were all rejected gets an accumulator of rejections only: ``core.all_rejected_note``)."""
+    for key, accumulator in rejected.items():
+        mine = accumulators.get(key)
+        if mine is None:
+            accumulators[key] = accumulator
+        else:
+            mine.merge(accumulator)
+    return accumulators
 
 
 def read_pinned_commit(directory: str, sha256: str | None) -> dict[str, Any]:

@@ -287,7 +287,12 @@ class EstimateBucket(beam.DoFn):
         totals: dict[str, int] = {}
         estimated: set[WindowCrowd] = set()
         pictured = self._config.pictured
+        rejected_notes = []
         for key, accumulator in bucket.items():
+            note = core.all_rejected_note(key, accumulator)
+            if note is not None:  # nothing of the crowd could be counted: no estimate
+                rejected_notes.append(note)
+                continue
             for report, table in self._estimator.estimate(key, accumulator):
                 for name, count in report_totals(report).items():
                     totals[name] = totals.get(name, 0) + count
@@ -308,6 +313,7 @@ class EstimateBucket(beam.DoFn):
         if lines:
             yield out(REPORT_TAG, pack_lines(lines))
         notes = core.withheld_notes(core.withheld_records(bucket.withheld), estimated)
+        notes = sorted(notes + rejected_notes, key=note_order)
         if notes:
             totals["withheld"] = len(notes)
             notes_lines = [json_line(note) for note in notes]

@@ -41,7 +41,12 @@ DATA = 0
 PRESENCE = 1
 DUPLICATE_PRESENCE = 2
 OVER_ORIGIN_CAP = 3
-SCREEN_REASONS = {DUPLICATE_PRESENCE: "duplicate_presence", OVER_ORIGIN_CAP: "over_origin_cap"}
+DUPLICATE_PAYLOAD = 4  # a repeat of a sealed payload of the crowd (schemas/replays.py)
+SCREEN_REASONS = {
+    DUPLICATE_PRESENCE: "duplicate_presence",
+    OVER_ORIGIN_CAP: "over_origin_cap",
+    DUPLICATE_PAYLOAD: "duplicate_payload",
+}
 
 
 class DeletionLike(Protocol):

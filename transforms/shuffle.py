@@ -153,6 +153,12 @@ _SHARD_COLUMNS = [
 ]
 
 
+_SCREEN_DETAILS = {
+    decide.DUPLICATE_PRESENCE: "a second presence message from one origin in this crowd",
+    decide.DUPLICATE_PAYLOAD: "a repeat of a sealed payload already in this crowd (a replay)",
+}
+
+
 def _over_cap_detail(caps: dict[str, int]) -> Any:
     return lambda text: f"more than {caps[text]} data messages from one origin in this crowd"
 
@@ -177,11 +183,7 @@ class CountShard(beam.DoFn):
             flagged = np.flatnonzero(codes == code)
             if not flagged.size:
                 continue
-            detail = (
-                _over_cap_detail(caps)
-                if code == decide.OVER_ORIGIN_CAP
-                else "a second presence message from one origin in this crowd"
-            )
+            detail = _SCREEN_DETAILS.get(code) or _over_cap_detail(caps)
             letters = spilled_dead_letters(
                 key, rows.take(pa.array(flagged)), sources, STAGE_SCREEN, reason, detail
             )
@@ -190,11 +192,15 @@ class CountShard(beam.DoFn):
         yield beam.pvalue.TaggedOutput("counts", counts)
         if not rows.num_rows:
             return
-        hashes = rows.column("origin_hash").to_numpy()
-        respondents = distinct_per_crowd(crowds, hashes, len(texts))
+        # A repeated sealed payload counts nobody: its sender is a respondent only by messages
+        # of its own (schemas/replays.py).
+        counted = codes != decide.DUPLICATE_PAYLOAD
+        hashes = rows.column("origin_hash").to_numpy()[counted]
+        respondents = distinct_per_crowd(crowds[counted], hashes, len(texts))
         messages = np.bincount(crowds[codes == decide.DATA], minlength=len(texts))
         min_crowd = np.zeros(len(texts), dtype=np.int64)
-        np.maximum.at(min_crowd, crowds, rows.column("min_crowd_size").to_numpy())
+        minimums = rows.column("min_crowd_size").to_numpy()[counted]
+        np.maximum.at(min_crowd, crowds[counted], minimums)
         yield (
             key,
             spill.ShardCount(

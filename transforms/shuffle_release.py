@@ -55,7 +55,7 @@ class DeleteAndScatter(beam.DoFn):
         key, deletion = element
         task_texts = unpack_texts(deletion.crowds)
         rows, _ = spill.read_shard_rows(
-            deletion.task, ["origin_hash", "payload", "payload_crc32c", "crowd"]
+            deletion.task, ["origin_hash", "event_time", "payload", "payload_crc32c", "crowd"]
         )
         screened = screen(rows, self._rules, key[1])
         code_of = {text: code for code, text in enumerate(screened.texts)}
@@ -74,6 +74,7 @@ class DeleteAndScatter(beam.DoFn):
             members = (
                 by_crowd[bounds[code] : bounds[code + 1]] if code is not None else by_crowd[:0]
             )
+            members = members[screened.codes[members] != decide.DUPLICATE_PAYLOAD]
             distinct, origin_codes = np.unique(hashes[members], return_inverse=True)
             if distinct.size != respondents:
                 raise RuntimeError(

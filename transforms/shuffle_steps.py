@@ -18,6 +18,7 @@ from apache_beam.metrics import Metrics
 from schemas import SCHEMA_VERSION
 from schemas.crowd_buckets import BucketKey, crowd_bucket
 from schemas.records import dead_letter
+from schemas.replays import repeated_sealed_payloads
 from transforms import avro_io
 from transforms import release_core as decide
 from transforms import shuffle_core as core
@@ -272,14 +273,27 @@ class ScreenedRows(NamedTuple):
 
 
 def screen(rows: pa.Table, rules: core.ValidationRules, instance: int) -> ScreenedRows:
-    """Screen the rows of many crowds of one instance at once (caps by each crowd's recipe)."""
+    """Screen the rows of many crowds of one instance at once (caps by each crowd's recipe).
+
+    Repeats of a sealed payload within a crowd are ``DUPLICATE_PAYLOAD`` first
+    (``schemas.replays``: the earliest event time, then the row order, keeps its copy) and take
+    no part in the other screening or in counting respondents."""
     crowds, texts = crowd_codes(rows.column("crowd"))
     # One look-up per crowd of the shard, not per row.
     found = [origin_cap(rules, instance, crowd_of_text(text)[1]) for text in texts]
     caps = np.array([-1 if cap is None else cap for cap in found], dtype=np.int64)
     hashes = rows.column("origin_hash").to_numpy()
     presence = pc.binary_length(rows.column("payload")).to_numpy(zero_copy_only=False) == 0
-    codes = decide.screen_crowd_messages(crowds, hashes, presence, caps[crowds])
+    order = rows.column("event_time").to_numpy() if "event_time" in rows.column_names else None
+    repeated = repeated_sealed_payloads(crowds, rows.column("payload"), order)
+    if not repeated.any():
+        codes = decide.screen_crowd_messages(crowds, hashes, presence, caps[crowds])
+        return ScreenedRows(codes, crowds, texts, caps)
+    codes = np.full(crowds.size, decide.DUPLICATE_PAYLOAD, dtype=np.uint8)
+    kept = ~repeated
+    codes[kept] = decide.screen_crowd_messages(
+        crowds[kept], hashes[kept], presence[kept], caps[crowds[kept]]
+    )
     return ScreenedRows(codes, crowds, texts, caps)
 
 

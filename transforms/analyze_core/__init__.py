@@ -4,6 +4,7 @@
 * ``batches``: one batch of shuffled messages -> partial accumulators and dead-letter reasons;
 * ``buckets``: crowd buckets, the unit the analyzer adds, estimates and writes crowds in;
 * ``estimate``: n_eff and the de-biased histograms and longitudinal marginals;
+* ``rejections``: replays discarded, rejections per crowd, crowds all of whose messages failed;
 * ``report``: privacy summary, truth, per-crowd report entries and notes.
 
 ``transforms/aggregate.py`` and ``transforms/analyze.py`` are thin Beam composites over them;
@@ -71,6 +72,11 @@ from transforms.analyze_core.estimate import (
     sparse_truth,
     values_at,
 )
+from transforms.analyze_core.rejections import (
+    FileReplays,
+    all_rejected_note,
+    rejected_accumulators,
+)
 from transforms.analyze_core.report import (
     ALGORITHM_3,
     THEOREM_3_2,
@@ -86,6 +92,9 @@ from transforms.analyze_core.report import (
 )
 
 __all__ = [
+    "FileReplays",
+    "all_rejected_note",
+    "rejected_accumulators",
     "ALGORITHM_3",
     "ANALYZER_BUCKETS",
     "CROWDS_PER_BUCKET",
