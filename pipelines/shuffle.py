@@ -140,8 +140,10 @@ def shuffle_config(
     if options.instance is not None and options.instance < 0:
         raise UsageError(f"--instance must be >= 0, got {options.instance}")
     window_ms = core.parse_duration_ms(options.window)
+    routes = dict(routes) if routes is not None else _routes(options.recipe, window_ms)
+    check_instance_routed(options.instance, routes)
     rules = core.ValidationRules(
-        routes=dict(routes) if routes is not None else _routes(options.recipe, window_ms),
+        routes=routes,
         supported_versions=frozenset(SUPPORTED_SCHEMA_VERSIONS),
         instance=options.instance,
         window_ms=window_ms,
@@ -156,6 +158,18 @@ def shuffle_config(
         messages_per_shard=options.messages_per_shard,
         messages_per_file=options.messages_per_file,
         crowd_buckets=options.crowd_buckets,
+    )
+
+
+def check_instance_routed(instance: int | None, routes: Mapping[str, core.RecipeRoute]) -> None:
+    """``--instance I`` must be an instance some recipe sends messages to (I < its K), else
+    every record would be dead-lettered and an empty release committed: refused, one line."""
+    if instance is None or any(instance < r.shuffler_instances for r in routes.values()):
+        return
+    largest = max((route.shuffler_instances for route in routes.values()), default=0)
+    raise UsageError(
+        f"--instance {instance}: no recipe routes messages to it (the recipes use instances "
+        f"0..{largest - 1})"
     )
 
 

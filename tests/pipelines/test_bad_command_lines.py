@@ -41,6 +41,8 @@ CASES = [
     (SHUFFLE + ["--crowd-threshold", "1e300"], "invalid int value"),
     (SHUFFLE + ["--crowd-threshold", "lots"], "invalid int value"),
     (SHUFFLE + ["--instance", "-1"], "--instance"),
+    (SHUFFLE + ["--instance", "4"], "no recipe routes messages to it"),
+    (SHUFFLE + ["--instance", "2", "--recipe", "image_grid_sealed"], "instances 0..1"),
     (SHUFFLE + ["--messages-per-file", "0"], "--messages-per-file"),
     (SHUFFLE + ["--batch-records", TOO_BIG], "--batch-records"),
     (SHUFFLE + ["--watch-interval", "0"], "--watch-interval"),
