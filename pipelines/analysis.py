@@ -44,6 +44,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipelines.cli import UsageError
 from privacy.accounting import PrivacyLoss, compose, compose_basic
 from privacy.ngrams import NgramEncoding, precision_recall_at_k, tokenize, top_k
+from schemas.regular_files import open_regular, read_text
 from simulators import interactive_devices as devices_mod
 from simulators import ngram_sweep
 from simulators.plan import SimulationPlan
@@ -120,7 +121,7 @@ def load_plan(path: str | None) -> dict[str, Any]:
     if path is None:
         return plan
     try:
-        given = json.loads(Path(path).read_text())
+        given = json.loads(read_text(path))
     except (OSError, json.JSONDecodeError) as error:
         raise UsageError(f"--plan {path}: cannot be read: {error}") from None
     if not isinstance(given, dict):
@@ -166,7 +167,7 @@ def _read_reports(simulation_dir: Path) -> list[dict[str, Any]]:
 
     reports: list[dict[str, Any]] = []
     for path in sorted(glob.glob(str(simulation_dir / "instance=*" / "*.avro"))):
-        with open(path, "rb") as handle:
+        with open_regular(path, "rb") as handle:
             reports.extend(fastavro.reader(handle))
     return reports
 

@@ -75,9 +75,10 @@ from pipelines.release_crowds import check_release_counts
 from schemas import SUPPORTED_SCHEMA_VERSIONS, release
 from schemas.crowd_buckets import CROWDS_DIR
 from schemas.recipes import load_recipe, shipped_recipes
+from schemas.regular_files import kind_of
 from schemas.signing_keys import ShufflerKeys
 from transforms import analyze_core as core
-from transforms import atomic_files
+from transforms import atomic_files, avro_io
 from transforms.aggregate import (
     AggregateReleases,
     pinned_crowd_table_records,
@@ -157,7 +158,7 @@ def _read_json(path: str) -> dict[str, Any] | None:
     if not _exists(path):
         return None
     try:
-        with FileSystems.open(path, compression_type=_UNCOMPRESSED) as handle:
+        with avro_io.open_input(path) as handle:
             return json.loads(handle.read())
     except (OSError, ValueError):
         return None
@@ -310,6 +311,8 @@ def truth_source(truth: str, truth_recipe: str | None) -> TruthSource:
         path, directory = FileSystems.join(truth, "truth.parquet"), truth
     if not _exists(path):
         raise UsageError(f"--truth: no {path!r}")
+    if FileSystems.get_scheme(path) is None and not os.path.isfile(path):
+        raise UsageError(f"--truth: {path!r} is {kind_of(os.stat(path).st_mode)}, not a file")
     recipe_id = truth_recipe
     if recipe_id is None:
         simulation = _read_json(FileSystems.join(directory, "simulation.json")) or {}

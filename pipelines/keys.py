@@ -41,6 +41,7 @@ from schemas.keys import (
     parse_time_ms,
     write_key_pair,
 )
+from schemas.regular_files import read_text
 
 DEFAULT_VALIDITY_DAYS = 365
 SIGNING_KEYS_DIR = "shuffler_keys"  # esa run's throwaway signing keys, one pair per instance
@@ -197,8 +198,8 @@ def newest_public_key(directory: str | Path) -> Path:
     if not files:
         raise UsageError(f"keys {directory}: no *{PUBLIC_SUFFIX} file")
     try:
-        keyed = [(PublicKeyInfo.from_json(f.read_text(), str(f)).valid_from_ms, f) for f in files]
-    except KeyError_ as error:
+        keyed = [(PublicKeyInfo.from_json(read_text(f), str(f)).valid_from_ms, f) for f in files]
+    except (KeyError_, OSError) as error:
         raise UsageError(str(error)) from error
     return max(keyed)[1]
 

@@ -51,6 +51,7 @@ import os
 import re
 import secrets
 import socket
+import stat
 import sys
 import time
 from collections.abc import Mapping
@@ -78,6 +79,7 @@ from pipelines.options import (
 from schemas import SUPPORTED_SCHEMA_VERSIONS
 from schemas import release as release_format
 from schemas.crowd_buckets import CROWDS_DIR, MESSAGES_DIR
+from schemas.regular_files import kind_of
 from transforms import atomic_files, shuffle_spill
 from transforms import shuffle as shuffle_transforms
 from transforms import shuffle_core as core
@@ -181,6 +183,13 @@ def _input_paths(pattern: str) -> list[str]:
     paths = sorted(metadata.path for metadata in matches)
     if not paths:
         raise UsageError(f"--input {pattern!r} matches no file")
+    for path in paths:  # a FIFO would block its reader forever: never opened
+        if FileSystems.get_scheme(path) is None:
+            mode = os.stat(path).st_mode
+            if not stat.S_ISREG(mode):
+                raise UsageError(
+                    f"--input {pattern!r} matches {path}: {kind_of(mode)}, not a regular file"
+                )
     return paths
 
 

@@ -32,6 +32,8 @@ from typing import Any, Protocol
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import x25519
 
+from schemas.regular_files import read_text
+
 __all__ = [
     "KEY_FORMAT",
     "SUITE_NAME",
@@ -278,7 +280,7 @@ def write_key_pair(key: _KeyPair, directory: str | os.PathLike[str]) -> tuple[Pa
 def load_public_key(path: str | os.PathLike[str]) -> PublicKeyInfo:
     """A public key file (a private key file also works: only its public half is read)."""
     try:
-        text = Path(path).read_text()
+        text = read_text(path)
     except OSError as error:
         raise KeyError_(f"public key {path}: cannot be read: {error.strerror}") from error
     return PublicKeyInfo.from_json(text, str(path))
@@ -323,7 +325,7 @@ class KeyRing:
         keys = []
         for file in files:
             try:
-                text = file.read_text()
+                text = read_text(file)
             except OSError as error:
                 raise KeyError_(f"key {file}: cannot be read: {error.strerror}") from error
             keys.append(PrivateKeyInfo.from_json(text, str(file)))

@@ -41,6 +41,7 @@ from typing import Any
 from privacy import accounting
 from privacy.budget import MICRO_PER_EPSILON, Query
 from privacy.randomizers import RANDOMIZERS, LocalRandomizer, build_randomizer
+from schemas.regular_files import read_text
 
 __all__ = [
     "RECIPE_DIR",
@@ -432,7 +433,7 @@ def recipe_from_dict(data: Mapping[str, Any], source: str = "<dict>") -> Recipe:
 
 def _load_file(path: Path) -> Recipe:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_text(path))
     except (OSError, json.JSONDecodeError) as error:
         raise RecipeError(f"recipe {path}: cannot be read: {error}") from error
     return recipe_from_dict(data, source=str(path))

@@ -51,6 +51,7 @@ import fastavro
 
 from schemas import commit_signing
 from schemas.crowd_buckets import CROWDS_DIR, MAX_CROWD_BUCKETS, BucketKey, parse_release_path
+from schemas.regular_files import open_regular
 from schemas.release_crowds import (
     MAX_RESPONDENTS_RELEASED,
     CrowdTotals,
@@ -169,7 +170,7 @@ def sha256_of(path: str) -> str:
 def _sha256_and_size(path: str) -> tuple[str, int]:
     digest = hashlib.sha256()
     size = 0
-    with open(path, "rb") as handle:
+    with open_regular(path, "rb") as handle:
         while chunk := handle.read(_CHUNK):
             digest.update(chunk)
             size += len(chunk)
@@ -179,7 +180,7 @@ def _sha256_and_size(path: str) -> tuple[str, int]:
 def count_avro_records(path: str) -> int:
     """Records in an Avro container file, summed from its block headers (ValueError if damaged)."""
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path, "rb") as handle:
             return sum(block.num_records for block in fastavro.block_reader(handle))
     except (OSError, EOFError, ValueError, TypeError, KeyError, AssertionError) as error:
         raise ValueError(f"{path} is not a readable Avro file: {error}") from error
@@ -375,7 +376,7 @@ def read_commit(directory: str) -> dict[str, Any]:
             f"{directory}: no {COMMIT_FILE}: the output is uncommitted (a partial or killed run)"
         )
     try:
-        with open(path, encoding="utf-8") as handle:
+        with open_regular(path, "r", encoding="utf-8") as handle:
             record = json.load(handle)
     except (OSError, ValueError, RecursionError) as error:
         raise ReleaseError(f"{path}: unreadable commit record: {error}") from error
@@ -491,7 +492,7 @@ def _check_table(
 ) -> CrowdTotals:
     """Check a committed crowd table: size and SHA-256 of the bytes read once, then its rows
     (schemas/release_crowds.py); its totals."""
-    with open(path, "rb") as handle:
+    with open_regular(path, "rb") as handle:
         data = handle.read(entry.bytes + 1)
     if len(data) != entry.bytes:
         raise ReleaseError(

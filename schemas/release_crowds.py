@@ -38,6 +38,7 @@ import fastavro
 
 from schemas import parsed_schema
 from schemas.crowd_buckets import CROWDS_DIR, BucketKey, crowd_bucket, crowd_order
+from schemas.regular_files import open_regular
 
 if TYPE_CHECKING:
     from schemas.release import FileEntry
@@ -130,7 +131,7 @@ def read_crowd_table(path: str) -> list[dict[str, Any]]:
     """The crowds of the crowd table at ``path`` (dicts with the keys of :data:`CROWD_FIELDS`,
     in the table's order). Call it on a table of a verified release: it is not checked here."""
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path, "rb") as handle:
             return parse_crowd_table(handle, path)
     except OSError as error:
         raise ReleaseError(f"{path}: unreadable crowd table: {error}") from None

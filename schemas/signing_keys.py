@@ -43,6 +43,7 @@ from schemas.keys import (
     parse_key_file,
     parse_time_ms,
 )
+from schemas.regular_files import read_text
 
 __all__ = [
     "SIGNING_SUITE",
@@ -193,7 +194,7 @@ def generate_signing_key(
 
 def _read(path: Path) -> str:
     try:
-        return path.read_text()
+        return read_text(path)
     except (OSError, UnicodeDecodeError) as error:
         raise KeyError_(f"signing key {path}: cannot be read: {error}") from error
 

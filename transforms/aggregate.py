@@ -30,7 +30,6 @@ from typing import Any, NamedTuple
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
@@ -184,7 +183,7 @@ def read_pinned_commit(directory: str, sha256: str | None) -> dict[str, Any]:
     """The commit record ``directory/_COMMIT.json``, read on a worker, if its SHA-256 is the one
     the driver verified (ValueError otherwise: a changed record is never read)."""
     path = FileSystems.join(directory, COMMIT_FILE)
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+    with avro_io.open_input(path) as handle:
         content = handle.read()
     if sha256 is None or hashlib.sha256(content).hexdigest() != sha256:
         raise ValueError(f"{path} is not the commit record that was verified (SHA-256 differs)")
@@ -215,7 +214,7 @@ def pinned_crowd_table_records(
     """``(instance, crowd table path, committed SHA-256)`` -> ``(instance, crowd)`` for every
     row of the table, read only if its SHA-256 is the committed one (ValueError otherwise)."""
     instance, path, sha256 = table
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+    with avro_io.open_input(path) as handle:
         data = handle.read()
     if hashlib.sha256(data).hexdigest() != sha256:
         raise ValueError(f"{path} is not the crowd table that was verified (SHA-256 differs)")

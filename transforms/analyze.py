@@ -31,6 +31,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from transforms import analyze_core as core
+from transforms import avro_io
 from transforms.aggregate import metrics_summary
 from transforms.analysis_reports import (
     REPORTS_DIR,
@@ -83,7 +84,7 @@ class TruthSource:
 
 def read_truth(source: TruthSource) -> core.Truth:
     """``truth.parquet`` of ``esa simulate`` (window_start, bucket, count) as a Truth."""
-    with FileSystems.open(source.path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+    with avro_io.open_input(source.path) as handle:
         table = pq.read_table(handle, columns=["window_start", "bucket", "count"])
     window_start = table.column("window_start")
     if pa.types.is_timestamp(window_start.type):

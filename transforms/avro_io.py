@@ -22,10 +22,12 @@ from schemas.avro.reader import (
     UnreadableChunk,
     read_container,
 )
+from schemas.regular_files import open_regular
 
 __all__ = [
     "DEFAULT_BATCH_RECORDS",
     "ColumnBatch",
+    "open_input",
     "UnreadableChunk",
     "read_avro_batches",
     "read_writer_schema",
@@ -34,8 +36,16 @@ __all__ = [
 ]
 
 
-def _open(path: str) -> BinaryIO:
+def open_input(path: str) -> BinaryIO:
+    """``path`` opened for reading: a local path only if it is a regular file
+    (``schemas.regular_files``: a FIFO would block forever), any other Beam filesystem's as
+    ``FileSystems.open`` does."""
+    if FileSystems.get_scheme(path) is None:
+        return open_regular(path, "rb")
     return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+
+
+_open = open_input
 
 
 def read_avro_batches(

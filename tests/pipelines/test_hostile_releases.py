@@ -7,10 +7,13 @@ re-committed (SHA-256 matching) tests the table's content checks, not its digest
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from pipelines import cli
@@ -176,16 +179,25 @@ def test_the_undamaged_release_is_analyzed(made: tuple[Path, str], tmp_path: Pat
     argv = ["analyze", "--input", str(release_dir), "--output", str(tmp_path / "an"), "--recipe"]
     assert cli.main([*argv, recipe]) == 0
     summary = json.loads((tmp_path / "an" / "summary.json").read_text())
-    [histogram] = [
-        json.loads(line)
-        for part in sorted((tmp_path / "an" / "reports.jsonl").glob("part-*"))
-        for line in part.read_text().splitlines()
-    ]
-    # n is the commit's 30 (K = 4: n_eff = 30/4); the test payloads are not one-hot codes, so
-    # all 60 messages are dead-lettered with a reason, and the counters add up.
-    assert histogram["respondents_by_instance"] == {"0": 30}
+
+    def records(name: str) -> list[dict]:
+        return [
+            json.loads(line)
+            for part in sorted((tmp_path / "an" / name).glob("part-*"))
+            for line in part.read_text().splitlines()
+        ]
+
+    # The test payloads are not one-hot codes, so all 60 messages are dead-lettered with a
+    # reason and the counters add up; a crowd none of whose messages counted is withheld with
+    # that reason, never estimated from its n alone (issue: hardening round 3, item 3).
     assert summary["metrics"]["read"] == summary["metrics"]["dead_lettered"] == 60
     assert summary["metrics"]["adds_up"]
+    assert records("reports.jsonl") == []
+    assert pq.read_table(tmp_path / "an" / "histograms.parquet").num_rows == 0
+    notes = records("withheld.jsonl")
+    [rejected] = [note for note in notes if note.get("rejected")]
+    assert sum(rejected["rejected"].values()) == 60 and rejected["released_by"] == [0]
+    assert "all 60 messages of this crowd were rejected" in rejected["note"]
 
 
 def test_a_renamed_copy_of_a_release_is_read_and_refused_not_skipped(
@@ -222,3 +234,87 @@ def test_shuffle_output_may_not_be_inside_or_around_its_input(
         argv = ["shuffle", "--input", f"{reports}/*.avro", "--output", str(output)]
         assert cli.main([*argv, "--recipe", recipe]) == 2
         assert "must not be inside" in capsys.readouterr().err
+
+
+# -- Non-regular files (issue: hardening round 3, item 4) -------------------------------------
+# A FIFO where a stage expects a file would block its reader forever in open(): each case runs
+# the command in a thread with a deadline, and unblocks a reader stuck in open() (by opening the
+# FIFO's other end) before failing.
+
+
+def _without_hanging(argv: list[str], fifo: Path, capsys) -> tuple[int, str]:
+    result: dict[str, int] = {}
+
+    def command() -> None:
+        result["code"] = cli.main(argv)
+
+    thread = threading.Thread(target=command, daemon=True)
+    thread.start()
+    thread.join(timeout=60)
+    if thread.is_alive():
+        descriptor = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # release the stuck reader
+        os.close(descriptor)
+        thread.join(timeout=30)
+        pytest.fail(f"{argv[0]} blocked on the FIFO {fifo}")
+    return result["code"], capsys.readouterr().err
+
+
+def _fifo(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["shuffle_input", "recipe", "key_ring", "shuffler_keys", "public_key", "truth", "commit"],
+)
+def test_a_fifo_where_a_file_is_expected_is_refused_without_opening_it(
+    made: tuple[Path, str], tmp_path: Path, capsys, case: str
+) -> None:
+    release_dir, recipe = made
+    copy = tmp_path / "rel"
+    shutil.copytree(release_dir, copy)
+    out = str(tmp_path / "out")
+    analyze = ["analyze", "--input", str(copy), "--output", out, "--recipe", recipe]
+    if case == "shuffle_input":
+        reports = tmp_path / "reports"
+        shutil.copytree(release_dir.parent / "reports", reports)
+        fifo = _fifo(reports / "b.avro")
+        argv = ["shuffle", "--input", f"{reports}/*.avro", "--output", out, "--recipe", recipe]
+    elif case == "recipe":
+        fifo = _fifo(tmp_path / "recipe.json")
+        argv = ["shuffle", "--input", f"{release_dir.parent}/reports/*.avro", "--output", out]
+        argv += ["--recipe", str(fifo)]
+    elif case == "key_ring":
+        fifo = _fifo(tmp_path / "ring" / f"{'0' * 16}.private.json")
+        argv = [*analyze, "--key-ring", str(fifo.parent)]
+    elif case == "shuffler_keys":
+        fifo = _fifo(tmp_path / "signers" / f"{'0' * 16}.public.json")
+        argv = [*analyze, "--shuffler-keys", str(fifo.parent)]
+    elif case == "public_key":
+        fifo = _fifo(tmp_path / "analyzer.public.json")
+        argv = ["simulate", "--output", out, "--respondents", "10", "--public-key", str(fifo)]
+    elif case == "truth":
+        fifo = _fifo(tmp_path / "truth.parquet")
+        argv = [*analyze, "--truth", str(fifo), "--truth-recipe", "x@1"]
+    else:
+        (copy / rel.COMMIT_FILE).unlink()
+        fifo = _fifo(copy / rel.COMMIT_FILE)
+        argv = analyze
+    code, err = _without_hanging(argv, fifo, capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert (
+        ("FIFO" in lines[0] or "uncommitted" in lines[0])
+        and str(fifo.name) in lines[0]
+        or (case == "commit" and "uncommitted" in lines[0])
+    ), lines
+
+
+def test_reading_a_fifo_as_avro_is_one_unreadable_chunk(tmp_path: Path) -> None:
+    from transforms import avro_io
+
+    fifo = _fifo(tmp_path / "r.avro")
+    [chunk] = list(avro_io.read_avro_batches(str(fifo)))
+    assert isinstance(chunk, avro_io.UnreadableChunk) and "FIFO" in chunk.detail
