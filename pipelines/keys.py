@@ -153,6 +153,8 @@ def generate_keys(
 ) -> tuple[Path, Path]:
     """Generate and write one key pair (an analyzer sealing pair, or with ``shuffler_instance``
     that instance's signing pair); ``UsageError`` (one line) on bad input."""
+    if not output or not output.strip():
+        raise UsageError(f"--output must name a directory for the key files, got {output!r}")
     try:
         if valid_from is None:
             start = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import x25519
 
-from schemas.regular_files import read_text
+from schemas.regular_files import read_private_text, read_text
 
 __all__ = [
     "KEY_FORMAT",
@@ -325,7 +325,7 @@ class KeyRing:
         keys = []
         for file in files:
             try:
-                text = read_text(file)
+                text = read_private_text(file)
             except OSError as error:
                 raise KeyError_(f"key {file}: cannot be read: {error.strerror}") from error
             keys.append(PrivateKeyInfo.from_json(text, str(file)))

@@ -17,7 +17,15 @@ import os
 import stat
 from typing import IO, Any
 
-__all__ = ["NotRegularFile", "kind_of", "open_regular", "read_bytes", "read_text"]
+__all__ = [
+    "ExposedPrivateFile",
+    "NotRegularFile",
+    "kind_of",
+    "open_regular",
+    "read_bytes",
+    "read_private_text",
+    "read_text",
+]
 
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
@@ -72,4 +80,32 @@ def read_bytes(path: str | os.PathLike[str]) -> bytes:
 
 def read_text(path: str | os.PathLike[str], encoding: str = "utf-8") -> str:
     with open_regular(path, "r", encoding=encoding) as handle:
+        return handle.read()
+
+
+class ExposedPrivateFile(OSError):
+    """A private key file that group or others may read (mode & 0o077): refused, as ssh refuses
+    an unprotected private key, naming the file and the fix."""
+
+    def __init__(self, path: str | os.PathLike[str], mode: int) -> None:
+        path = os.fspath(path)
+        words = (
+            f"permissions {stat.S_IMODE(mode):04o} let group or others read this private key; "
+            f"refusing it: chmod 600 {path}"
+        )
+        super().__init__(words)
+        self.strerror = words
+        self.filename = path
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+def read_private_text(path: str | os.PathLike[str], encoding: str = "utf-8") -> str:
+    """:func:`read_text` of a private key file, refused (:class:`ExposedPrivateFile`) when its
+    mode lets group or others read or write it (checked on the open descriptor)."""
+    with open_regular(path, "r", encoding=encoding) as handle:
+        mode = os.fstat(handle.fileno()).st_mode
+        if mode & 0o077:
+            raise ExposedPrivateFile(path, mode)
         return handle.read()

@@ -215,3 +215,37 @@ def test_a_crowd_whose_messages_all_failed_to_open_is_withheld_not_estimated(wor
     totals = [o for o in outputs if getattr(o, "tag", None) is None]
     assert totals == [{"withheld": 1}]
     assert KeyRing.load(root / "other_keys")  # a usable ring, just not this release's
+
+
+# -- Key files (issue: hardening round 3, item 8) ---------------------------------------------
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o660])
+def test_a_private_key_readable_by_others_is_refused_naming_the_fix(world, tmp_path, mode):
+    root, recipe, _ = world
+    for kind in ("analyzer", "signing"):
+        keys = tmp_path / kind
+        extra = ["--shuffler-instance", "0"] if kind == "signing" else []
+        assert _esa("keys", "generate", "--output", str(keys), *extra)[0] == 0
+        [private] = keys.glob("*.private.json")
+        assert private.stat().st_mode & 0o777 == 0o600  # written 0600, whatever the umask
+        private.chmod(mode)
+        if kind == "analyzer":
+            argv = ["analyze", "--input", str(root / "shuffled"), "--key-ring", str(keys)]
+            argv += ["--output", str(tmp_path / "a"), "--recipe", recipe, *FNAPI]
+        else:
+            argv = ["shuffle", "--input", str(root / "attacked" / "*.avro"), "--instance", "0"]
+            argv += ["--output", str(tmp_path / "s"), "--recipe", recipe]
+            argv += ["--signing-key", str(private), *FNAPI]
+        code, err = _esa(*argv)
+        assert code == 2 and err.count("\n") == 1, err
+        assert f"chmod 600 {private}" in err and f"{mode:04o}" in err
+        assert not (tmp_path / "a").exists() and not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize("output", ["", " "])
+def test_keys_generate_refuses_an_empty_output(tmp_path, output, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, err = _esa("keys", "generate", "--output", output)
+    assert code == 2 and err.count("\n") == 1 and "--output" in err
+    assert list(tmp_path.iterdir()) == []
