@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import x25519
 
-from schemas.regular_files import read_private_text, read_text
+from schemas.regular_files import check_private_mode, read_text, read_text_and_mode
 
 __all__ = [
     "KEY_FORMAT",
@@ -325,8 +325,10 @@ class KeyRing:
         keys = []
         for file in files:
             try:
-                text = read_private_text(file)
+                text, mode = read_text_and_mode(file)
+                key = PrivateKeyInfo.from_json(text, str(file))
+                check_private_mode(file, mode)  # as ssh does, once it is known to be private
             except OSError as error:
                 raise KeyError_(f"key {file}: cannot be read: {error.strerror}") from error
-            keys.append(PrivateKeyInfo.from_json(text, str(file)))
+            keys.append(key)
         return cls(keys)

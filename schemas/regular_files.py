@@ -23,7 +23,8 @@ __all__ = [
     "kind_of",
     "open_regular",
     "read_bytes",
-    "read_private_text",
+    "check_private_mode",
+    "read_text_and_mode",
     "read_text",
 ]
 
@@ -101,11 +102,15 @@ class ExposedPrivateFile(OSError):
         return self.strerror
 
 
-def read_private_text(path: str | os.PathLike[str], encoding: str = "utf-8") -> str:
-    """:func:`read_text` of a private key file, refused (:class:`ExposedPrivateFile`) when its
-    mode lets group or others read or write it (checked on the open descriptor)."""
+def check_private_mode(path: str | os.PathLike[str], mode: int) -> None:
+    """:class:`ExposedPrivateFile` when ``mode`` lets group or others read or write a private
+    key file."""
+    if mode & 0o077:
+        raise ExposedPrivateFile(path, mode)
+
+
+def read_text_and_mode(path: str | os.PathLike[str], encoding: str = "utf-8") -> tuple[str, int]:
+    """:func:`read_text` and the file's mode, both of the one open descriptor (check a private
+    key's mode with :func:`check_private_mode` once its content says it is one)."""
     with open_regular(path, "r", encoding=encoding) as handle:
-        mode = os.fstat(handle.fileno()).st_mode
-        if mode & 0o077:
-            raise ExposedPrivateFile(path, mode)
-        return handle.read()
+        return handle.read(), os.fstat(handle.fileno()).st_mode

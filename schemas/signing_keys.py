@@ -43,7 +43,7 @@ from schemas.keys import (
     parse_key_file,
     parse_time_ms,
 )
-from schemas.regular_files import read_private_text, read_text
+from schemas.regular_files import check_private_mode, read_text, read_text_and_mode
 
 __all__ = [
     "SIGNING_SUITE",
@@ -192,9 +192,9 @@ def generate_signing_key(
     return SigningKey(public, private_key)
 
 
-def _read(path: Path, private: bool = False) -> str:
+def _read(path: Path) -> str:
     try:
-        return read_private_text(path) if private else read_text(path)
+        return read_text(path)
     except (OSError, UnicodeDecodeError) as error:
         raise KeyError_(f"signing key {path}: cannot be read: {error}") from error
 
@@ -204,7 +204,16 @@ def load_signing_key(path: str | os.PathLike[str]) -> SigningKey:
     location = Path(path)
     if not location.is_file():
         raise KeyError_(f"signing key {location}: no such file")
-    return SigningKey.from_json(_read(location, private=True), str(location))
+    try:
+        text, mode = read_text_and_mode(location)
+    except (OSError, UnicodeDecodeError) as error:
+        raise KeyError_(f"signing key {location}: cannot be read: {error}") from error
+    key = SigningKey.from_json(text, str(location))
+    try:
+        check_private_mode(location, mode)  # as ssh does, once it is known to be private
+    except OSError as error:
+        raise KeyError_(f"signing key {location}: {error}") from None
+    return key
 
 
 class ShufflerKeys:
