@@ -68,7 +68,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
 from pipelines import keys as keys_cli
-from pipelines import pictures, release_keys
+from pipelines import pictures, release_keys, runs_ledger
 from pipelines.cli import UsageError
 from pipelines.options import AnalyzeOptions, temp_location_root, with_default_runner
 from pipelines.release_crowds import check_release_counts
@@ -361,6 +361,7 @@ def run(options: PipelineOptions) -> dict[str, Any]:
         stated = (values.analyze_deletion_epsilon, values.analyze_deletion_delta)
     shuffler_keys = keys_cli.load_shuffler_keys(values.analyze_shuffler_keys)
     releases = discover_releases(values.analyze_input or [], shuffler_keys)
+    runs_ledger.check_runs(releases, values.analyze_runs_ledger)
     check_deletion_flags(releases, stated)
     output = _prepare_output(values.analyze_output, values.analyze_overwrite)
     book = recipe_book(values.analyze_recipe)
@@ -380,6 +381,7 @@ def run(options: PipelineOptions) -> dict[str, Any]:
         pictured=pictured,
     )
     parts = analysis_parts(rows, crowds)
+    accepted = releases  # their full commit records, for the runs ledger
     releases = [
         replace(r, commit={k: v for k, v in r.commit.items() if k not in ("crowds", "files")})
         for r in releases
@@ -402,6 +404,7 @@ def run(options: PipelineOptions) -> dict[str, Any]:
         "postprocessing": config.postprocessing,
         "deletion": {str(u): list(d) for u, d in config.deletion.items()},
         "commit_records": commit_authentication(releases, values.analyze_shuffler_keys),
+        "replays": runs_ledger.ledger_line(values.analyze_runs_ledger),
         "output": output,
     }
     with_default_runner(options)
@@ -453,6 +456,7 @@ def run(options: PipelineOptions) -> dict[str, Any]:
     summary = _read_json(FileSystems.join(output, SUMMARY_FILE))
     if summary is None:
         raise RuntimeError(f"the pipeline finished without writing {output}/{SUMMARY_FILE}")
+    runs_ledger.record_runs(accepted, values.analyze_runs_ledger)
     summary["seconds"] = round(time.monotonic() - started, 3)
     summary["pictures"] = sorted(
         str(path) for path in Path(output, pictures.PICTURES_DIR).glob("*.png")
@@ -582,6 +586,9 @@ def summary_table(
     authentication = summary.get("inputs", {}).get("commit_records")
     if authentication:
         lines.append(f"commit records {authentication}")
+    replays = summary.get("inputs", {}).get("replays")
+    if replays:
+        lines.append(f"replays {replays}")
     metrics = summary.get("metrics", {})
     lines.append(
         f"messages read {metrics.get('read', 0):,}: randomized {metrics.get('messages', 0):,}, "

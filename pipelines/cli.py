@@ -11,9 +11,10 @@ handler.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 # command -> module under pipelines/ that registers it. Only the module of the command being run is
 # imported, so `esa privacy ...` does not pay for importing Beam.
@@ -108,16 +109,47 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(args, "accepts_pipeline_args", False):
             if extra:
                 return _fail(args.command, f"unrecognized arguments: {' '.join(extra)}")
-            return int(handler(args) or 0)
+            with _locked_outputs(args):
+                return int(handler(args) or 0)
         problem = _check_stage_flags(args.command, args, extra)
         if problem:
             return _fail(args.command, problem)
         from pipelines.engines import quiet_worker_hangups
 
         quiet_worker_hangups()  # Flink's job-end hang-up is not an error (pipelines/engines.py)
-        return int(handler(args, extra) or 0)
+        with _locked_outputs(args):
+            return int(handler(args, extra) or 0)
     except (UsageError, ValueError) as error:
         return _fail(args.command, str(error))
+
+
+# The flags (argparse destinations) that name a folder a command writes: each is locked for the
+# run (pipelines/output_lock.py). esa keys writes its files exclusively (O_EXCL) instead.
+OUTPUT_DESTINATIONS = {
+    "output": "--output",
+    "private_output": "--private-output",
+    "analyze_output": "--output",
+    "simulate_output": "--output",
+    "run_output": "--output",
+    "analyze_runs_ledger": "--runs-ledger",
+}
+
+
+def _locked_outputs(args: argparse.Namespace) -> Any:
+    """The exclusive locks of the folders ``args`` names for writing (a shuffle's private folder
+    too, given or not)."""
+    if args.command == "keys":
+        return contextlib.nullcontext()
+    outputs = [
+        (flag, value)
+        for name, flag in OUTPUT_DESTINATIONS.items()
+        if isinstance(value := getattr(args, name, None), str) and value
+    ]
+    if args.command == "shuffle" and getattr(args, "output", None) and not args.private_output:
+        outputs.append(("--private-output", args.output.rstrip("/\\") + ".private"))
+    from pipelines.output_lock import output_locks
+
+    return output_locks(args.command, outputs)
 
 
 if __name__ == "__main__":

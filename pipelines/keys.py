@@ -63,10 +63,20 @@ ANALYZE_FLAGS: tuple[Flag, ...] = (
     ),
     Flag(
         "shuffler_keys",
-        "The shufflers' public signing keys (esa keys generate --shuffler-instance U): a file or "
-        "a directory of *.public.json. Every release's commit record must carry a valid "
+        "The shufflers' public signing keys (esa keys generate --shuffler-instance U): a file, or "
+        "a directory whose trusted_shufflers.json pins the key ids trusted per instance (keys it "
+        "does not name are not trusted). Every release's commit record must carry a valid "
         "signature of its instance's key, or the release is refused. Default: commit records "
         "are read unauthenticated (and the summary says so).",
+    ),
+)
+ANALYZE_FLAGS += (
+    Flag(
+        "runs_ledger",
+        "A file recording the shuffler runs this analyzer accepted (created if absent, updated "
+        "after a successful analysis): a release whose run it accepted already, or committed "
+        "before the last accepted run of its instance, is refused (a replay). Default: no "
+        "replay check (and the summary says so).",
     ),
 )
 SHUFFLE_FLAGS: tuple[Flag, ...] = (
@@ -168,7 +178,9 @@ def generate_keys(
             signing = signing_keys.generate_signing_key(
                 shuffler_instance, start_ms, until_ms, key_id
             )
-            return write_key_pair(signing, output)
+            paths = write_key_pair(signing, output)
+            signing_keys.trust_shuffler_key(output, signing.public)  # pinned for its instance
+            return paths
         return write_key_pair(generate_key(start_ms, until_ms, key_id), output)
     except (KeyError_, OSError) as error:
         raise UsageError(str(error)) from error
@@ -263,7 +275,7 @@ def run_signing_keys(output: Path, instances: int) -> dict[int, Path]:
     halves only)."""
     directory = output / SIGNING_KEYS_DIR
     if directory.is_dir():
-        for stale in directory.glob("*.json"):
+        for stale in directory.glob("*.json"):  # the keys and trust file of an earlier run
             stale.unlink()
     now_ms = int(datetime.now(UTC).timestamp() * 1000)
     private_files = {}
@@ -271,6 +283,7 @@ def run_signing_keys(output: Path, instances: int) -> dict[int, Path]:
         for instance in range(instances):
             key = signing_keys.generate_signing_key(instance, valid_from_ms=now_ms - 60_000)
             private_files[instance] = write_key_pair(key, directory)[0]
+            signing_keys.trust_shuffler_key(directory, key.public)
     except KeyError_ as error:
         raise UsageError(str(error)) from error
     return private_files

@@ -78,7 +78,7 @@ from pipelines.options import (
 )
 from schemas import SUPPORTED_SCHEMA_VERSIONS
 from schemas import release as release_format
-from schemas.crowd_buckets import CROWDS_DIR, MESSAGES_DIR
+from schemas.crowd_buckets import CROWDS_DIR, MESSAGES_DIR, parse_release_path
 from schemas.regular_files import kind_of
 from transforms import atomic_files, shuffle_spill
 from transforms import shuffle as shuffle_transforms
@@ -307,17 +307,45 @@ def _release_files(output: str) -> list[str]:
     return sorted(present)
 
 
+def new_run_id() -> str:
+    """A run's id: 128 random bits (hex), in every index entry and in the signed commit record
+    (``run``), so that a commit lists only its own run's files and an analyzer can tell one run
+    from another (``pipelines/runs_ledger.py``)."""
+    return secrets.token_hex(16)
+
+
+def run_record(run_id: str, entries: list[dict[str, Any]], window_ms: int) -> dict[str, Any]:
+    """The commit record's ``run``: its id, when it was committed and the event-time range of
+    the windows it released (from its files' stems)."""
+    starts = [
+        parsed[1].window_start
+        for entry in entries
+        if (parsed := parse_release_path(entry["path"])) is not None
+    ]
+    windows = [min(starts), max(starts) + window_ms] if starts else None
+    return {"id": run_id, "committed_at_ms": int(time.time() * 1000), "windows": windows}
+
+
 def commit_release(
     output: str,
     private: str,
     config: shuffle_transforms.ShuffleConfig,
     window: str,
     signing_key: str | None = None,
+    run_id: str | None = None,
 ) -> dict[str, Any]:
     """Write ``_COMMIT.json`` from the run's release index only (last, atomically), signed
     with the key file ``signing_key`` when given; refuses if the message files and crowd tables
-    on disk are not exactly the indexed ones."""
+    on disk are not exactly the indexed ones, or (given ``run_id``) if an index entry is
+    another run's."""
     entries = sinks.read_index(private)
+    if run_id is not None:
+        foreign = [entry["path"] for entry in entries if entry.get("run_id") != run_id]
+        if foreign:
+            raise RuntimeError(
+                f"{output}: {foreign[0]} was written by another run, not this one "
+                f"({run_id}); not committed"
+            )
     if _release_files(output) != [entry["path"] for entry in entries]:
         raise RuntimeError(f"{output}: release files differ from the run's index; not committed")
     deletion = config.deletion
@@ -332,6 +360,8 @@ def commit_release(
     record = sinks.commit_record(
         config.rules.instance, config.rules.recipe_ids, parameters, entries
     )
+    if run_id is not None:
+        record["run"] = run_record(run_id, entries, config.window.period_ms)
     os.makedirs(output, exist_ok=True)
     key = None if signing_key is None else keys_cli.load_signing_key(signing_key)
     release_format.write_commit(output, record, signing_key=key)
@@ -357,6 +387,7 @@ def run(
     spill_root = spill_root_path(output, private, temp_location)
     prepare_outputs(output, private, bool(shuffle_options.overwrite), spill_root)
     spill_dir = FileSystems.join(spill_root, spill_run_name())
+    run_id = new_run_id()
 
     started = time.monotonic()
     try:
@@ -380,8 +411,12 @@ def run(
                 pipeline | "InputPaths" >> beam.Create(paths) | "SpreadFiles" >> beam.Reshuffle()
             )
         outputs = input_paths | "Shuffle" >> shuffle_transforms.ShuffleReports(config, spill_dir)
-        outputs.released | "WriteMessages" >> sinks.WriteShuffledMessages(output, private)
-        outputs.crowds | "WriteCrowdTables" >> sinks.WriteCrowdTables(output, private)
+        outputs.released | "WriteMessages" >> sinks.WriteShuffledMessages(
+            output, private, run_id=run_id
+        )
+        outputs.crowds | "WriteCrowdTables" >> sinks.WriteCrowdTables(
+            output, private, run_id=run_id
+        )
         outputs.dead_letters | "WriteDeadLetters" >> sinks.WriteDeadLetters(private)
         outputs.manifests | "WriteManifests" >> sinks.WriteManifests(private, streaming)
         outputs.counts | "WriteMetrics" >> sinks.WriteMetrics(private, streaming)
@@ -396,7 +431,9 @@ def run(
             _remove_empty(spill_root)
             if temp_location:
                 _remove_empty(os.path.dirname(spill_root.rstrip("/")))
-    commit_release(output, private, config, shuffle_options.window, shuffle_options.signing_key)
+    commit_release(
+        output, private, config, shuffle_options.window, shuffle_options.signing_key, run_id
+    )
     elapsed = time.monotonic() - started
 
     metrics_path = FileSystems.join(private, "metrics.json")

@@ -14,8 +14,9 @@ Two formats share this module:
   the distinct respondents released (``respondents_released``: what the analyzer's n comes from,
   never counted from messages). The record lists both kinds of files and the totals
   (``records_released``, ``crowds_released``, ``crowds_withheld``, ``respondents_released``) and
-  states ``parameters.crowd_buckets``; it lists no crowd (``schemas/release_crowds.py`` reads and
-  checks the tables, one at a time). ``esa-release/1`` (one commit entry per crowd) is refused;
+  states ``parameters.crowd_buckets`` and (written since run ids) ``run``: the writing run's
+  random id, commit time and window range (``pipelines/runs_ledger.py``); it lists no crowd
+  (``schemas/release_crowds.py`` reads and checks the tables, one at a time). ``esa-release/1`` (one commit entry per crowd) is refused;
 * ``esa-reports/1``: the report files of ``esa simulate``.
 
 :func:`verify_release` is what a reader calls before it trusts a directory: it refuses (raises
@@ -258,6 +259,33 @@ def _old_format(commit: Mapping[str, Any]) -> str:
     )
 
 
+def _check_run(run: Any) -> None:
+    """A release's ``run`` (``esa shuffle``: its id, commit time and window range)."""
+    ok = isinstance(run, Mapping) and set(run) == {"id", "committed_at_ms", "windows"}
+    if ok:
+        run_id, windows = run["id"], run["windows"]
+        ok = (
+            isinstance(run_id, str)
+            and len(run_id) == 32
+            and all(c in "0123456789abcdef" for c in run_id)
+            and _int_in(run["committed_at_ms"], 0, _MAX_THRESHOLD)
+            and (
+                windows is None
+                or (
+                    isinstance(windows, list)
+                    and len(windows) == 2
+                    and all(_int_in(w, 0, _MAX_THRESHOLD) for w in windows)
+                    and windows[0] < windows[1]
+                )
+            )
+        )
+    if not ok:
+        raise ReleaseError(
+            f"{COMMIT_FILE}: run must be {{id: 32 hex digits, committed_at_ms: int, windows: "
+            "[start, end] or null}"
+        )
+
+
 def _check_release_fields(commit: Mapping[str, Any], files: Sequence[FileEntry]) -> None:
     """The fields of an ``esa-release/2`` record (SPEC: release layout): types, parameters, the
     files' paths and the totals the files' entries imply (not the crowd tables' contents)."""
@@ -285,6 +313,8 @@ def _check_release_fields(commit: Mapping[str, Any], files: Sequence[FileEntry])
             f"{COMMIT_FILE}: parameters.crowd_buckets {buckets!r} is not an int in "
             f"[1, {MAX_CROWD_BUCKETS}]"
         )
+    if "run" in commit:
+        _check_run(commit["run"])
     for name in _TOTALS:
         if not _int_in(commit.get(name), 0, _MAX_THRESHOLD):
             raise ReleaseError(f"{COMMIT_FILE}: {name} {commit.get(name)!r} is not an int >= 0")

@@ -13,7 +13,9 @@ mode 0600, public files safe to publish) and add two fields:
 ``<key id>.private.json`` stays with its shuffler (``esa shuffle --signing-key``, read on the
 driver when the commit is written, never in pipeline options or the job graph);
 ``<key id>.public.json`` goes to the analyzer (``esa analyze --shuffler-keys``: one file, or a
-directory of ``*.public.json`` files, one or more per instance).
+directory of ``*.public.json`` files with a trust file ``trusted_shufflers.json`` that pins the
+key ids the analyzer trusts per instance; a key in the folder that the trust file does not name
+is never trusted).
 
 Pure: the standard library and ``cryptography``.
 """
@@ -54,6 +56,9 @@ __all__ = [
     "generate_signing_key",
     "load_signing_key",
     "load_shuffler_keys",
+    "read_trusted_shufflers",
+    "trust_shuffler_key",
+    "TRUST_FILE",
 ]
 
 SIGNING_SUITE = "Ed25519"
@@ -240,16 +245,77 @@ class ShufflerKeys:
 
 
 def load_shuffler_keys(path: str | os.PathLike[str]) -> ShufflerKeys:
-    """One public (or private: only its public half is read) signing key file, or every
-    ``*.public.json`` in a directory."""
+    """One public (or private: only its public half is read) signing key file, or the keys a
+    directory's trust file :data:`TRUST_FILE` pins per instance (never simply every
+    ``*.public.json`` there: a key dropped into the folder is not trusted)."""
     location = Path(path)
     if location.is_dir():
-        files = sorted(location.glob(f"*{PUBLIC_SUFFIX}"))
-        if not files:
-            raise KeyError_(f"shuffler keys {location}: no *{PUBLIC_SUFFIX} files")
-    elif location.is_file():
-        files = [location]
-    else:
-        raise KeyError_(f"shuffler keys {location}: no such file or directory")
-    keys = [SigningPublicKey.from_json(_read(file), str(file)) for file in files]
-    return ShufflerKeys(keys, str(location))
+        pinned = read_trusted_shufflers(location)
+        keys = []
+        for instance, key_ids in sorted(pinned.items()):
+            for key_id in key_ids:
+                file = location / f"{key_id}{PUBLIC_SUFFIX}"
+                if not file.is_file():
+                    raise KeyError_(
+                        f"shuffler keys {location}: {TRUST_FILE} pins key {key_id} for instance "
+                        f"{instance}, but {file.name} is missing"
+                    )
+                key = SigningPublicKey.from_json(_read(file), str(file))
+                if key.instance != instance:
+                    raise KeyError_(
+                        f"shuffler keys {location}: {TRUST_FILE} pins key {key_id} for instance "
+                        f"{instance}, but {file.name} is instance {key.instance}'s"
+                    )
+                keys.append(key)
+        return ShufflerKeys(keys, str(location))
+    if location.is_file():
+        return ShufflerKeys([SigningPublicKey.from_json(_read(location), str(location))], str(path))
+    raise KeyError_(f"shuffler keys {location}: no such file or directory")
+
+
+# -- The trust file: which key ids the analyzer trusts for which instance ----------------------
+
+TRUST_FILE = "trusted_shufflers.json"
+TRUST_FORMAT = "esa-trusted-shufflers/1"
+
+
+def read_trusted_shufflers(directory: str | os.PathLike[str]) -> dict[int, list[str]]:
+    """Instance -> pinned key ids of ``directory/trusted_shufflers.json`` (KeyError_ if it is
+    missing or malformed)."""
+    path = Path(directory) / TRUST_FILE
+    if not path.exists():
+        raise KeyError_(
+            f"shuffler keys {directory}: no {TRUST_FILE} pinning key ids per instance (esa keys "
+            "generate --shuffler-instance writes it); not trusting every key in a folder"
+        )
+    try:
+        data = json.loads(_read(path))
+    except ValueError as error:
+        raise KeyError_(f"{path}: not JSON: {error}") from None
+    instances = data.get("instances") if isinstance(data, dict) else None
+    if data.get("format") != TRUST_FORMAT or not isinstance(instances, dict) or not instances:
+        raise KeyError_(f"{path}: not an {TRUST_FORMAT} file with instances")
+    pinned: dict[int, list[str]] = {}
+    for name, key_ids in instances.items():
+        if not name.isdigit() or int(name) > MAX_INSTANCE or not isinstance(key_ids, list):
+            raise KeyError_(f"{path}: instances must map instance numbers to key id lists")
+        pinned[int(name)] = [check_key_id(key_id, str(path)) for key_id in key_ids]
+    return pinned
+
+
+def trust_shuffler_key(directory: str | os.PathLike[str], key: SigningPublicKey) -> Path:
+    """Add ``key``'s id to ``directory``'s trust file for its instance (created if absent;
+    written atomically). What ``esa keys generate --shuffler-instance`` and ``esa run`` call."""
+    path = Path(directory) / TRUST_FILE
+    pinned = read_trusted_shufflers(directory) if path.exists() else {}
+    ids = pinned.setdefault(key.instance, [])
+    if key.key_id not in ids:
+        ids.append(key.key_id)
+    body = {
+        "format": TRUST_FORMAT,
+        "instances": {str(u): ids for u, ids in sorted(pinned.items())},
+    }
+    temporary = path.with_name(f".{TRUST_FILE}.{os.getpid()}.tmp")
+    temporary.write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
+    os.replace(temporary, path)
+    return path

@@ -107,13 +107,21 @@ def _index_name(path: str) -> str:
 
 
 def _publish(
-    output_dir: str, private_dir: str, path: str, content: bytes, records: int, **totals: int
+    output_dir: str,
+    private_dir: str,
+    path: str,
+    content: bytes,
+    records: int,
+    run_id: str | None = None,
+    **totals: int,
 ) -> dict[str, Any]:
     atomic_files.publish_bytes(output_dir, path, content)
     entry = release_format.FileEntry(
         path, len(content), records, hashlib.sha256(content).hexdigest()
     ).to_json()
     entry.update(totals)
+    if run_id is not None:  # the commit lists only the entries of its own run
+        entry["run_id"] = run_id
     atomic_files.publish_bytes(private_dir, _index_name(path), json.dumps(entry).encode())
     return entry
 
@@ -122,21 +130,25 @@ class WriteShuffledMessages(beam.PTransform):
     """ReleasedGroup -> one ShuffledMessage Avro file each (``messages/<stem>-g<group>.avro``),
     and its release-index entry in the private directory; outputs the index entries."""
 
-    def __init__(self, output_dir: str, private_dir: str, codec: str = "null") -> None:
+    def __init__(
+        self, output_dir: str, private_dir: str, codec: str = "null", run_id: str | None = None
+    ) -> None:
         super().__init__()
         self._output_dir = output_dir
         self._private_dir = private_dir
         self._codec = codec
+        self._run_id = run_id
 
     def expand(self, released: beam.PCollection) -> beam.PCollection:
         output_dir, private_dir, codec = self._output_dir, self._private_dir, self._codec
+        run_id = self._run_id
 
         def write(group: ReleasedGroup) -> dict[str, Any]:
             content = encode_container(
                 schema_json("shuffled_message"), shuffled_columns(group), group.messages, codec
             )
             path = message_file_path(group.key, group.group)
-            return _publish(output_dir, private_dir, path, content, group.messages)
+            return _publish(output_dir, private_dir, path, content, group.messages, run_id)
 
         return released | "WriteMessageFile" >> beam.Map(write)
 
@@ -157,13 +169,14 @@ class WriteCrowdTables(beam.PTransform):
     """CrowdTable -> ``crowds/<stem>.avro`` (ReleasedCrowd records) and its index entry (with
     :data:`CROWD_TOTALS`); outputs the index entries."""
 
-    def __init__(self, output_dir: str, private_dir: str) -> None:
+    def __init__(self, output_dir: str, private_dir: str, run_id: str | None = None) -> None:
         super().__init__()
         self._output_dir = output_dir
         self._private_dir = private_dir
+        self._run_id = run_id
 
     def expand(self, tables: beam.PCollection) -> beam.PCollection:
-        output_dir, private_dir = self._output_dir, self._private_dir
+        output_dir, private_dir, run_id = self._output_dir, self._private_dir, self._run_id
         schema = parsed_schema("released_crowd")
 
         def write(table: CrowdTable) -> dict[str, Any]:
@@ -175,6 +188,7 @@ class WriteCrowdTables(beam.PTransform):
                 crowd_table_path(table.key),
                 sink.getvalue(),
                 len(table.records),
+                run_id,
                 **crowd_table_totals(table.records),
             )
 

@@ -221,6 +221,9 @@ def test_key_files_keep_the_analyzer_keys_conventions(tmp_path: Path) -> None:
     assert "private_key" not in public.read_text()
     loaded = sk.load_signing_key(private)
     assert loaded.public == key.public and loaded.public.instance == 3
+    with pytest.raises(KeyError_, match="not trusting every key in a folder"):
+        sk.load_shuffler_keys(tmp_path / "k")  # a folder of keys pins nothing by itself
+    sk.trust_shuffler_key(tmp_path / "k", key.public)
     assert list(sk.load_shuffler_keys(tmp_path / "k")) == [key.public]  # public files only
     assert sk.load_shuffler_keys(private).get(key.key_id) == key.public
     with pytest.raises(TypeError):
@@ -239,3 +242,24 @@ def test_sealing_and_signing_keys_are_not_interchangeable(tmp_path: Path) -> Non
     (tmp_path / "bad.public.json").write_text('{"format": "esa-key/1", "suite": "Ed25519"}')
     with pytest.raises(KeyError_, match="key id"):
         sk.load_shuffler_keys(tmp_path / "bad.public.json")
+
+
+def test_a_key_dropped_into_the_folder_is_not_trusted(tmp_path: Path) -> None:
+    """Only the key ids the trust file pins per instance are trusted (issue: hardening round
+    3, item 10): a public key copied into the folder, or a pinned id whose file is another
+    instance's key, is not."""
+    mine = sk.generate_signing_key(0)
+    write_key_pair(mine, tmp_path)
+    sk.trust_shuffler_key(tmp_path, mine.public)
+    dropped = sk.generate_signing_key(0)
+    write_key_pair(dropped, tmp_path)
+    assert [key.key_id for key in sk.load_shuffler_keys(tmp_path)] == [mine.key_id]
+    record = {"format": "x", "instance": 0, "files": []}
+    forged = cs.sign_commit(record, dropped, now_ms=NOW_MS)
+    with pytest.raises(cs.SignatureError, match="not among the shuffler keys"):
+        cs.verify_commit(forged, sk.load_shuffler_keys(tmp_path), now_ms=NOW_MS)
+    trust = json.loads((tmp_path / sk.TRUST_FILE).read_text())
+    trust["instances"]["1"] = trust["instances"].pop("0")  # mine pinned for instance 1
+    (tmp_path / sk.TRUST_FILE).write_text(json.dumps(trust))
+    with pytest.raises(KeyError_, match="instance 0's"):
+        sk.load_shuffler_keys(tmp_path)
