@@ -1,12 +1,12 @@
 """Before any work: can the analyzer's key ring open what a release was sealed to?
 
-A sealed payload names its key in the clear (``schemas.sealing``: version, 8-byte key id, ...).
+A sealed payload names its key in the clear (``schemas.crypto.sealing``: version, 8-byte key id, ...).
 The driver reads the first :data:`SAMPLE_RECORDS` messages of each verified release (in commit
 order, one column batch at a time) and refuses, with one line, a release whose messages are
 sealed when no ``--key-ring`` is given, or sealed only to keys the ring does not hold: every
 message would be dead-lettered and no crowd could be estimated. A release sealed partly to a
 key the ring lacks (a rotation) runs: those messages are dead-lettered with their reason and a
-crowd none of whose messages opened is withheld (``transforms.analyze_core.rejections``).
+crowd none of whose messages opened is withheld (``transforms.analyzer.arithmetic.rejections``).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from pipelines.cli import UsageError
-from schemas.keys import KeyError_, KeyRing
+from pipelines.commandline.main import UsageError
+from schemas.crypto.analyzer_keys import KeyError_, KeyRing
 from schemas.payloads import EncodedPayloads
 from schemas.replays import sealed_rows
-from transforms import avro_io
+from transforms.common import avro_io
 
 __all__ = ["SAMPLE_RECORDS", "check_release_keys", "sealed_key_ids"]
 

@@ -13,7 +13,7 @@ refuses (one line, exit 2) a release
 * that states no run (written before run ids: nothing to tell it from a replay).
 
 The ledger is updated (atomically, a temporary file renamed) only after the analysis succeeded,
-so a failed analysis can be run again; ``esa``'s output lock (``pipelines/output_lock.py``) on
+so a failed analysis can be run again; ``esa``'s output lock (``pipelines/commandline/output_lock.py``) on
 the ledger keeps two analyses from updating it at once. Without ``--runs-ledger`` nothing is
 checked and the summary says so. The ledger is only as trustworthy as the commit records:
 give ``--shuffler-keys`` too, or an unsigned record's run may be anything.
@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pipelines.cli import UsageError
+from pipelines.commandline.main import UsageError
 from schemas.regular_files import read_text
 
 __all__ = ["LEDGER_FORMAT", "check_runs", "ledger_line", "record_runs"]

@@ -1,6 +1,6 @@
 """Replayed sealed payloads: one ciphertext sent again, by its device or by anyone who saw it.
 
-Every honest sealed payload carries a fresh HPKE encapsulation (``schemas.sealing``: one
+Every honest sealed payload carries a fresh HPKE encapsulation (``schemas.crypto.sealing``: one
 ephemeral X25519 key per message, RFC 9180 single-shot ``Seal``), so two byte-identical sealed
 payloads in one crowd are one message sent twice, never two reports: counting both would count
 one respondent's randomized value twice (a replay attack on the estimate). The shuffler
@@ -20,7 +20,7 @@ about 0.2 s (1 µs a message). No per-row Python.
 
 The envelope's shape (version byte, overhead) is stated here rather than imported, so that the
 shuffler, which must import nothing able to open a payload, can use it; a test checks it against
-``schemas.sealing``.
+``schemas.crypto.sealing``.
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ from schemas.payloads import EncodedPayloads
 __all__ = ["DUPLICATE_PAYLOAD", "ENVELOPE_VERSION", "OVERHEAD", "repeated_sealed_payloads"]
 
 DUPLICATE_PAYLOAD = "duplicate_payload"
-ENVELOPE_VERSION = 1  # schemas.sealing.ENVELOPE_VERSION
-OVERHEAD = 1 + 8 + 32 + 16  # schemas.sealing.OVERHEAD: version, key id, enc, tag
+ENVELOPE_VERSION = 1  # schemas.crypto.sealing.ENVELOPE_VERSION
+OVERHEAD = 1 + 8 + 32 + 16  # schemas.crypto.sealing.OVERHEAD: version, key id, enc, tag
 _PREFIX = slice(9, 17)  # the first 8 bytes of the encapsulated key (enc)
 
 
 def sealed_rows(payloads: EncodedPayloads) -> np.ndarray:
-    """Which payloads are shaped like a sealed envelope (``schemas.sealing.looks_sealed``)."""
+    """Which payloads are shaped like a sealed envelope (``schemas.crypto.sealing.looks_sealed``)."""
     lengths = payloads.lengths
     first = np.zeros(lengths.size, dtype=np.uint8)
     nonempty = lengths > 0

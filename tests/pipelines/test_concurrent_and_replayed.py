@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import cli
 from pipelines import shuffle as shuffle_pipeline
-from pipelines.output_lock import output_locks
-from schemas import release as rel
+from pipelines.commandline import main as cli
+from pipelines.commandline.output_lock import output_locks
+from schemas.release import commit as rel
 from tests.transforms import report_factory as rf
 
 FNAPI = ["--runner=FnApiRunner"]

@@ -16,9 +16,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import cli
-from schemas import release as rel
-from schemas.release_crowds import read_crowd_table
+from pipelines.commandline import main as cli
+from schemas.release import commit as rel
+from schemas.release.crowd_tables import read_crowd_table
 from tests import release_fixtures as fx
 from tests.transforms import report_factory as rf
 
@@ -290,7 +290,7 @@ def test_a_fifo_where_a_file_is_expected_is_refused_without_opening_it(
         fifo = _fifo(tmp_path / "ring" / f"{'0' * 16}.private.json")
         argv = [*analyze, "--key-ring", str(fifo.parent)]
     elif case == "shuffler_keys":
-        fifo = _fifo(tmp_path / "signers" / f"{'0' * 16}.public.json")
+        fifo = _fifo(tmp_path / "signers" / "trusted_shufflers.json")
         argv = [*analyze, "--shuffler-keys", str(fifo.parent)]
     elif case == "public_key":
         fifo = _fifo(tmp_path / "analyzer.public.json")
@@ -313,7 +313,7 @@ def test_a_fifo_where_a_file_is_expected_is_refused_without_opening_it(
 
 
 def test_reading_a_fifo_as_avro_is_one_unreadable_chunk(tmp_path: Path) -> None:
-    from transforms import avro_io
+    from transforms.common import avro_io
 
     fifo = _fifo(tmp_path / "r.avro")
     [chunk] = list(avro_io.read_avro_batches(str(fifo)))

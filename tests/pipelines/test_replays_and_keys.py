@@ -23,14 +23,15 @@ from pathlib import Path
 import fastavro
 import pytest
 
-from pipelines import cli
-from schemas import release, sealing
-from schemas.keys import KeyRing
+from pipelines.commandline import main as cli
+from schemas.crypto import sealing
+from schemas.crypto.analyzer_keys import KeyRing
 from schemas.recipes import load_recipe
+from schemas.release import commit
 from schemas.replays import OVERHEAD, repeated_sealed_payloads
-from transforms import analyze_core as core
-from transforms.aggregate import DecodeReleaseFile
-from transforms.analyze import AnalysisConfig, EstimateBucket
+from transforms.analyzer import arithmetic
+from transforms.analyzer.aggregate import DecodeReleaseFile
+from transforms.analyzer.analyze import AnalysisConfig, EstimateBucket
 
 FNAPI = ["--runner=FnApiRunner"]
 RESPONDENTS = 300
@@ -115,8 +116,8 @@ def test_a_replayed_sealed_message_counts_once_and_moves_no_n(world):
     metrics = json.loads((root / "shuffled" / "instance=0.private" / "metrics.json").read_text())
     assert metrics["rejected_by_reason"].get("duplicate_payload") == ATTACKERS
     assert metrics["adds_up"]
-    verified = release.verify_release(str(shuffled))
-    [crowd] = release.iter_crowds(verified)
+    verified = commit.verify_release(str(shuffled))
+    [crowd] = commit.iter_crowds(verified)
     assert crowd["respondents_released"] == RESPONDENTS  # the 30 senders are nobody
     released = []
     for path in sorted((shuffled / "messages").rglob("*.avro")):
@@ -132,7 +133,7 @@ def test_repeats_that_reach_the_analyzer_are_discarded_and_counted(world, tmp_pa
     replayed = tmp_path / "replayed.avro"
     with open(replayed, "wb") as handle:  # every message twice, the repeats in a later block
         fastavro.writer(handle, schema, records + records[:40], sync_interval=200)
-    book = core.RecipeBook([load_recipe(recipe)])
+    book = arithmetic.RecipeBook([load_recipe(recipe)])
     decode = DecodeReleaseFile(book, {1}, key_ring=str(root / "keys"), batch_records=64)
     decode.setup()
     outputs = list(decode.process(str(replayed)))
@@ -193,23 +194,23 @@ def test_a_sealed_release_with_another_key_ring_is_refused_before_work(world, tm
 def test_a_crowd_whose_messages_all_failed_to_open_is_withheld_not_estimated(world):
     root, recipe, _ = world
     shuffled = root / "shuffled" / "instance=0"
-    book = core.RecipeBook([load_recipe(recipe)])
+    book = arithmetic.RecipeBook([load_recipe(recipe)])
     decode = DecodeReleaseFile(book, {1}, key_ring=str(root / "other_keys"))
     decode.setup()
-    bucket = core.CrowdBucket()
+    bucket = arithmetic.CrowdBucket()
     for path in sorted((shuffled / "messages").rglob("*.avro")):
         for output in decode.process(str(path)):
             if getattr(output, "tag", None) is None:
                 bucket.merge(output[1])
-    crowds = [(0, c) for c in release.iter_crowds(release.verify_release(str(shuffled)))]
-    for partial in core.commit_buckets(crowds, book).values():
+    crowds = [(0, c) for c in commit.iter_crowds(commit.verify_release(str(shuffled)))]
+    for partial in arithmetic.commit_buckets(crowds, book).values():
         bucket.merge(partial)
     [(key, accumulator)] = list(bucket.items())
     assert accumulator.messages == 0 and accumulator.respondents == {0: RESPONDENTS}
     assert set(accumulator.rejected) == {"sealed_unknown_key"}
     estimate = EstimateBucket(AnalysisConfig(book=book))
     estimate.setup()
-    outputs = list(estimate.process(((core.HISTOGRAM, 0, 0, 0), bucket)))
+    outputs = list(estimate.process(((arithmetic.HISTOGRAM, 0, 0, 0), bucket)))
     tags = collections.Counter(getattr(o, "tag", None) for o in outputs)
     assert tags["histogram"] == 0 and tags["report"] == 0 and tags["note"] == 1
     totals = [o for o in outputs if getattr(o, "tag", None) is None]
