@@ -52,6 +52,7 @@ or ``--runner=DataflowRunner --project P --region R --temp_location gs://... --s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -343,6 +344,27 @@ def _prepare_output(output: str | None, overwrite: bool) -> str:
     return output
 
 
+RESULT_NAMES = (
+    SUMMARY_FILE,
+    HISTOGRAMS_FILE,
+    LONGITUDINAL_FILE,
+    REPORTS_DIR,
+    WITHHELD_DIR,
+    "dead_letter",
+    PICTURES_DIR,
+)
+
+
+def remove_results(output: str) -> None:
+    """Remove what a failed analysis wrote into ``output`` (its result names only: the folder
+    may hold other things); a path that cannot be removed is left."""
+    for name in RESULT_NAMES:
+        path = FileSystems.join(output, name)
+        if _exists(path):
+            with contextlib.suppress(Exception):
+                FileSystems.delete([path])
+
+
 def analysis_spill_dir(output: str, temp_location: str | None) -> str:
     """Where the estimates' batches are spilled while the analysis runs (removed by ``run`` on
     success and on failure): ``<--temp_location>/esa-analysis/<digest of OUTPUT>`` when the
@@ -451,6 +473,9 @@ def run(options: PipelineOptions) -> dict[str, Any]:
     _ = estimates.pictures | "DrawPictures" >> beam.ParDo(pictures.DrawPictures(output, book))
     try:
         pipeline.run().wait_until_finish()
+    except BaseException:
+        remove_results(output)  # nothing half-written stays (nor makes the next run refuse)
+        raise
     finally:  # failed attempts' temporary part files (transforms/common/atomic_files.py)
         for table in (HISTOGRAMS_FILE, LONGITUDINAL_FILE, REPORTS_DIR, WITHHELD_DIR):
             atomic_files.remove_temporary(FileSystems.join(output, table))

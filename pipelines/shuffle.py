@@ -45,11 +45,13 @@ cleans and commits them with the local file API (schemas/release/commit.py).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
 import re
 import secrets
+import shutil
 import socket
 import stat
 import sys
@@ -299,6 +301,18 @@ def prepare_outputs(
             FileSystems.delete([path])
 
 
+def remove_failed_run(output: str, private: str) -> None:
+    """Remove what a failed run wrote into DIR and PDIR (both held nothing else: refused or
+    emptied by :func:`prepare_outputs`, locked for this run), so that nothing is committed and
+    nothing makes the next run refuse; a path that cannot be removed is left as it is."""
+    commit_path = os.path.join(output, release_format.COMMIT_FILE)
+    with contextlib.suppress(OSError):
+        os.remove(commit_path)  # uncommitted first, whatever else stays
+    for path in (output, private):
+        if FileSystems.get_scheme(path) is None:
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def _release_files(output: str) -> list[str]:
     """Relative paths of the message files and crowd tables in the release directory."""
     present = []
@@ -424,6 +438,9 @@ def run(
         outputs.counts | "WriteMetrics" >> sinks.WriteMetrics(private, streaming)
         result = pipeline.run()
         result.wait_until_finish()
+    except BaseException:
+        remove_failed_run(output, private)
+        raise
     finally:
         spill.remove_spill(spill_dir)
         # Failed attempts' temporary files (transforms/common/atomic_files.py), before any commit.
@@ -433,9 +450,13 @@ def run(
             _remove_empty(spill_root)
             if temp_location:
                 _remove_empty(os.path.dirname(spill_root.rstrip("/")))
-    commit_release(
-        output, private, config, shuffle_options.window, shuffle_options.signing_key, run_id
-    )
+    try:
+        commit_release(
+            output, private, config, shuffle_options.window, shuffle_options.signing_key, run_id
+        )
+    except BaseException:
+        remove_failed_run(output, private)
+        raise
     elapsed = time.monotonic() - started
 
     metrics_path = FileSystems.join(private, "metrics.json")

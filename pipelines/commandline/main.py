@@ -39,6 +39,7 @@ STAGE_OPTIONS = {
     "run": "RunOptions",
 }
 USAGE_ERROR_STATUS = 2
+IO_FAILURE_STATUS = 1  # the machine failed (a full disk, a denied permission): io_errors.py
 
 
 class UsageError(Exception):
@@ -69,11 +70,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _fail(command: str, message: str) -> int:
+def _fail(command: str, message: str, status: int = USAGE_ERROR_STATUS) -> int:
     print(
         f"esa {command}: error: {message.splitlines()[0] if message else 'failed'}", file=sys.stderr
     )
-    return USAGE_ERROR_STATUS
+    return status
 
 
 def _check_stage_flags(command: str, args: argparse.Namespace, extra: list[str]) -> str | None:
@@ -120,7 +121,20 @@ def main(argv: list[str] | None = None) -> int:
         with _locked_outputs(args):
             return int(handler(args, extra) or 0)
     except (UsageError, ValueError) as error:
+        if not isinstance(error, UsageError) and (line := _io_failure(error, args)) is not None:
+            return _fail(args.command, line, IO_FAILURE_STATUS)
         return _fail(args.command, str(error))
+    except Exception as error:
+        line = _io_failure(error, args)
+        if line is None:
+            raise  # a bug: its traceback is what a developer needs
+        return _fail(args.command, line, IO_FAILURE_STATUS)
+
+
+def _io_failure(error: BaseException, args: argparse.Namespace) -> str | None:
+    from pipelines.commandline.io_errors import io_failure
+
+    return io_failure(error, [path for _, path in _output_paths(args)])
 
 
 # The flags (argparse destinations) that name a folder a command writes: each is locked for the
@@ -136,10 +150,17 @@ OUTPUT_DESTINATIONS = {
 
 
 def _locked_outputs(args: argparse.Namespace) -> Any:
-    """The exclusive locks of the folders ``args`` names for writing (a shuffle's private folder
-    too, given or not)."""
+    """The exclusive locks of the folders ``args`` names for writing."""
     if args.command == "keys":
         return contextlib.nullcontext()
+    from pipelines.commandline.output_lock import output_locks
+
+    return output_locks(args.command, _output_paths(args))
+
+
+def _output_paths(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """``(flag, path)`` of every folder ``args`` names for writing (a shuffle's private folder
+    too, given or not)."""
     outputs = [
         (flag, value)
         for name, flag in OUTPUT_DESTINATIONS.items()
@@ -147,9 +168,7 @@ def _locked_outputs(args: argparse.Namespace) -> Any:
     ]
     if args.command == "shuffle" and getattr(args, "output", None) and not args.private_output:
         outputs.append(("--private-output", args.output.rstrip("/\\") + ".private"))
-    from pipelines.commandline.output_lock import output_locks
-
-    return output_locks(args.command, outputs)
+    return outputs
 
 
 if __name__ == "__main__":
