@@ -16,7 +16,7 @@ $(STAMP): setup.py
 venv: $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/esa run --output results
+	$(VENV)/bin/esa run --output results --overwrite
 
 # Prism (and Beam's Flink job server when Maven serves it) for the engine tests; CI installs them
 # before its tests, elsewhere the engine tests skip until `make engines` has run.

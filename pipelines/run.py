@@ -144,24 +144,47 @@ def _say_shuffled(say: Any, instance: int, summary: dict[str, Any], began: float
 
 
 def _prepare(output: Path, overwrite: bool, throwaway_keys: bool = False) -> None:
-    """Refuse a foreign --output; clear an earlier run's stages (and its throwaway key pair in
-    OUTPUT/keys when this run makes a new one, so old private keys do not pile up)."""
+    """Refuse a non-empty --output without ``overwrite`` (an earlier run's too, as every stage
+    does); with it, clear an earlier run's stages (and its throwaway key pair in OUTPUT/keys when
+    this run makes a new one, so old private keys do not pile up)."""
     if output.exists() and not output.is_dir():
         raise UsageError(f"--output {output} exists and is not a directory")
     if output.is_dir() and any(output.iterdir()):
-        if not (overwrite or (output / RUN_FILE).exists()):
-            raise UsageError(
-                f"--output {output} holds something other than an earlier esa run; --overwrite"
-            )
-        names = [*SUBDIRECTORIES, RUN_FILE, "recipe.json", keys_cli.SIGNING_KEYS_DIR]
-        names += ["keys"] if throwaway_keys else []
-        for name in names:
-            path = output / name
-            if path.is_dir():
-                shutil.rmtree(path)
-            elif path.exists():
-                path.unlink()
+        if not overwrite:
+            held = "an earlier esa run" if (output / RUN_FILE).exists() else "other files"
+            raise UsageError(f"--output {output} holds {held}; pass --overwrite to replace it")
+        _remove_run(output, throwaway_keys)
     output.mkdir(parents=True, exist_ok=True)
+
+
+def _remove_run(output: Path, throwaway_keys: bool) -> None:
+    """Remove what an esa run writes into ``output`` (never a --keys folder given inside it)."""
+    names = [*SUBDIRECTORIES, RUN_FILE, "recipe.json", keys_cli.SIGNING_KEYS_DIR]
+    names += ["keys"] if throwaway_keys else []
+    for name in names:
+        path = output / name
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        elif path.exists():
+            with contextlib.suppress(OSError):
+                path.unlink()
+    for name in os.listdir(output) if output.is_dir() else ():
+        if name.startswith(".simulation.tmp-"):  # a killed simulation's staging folder
+            shutil.rmtree(output / name, ignore_errors=True)
+
+
+def _undo_on_failure(output: Path, throwaway_keys: bool, created: bool) -> Any:
+    """An ExitStack callback (with the exception's type): a failed run removes everything it
+    wrote, so nothing is left that makes the next run refuse (and the folder, if it made it)."""
+
+    def undo(kind: type[BaseException] | None, *_: Any) -> bool:
+        if kind is not None:
+            _remove_run(output, throwaway_keys)
+            if created and output.is_dir() and not any(output.iterdir()):
+                output.rmdir()
+        return False
+
+    return undo
 
 
 def run(
@@ -193,7 +216,9 @@ def _run(
     except ValueError as error:
         raise UsageError(str(error)) from error
     throwaway = not values.run_unsealed and values.run_keys is None  # keys_cli.run_keys
+    created = not output.exists()
     _prepare(output, values.run_overwrite, throwaway_keys=throwaway)
+    resources.push(_undo_on_failure(output, throwaway, created))
     recipe_path = output / "recipe.json"
     recipe_path.write_text(recipe.to_json())
     population = values.run_population or default_population(recipe)

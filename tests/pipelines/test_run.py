@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import json
 import math
-from contextlib import redirect_stdout
+from contextlib import redirect_stderr, redirect_stdout
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -27,6 +27,7 @@ from pipelines import run as run_pipeline
 from pipelines import shuffle as shuffle_pipeline
 from pipelines import simulate as simulate_pipeline
 from pipelines.commandline import main as cli
+from pipelines.commandline.main import UsageError
 from privacy.rng import seeded_generator
 from schemas import SCHEMA_DIR, crc32c, schema_json
 from schemas.recipes import load_recipe, recipe_names
@@ -362,6 +363,37 @@ def test_a_rerun_replaces_only_its_own_throwaway_keys(tmp_path, throwaway):
     (output / "keys").mkdir(parents=True)
     (output / "keys" / "0011223344556677.private.json").write_text("{}")
     (output / "run.json").write_text("{}")
-    run_pipeline._prepare(output, overwrite=False, throwaway_keys=throwaway)
+    with pytest.raises(UsageError, match="holds an earlier esa run; pass --overwrite"):
+        run_pipeline._prepare(output, overwrite=False, throwaway_keys=throwaway)
+    assert (output / "run.json").exists()
+    run_pipeline._prepare(output, overwrite=True, throwaway_keys=throwaway)
     assert not (output / "run.json").exists()
     assert (output / "keys").exists() is not throwaway  # --keys OUTPUT/keys is never removed
+
+
+def test_a_rerun_needs_overwrite_and_a_failed_run_leaves_nothing(tmp_path, monkeypatch):
+    """esa run follows the stages' rules (issue: hardening round 3, item 11): an earlier run's
+    folder is replaced only with --overwrite, and a run that fails part-way removes what it
+    wrote, so the next run into the same folder is not refused."""
+    output = tmp_path / "results"
+    argv = ["run", "--recipe", "image_grid_onehot", "--respondents", "100", "--instances", "1",
+            "--seed", "3", "--output", str(output), "--unsealed", *FNAPI]  # fmt: skip
+
+    def failing_shuffle(*args, **kwargs):
+        raise RuntimeError("the shuffler's machine went away")
+
+    monkeypatch.setattr(run_pipeline, "_shuffle_instance", failing_shuffle)
+    with redirect_stdout(io.StringIO()), pytest.raises(RuntimeError, match="went away"):
+        cli.main(argv)
+    assert not output.exists()  # made by the failed run, removed with everything in it
+    monkeypatch.undo()
+    with redirect_stdout(io.StringIO()):
+        assert cli.main(argv) == 0
+    first = (output / "run.json").read_text()
+    err = io.StringIO()
+    with redirect_stdout(io.StringIO()), redirect_stderr(err):
+        assert cli.main(argv) == 2
+    assert "holds an earlier esa run; pass --overwrite" in err.getvalue()
+    assert (output / "run.json").read_text() == first
+    with redirect_stdout(io.StringIO()):
+        assert cli.main([*argv, "--overwrite"]) == 0
