@@ -140,7 +140,8 @@ def register(subparsers: Any) -> None:
         default=None,
         metavar="U",
         help="Write shuffler instance U's Ed25519 commit-signing key pair instead of an "
-        "analyzer sealing key pair.",
+        "analyzer sealing key pair (U in 0..2,147,483,647), and pin its key id for U in "
+        "OUTPUT/trusted_shufflers.json.",
     )
     generate.set_defaults(handler=_handle_generate)
 

@@ -70,6 +70,15 @@ __all__ = [
 
 POSTPROCESSING = ("none", "clip_nonnegative", "norm_sub")
 _SHUFFLE = ShuffleConfig  # defaults of the shuffler (transforms/shuffler/shuffle.py)
+# Ranges of the size-like flags, checked before any work and stated in each flag's help: a size
+# beyond them is a typo or an attack (a batch, shard or dense array no worker could hold).
+MAX_BATCH_RECORDS = 1 << 22  # records per column batch: about 0.5 GB of report columns
+MAX_MESSAGES_PER_SHARD = 100_000_000  # messages one worker holds while counting a shard
+MAX_MESSAGES_PER_FILE = 100_000_000  # messages in one released file (and one worker)
+MAX_MESSAGES_PER_CHUNK = 10_000_000  # messages a simulating worker generates at once
+MAX_DENSE_LIMIT = 1 << 26  # a domain counted densely: 512 MB of int64 counts per crowd
+MAX_INSTANCES = 1024  # shuffler instances of one esa run
+MAX_PARALLEL_SHUFFLES = 64  # processes esa run starts at once
 
 
 class ShuffleOptions(StageFlags, PipelineOptions):
@@ -127,21 +136,22 @@ class ShuffleOptions(StageFlags, PipelineOptions):
         ),
         Flag(
             "batch_records",
-            f"Records per column batch read from Avro. Default {_SHUFFLE.batch_records}.",
+            f"Records per column batch read from Avro. Default {_SHUFFLE.batch_records}; "
+            f"1..{MAX_BATCH_RECORDS:,}.",
             default=_SHUFFLE.batch_records,
             type=int,
         ),
         Flag(
             "messages_per_shard",
             "Target messages per origin shard of a crowd bucket (memory per worker). Default "
-            f"{_SHUFFLE.messages_per_shard}.",
+            f"{_SHUFFLE.messages_per_shard}; 1..{MAX_MESSAGES_PER_SHARD:,}.",
             default=_SHUFFLE.messages_per_shard,
             type=int,
         ),
         Flag(
             "messages_per_file",
             "Target messages per output file (and per worker holding one). Default "
-            f"{_SHUFFLE.messages_per_file}.",
+            f"{_SHUFFLE.messages_per_file}; 1..{MAX_MESSAGES_PER_FILE:,}.",
             default=_SHUFFLE.messages_per_file,
             type=int,
         ),
@@ -174,9 +184,9 @@ class ShuffleOptions(StageFlags, PipelineOptions):
             deletion_errors(self.deletion_epsilon, self.deletion_delta),
             window_error(self.window),
             int_in("--instance", self.instance, 0, 2**31 - 1),
-            int_in("--batch-records", self.batch_records, 1, 2**31 - 1),
-            int_in("--messages-per-shard", self.messages_per_shard, 1),
-            int_in("--messages-per-file", self.messages_per_file, 1),
+            int_in("--batch-records", self.batch_records, 1, MAX_BATCH_RECORDS),
+            int_in("--messages-per-shard", self.messages_per_shard, 1, MAX_MESSAGES_PER_SHARD),
+            int_in("--messages-per-file", self.messages_per_file, 1, MAX_MESSAGES_PER_FILE),
             int_in("--crowd-buckets", self.crowd_buckets, 1, MAX_CROWD_BUCKETS),
             positive_finite("--watch-interval", self.watch_interval),
             positive_finite("--watch-for", self.watch_for, allow_zero=True),
@@ -254,7 +264,7 @@ class SimulateOptions(StageFlags, PipelineOptions):
         Flag(
             "respondents",
             "Number of devices. Required except for images (default: one respondent per unit of "
-            "luminosity; given, the image is scaled to it).",
+            f"luminosity; given, the image is scaled to it); 1..{MAX_RESPONDENTS:,}.",
             type=int,
         ),
         Flag(
@@ -318,14 +328,14 @@ class SimulateOptions(StageFlags, PipelineOptions):
         Flag(
             "messages_per_shard",
             "Target messages per shard (one file per shard and instance). Default "
-            f"{_PLAN.messages_per_shard}.",
+            f"{_PLAN.messages_per_shard}; 1..{MAX_MESSAGES_PER_SHARD:,}.",
             default=_PLAN.messages_per_shard,
             type=int,
         ),
         Flag(
             "messages_per_chunk",
             "Target messages generated at once in a worker (memory bound). Default "
-            f"{_PLAN.messages_per_chunk}.",
+            f"{_PLAN.messages_per_chunk}; 1..{MAX_MESSAGES_PER_CHUNK:,}.",
             default=_PLAN.messages_per_chunk,
             type=int,
         ),
@@ -345,8 +355,8 @@ class SimulateOptions(StageFlags, PipelineOptions):
             int_in("--rounds", value("rounds"), 1, 2**31 - 1),
             positive_finite("--device-budget", value("device_budget"), allow_zero=True),
             int_in("--compression-level", value("compression_level"), -1, 9),
-            int_in("--messages-per-shard", value("messages_per_shard"), 1),
-            int_in("--messages-per-chunk", value("messages_per_chunk"), 1),
+            int_in("--messages-per-shard", value("messages_per_shard"), 1, MAX_MESSAGES_PER_SHARD),
+            int_in("--messages-per-chunk", value("messages_per_chunk"), 1, MAX_MESSAGES_PER_CHUNK),
             output_directory("--output", value("output")),
         )
         try:
@@ -414,13 +424,14 @@ class AnalyzeOptions(StageFlags, PipelineOptions):
         Flag("deletion_delta", "delta_cr, see above.", type=float),
         Flag(
             "batch_records",
-            f"Records per column batch. Default {DEFAULT_BATCH_RECORDS}.",
+            f"Records per column batch. Default {DEFAULT_BATCH_RECORDS}; 1..{MAX_BATCH_RECORDS:,}.",
             default=DEFAULT_BATCH_RECORDS,
             type=int,
         ),
         Flag(
             "dense_limit",
-            f"Largest domain counted densely; larger ones sparsely. Default {DENSE_LIMIT}.",
+            f"Largest domain counted densely; larger ones sparsely. Default {DENSE_LIMIT}; "
+            f"0..{MAX_DENSE_LIMIT:,}.",
             default=DENSE_LIMIT,
             type=int,
         ),
@@ -440,8 +451,8 @@ class AnalyzeOptions(StageFlags, PipelineOptions):
             if 0 < probability < 1
             else f"--failure-probability must be in (0, 1), got {probability}",
             deletion_errors(value("deletion_epsilon"), value("deletion_delta")),
-            int_in("--batch-records", value("batch_records"), 1, 2**31 - 1),
-            int_in("--dense-limit", value("dense_limit"), 0, 2**40),
+            int_in("--batch-records", value("batch_records"), 1, MAX_BATCH_RECORDS),
+            int_in("--dense-limit", value("dense_limit"), 0, MAX_DENSE_LIMIT),
             output_directory("--output", value("output")),
             apart(
                 "--output", value("output"), [("--input", path) for path in value("input") or ()]
@@ -471,20 +482,20 @@ class RunOptions(StageFlags, PipelineOptions):
         Flag(
             "respondents",
             "Simulated respondents. Default 40000 (each of the default recipe's two instances "
-            "keeps its minimum crowd).",
+            f"keeps its minimum crowd); 1..{MAX_RESPONDENTS:,}.",
             default=40_000,
             type=int,
         ),
         Flag(
             "instances",
             "Shuffler instances K. Default: the recipe's own; a recipe made for another K is "
-            "re-issued as <name>-k<K> with uniform instance weights.",
+            f"re-issued as <name>-k<K> with uniform instance weights; 1..{MAX_INSTANCES}.",
             type=int,
         ),
         Flag(
             "parallel_shuffles",
             "How many shuffler instances run at once, each in its own process. Default: the "
-            "number of CPUs.",
+            f"number of CPUs; 1..{MAX_PARALLEL_SHUFFLES}.",
             type=int,
         ),
         Flag("seed", "Simulation seed. Default: random.", type=int),
@@ -514,8 +525,8 @@ class RunOptions(StageFlags, PipelineOptions):
         value = self.value
         return errors_of(
             int_in("--respondents", value("respondents"), 1, MAX_RESPONDENTS),
-            int_in("--instances", value("instances"), 1, 1024),
-            int_in("--parallel-shuffles", value("parallel_shuffles"), 1, 1024),
+            int_in("--instances", value("instances"), 1, MAX_INSTANCES),
+            int_in("--parallel-shuffles", value("parallel_shuffles"), 1, MAX_PARALLEL_SHUFFLES),
             int_in("--seed", value("seed"), 0),
             int_in("--crowd-threshold", value("crowd_threshold"), 1),
             deletion_errors(value("deletion_epsilon"), value("deletion_delta")),

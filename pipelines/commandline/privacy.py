@@ -28,6 +28,11 @@ from privacy import accounting
 
 __all__ = ["register"]
 
+# Ranges of the size-like flags (stated in their help, checked before any work).
+MAX_CATEGORIES = 10**9  # --categories, --bins, --special-bins
+MAX_FRAGMENTS = 10**6  # --fragments (tau)
+MAX_CROWDS = 10**12  # --crowds (P)
+
 
 def _number(text: str, flag: str) -> float:
     try:
@@ -165,12 +170,14 @@ def _tight(args: argparse.Namespace) -> int:
         raise UsageError(f"--epsilon-local is required for --randomizer {args.randomizer}")
     n = _respondents(args.respondents)
     delta = _number(args.delta, "--delta")
-    options: dict[str, Any] = {"categories": _integer(args.categories, "--categories")}
+    options: dict[str, Any] = {
+        "categories": _integer(args.categories, "--categories", MAX_CATEGORIES)
+    }
     if args.flip is not None:
         options["flip"] = _number(args.flip, "--flip")
     if args.bins is not None:
-        options["bins"] = _integer(args.bins, "--bins")
-        options["special_bins"] = _integer(args.special_bins, "--special-bins")
+        options["bins"] = _integer(args.bins, "--bins", MAX_CATEGORIES)
+        options["special_bins"] = _integer(args.special_bins, "--special-bins", MAX_CATEGORIES)
     releases = _integer(args.releases, "--releases", 10**6)
     bound = accounting.tight_bound(args.randomizer, epsilon_local or 1.0, n, delta, **options)
     payload: dict[str, Any] = {
@@ -201,7 +208,7 @@ def _tight(args: argparse.Namespace) -> int:
 
 def _fragments(args: argparse.Namespace) -> int:
     backstop = _number(args.epsilon_backstop, "--epsilon-backstop")
-    fragments = _integer(args.fragments, "--fragments")
+    fragments = _integer(args.fragments, "--fragments", MAX_FRAGMENTS)
     fragment = (
         None
         if args.epsilon_fragment is None
@@ -262,7 +269,7 @@ def _fragments(args: argparse.Namespace) -> int:
 def _deletion(args: argparse.Namespace) -> int:
     epsilon = _number(args.epsilon_deletion, "--epsilon-deletion")
     delta = _number(args.delta_deletion, "--delta-deletion")
-    crowds = _integer(args.crowds, "--crowds")
+    crowds = _integer(args.crowds, "--crowds", MAX_CROWDS)
     noise = accounting.deletion_noise(epsilon, delta)
     bounds = accounting.deletion_bounds(epsilon, delta, crowds)
     payload = {
@@ -357,7 +364,7 @@ def _chosen_bound(args: argparse.Namespace) -> str | None:
 _REQUIRED_HELP = {
     "--epsilon-local": "local epsilon of one report",
     "--epsilon-central": "target central epsilon",
-    "--respondents": "crowd size n",
+    "--respondents": "crowd size n (1..1e10)",
     "--delta": "central delta",
 }
 
@@ -405,10 +412,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )  # fmt: skip
     tight.add_argument("--epsilon-local", default=None, help="local epsilon eps_0")
     _add_required(tight, "--respondents", "--delta")
-    tight.add_argument("--categories", default="2", help="k of k_rr (default 2)")
+    tight.add_argument("--categories", default="2", help="k of k_rr (default 2; 1..1e9)")
     tight.add_argument("--flip", default=None, help="flip probability of cheu")
-    tight.add_argument("--bins", default=None, help="bins of balls_into_bins")
-    tight.add_argument("--special-bins", default="1", help="special bins of balls_into_bins")
+    tight.add_argument("--bins", default=None, help="bins of balls_into_bins (1..1e9)")
+    tight.add_argument(
+        "--special-bins", default="1", help="special bins of balls_into_bins (1..1e9)"
+    )
     tight.add_argument(
         "--releases", default="1", help="compose this many such releases (PLD composition)"
     )
@@ -422,11 +431,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="fragment epsilon eps_f (default: sinh(eps_f) = sinh(eps_b)/tau, the paper's rule)",
     )
-    fragments.add_argument("--fragments", required=True, help="fragments per report, tau")
+    fragments.add_argument("--fragments", required=True, help="fragments per report, tau (1..1e6)")
     fragments.add_argument(
         "--seen", default=None, help="fragments an adversary sees, t (default tau)"
     )
-    fragments.add_argument("--respondents", default=None, help="crowd size, to add epsilon_central")
+    fragments.add_argument(
+        "--respondents", default=None, help="crowd size, to add epsilon_central (1..1e10)"
+    )
     fragments.add_argument("--delta", default=None, help="central delta, with --respondents")
     _add_json(fragments)
     fragments.set_defaults(handler=_fragments)
@@ -434,7 +445,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     deletion = commands.add_parser("deletion", help="randomized report deletion (Algorithm 3)")
     deletion.add_argument("--epsilon-deletion", required=True, help="epsilon_cr")
     deletion.add_argument("--delta-deletion", required=True, help="delta_cr")
-    deletion.add_argument("--crowds", default="1", help="number of crowds P (default 1)")
+    deletion.add_argument("--crowds", default="1", help="number of crowds P (default 1; 1..1e12)")
     _add_json(deletion)
     deletion.set_defaults(handler=_deletion)
 

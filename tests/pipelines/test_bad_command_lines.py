@@ -4,13 +4,15 @@ represented are refused; one line, never a traceback)."""
 
 from __future__ import annotations
 
+import argparse
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from pipelines.commandline.main import COMMANDS, main
+from pipelines.commandline.main import COMMANDS, build_parser, main
 
 TOO_BIG = str(2**63)
 
@@ -57,6 +59,48 @@ CASES = [
     (SIMULATE + ["--codec", "lzo"], "invalid choice"),
     (SIMULATE + ["--compression-level", "10"], "--compression-level"),
     (["experiment", "all", "--output", "{out}", "--workers", "0"], "--workers"),
+    # Sizes beyond their documented ranges (issue: hardening round 3, item 5).
+    (SHUFFLE + ["--messages-per-shard", str(10**9)], "--messages-per-shard"),
+    (SHUFFLE + ["--messages-per-file", str(10**9)], "--messages-per-file"),
+    (SHUFFLE + ["--batch-records", str(2**23)], "--batch-records"),
+    (ANALYZE + ["--dense-limit", str(2**27)], "--dense-limit"),
+    (ANALYZE + ["--batch-records", str(2**23)], "--batch-records"),
+    (SIMULATE + ["--messages-per-chunk", str(10**8)], "--messages-per-chunk"),
+    (SIMULATE + ["--messages-per-shard", str(10**9)], "--messages-per-shard"),
+    (RUN + ["--parallel-shuffles", "65"], "--parallel-shuffles"),
+    (RUN + ["--instances", "1025"], "--instances"),
+    (["keys", "generate", "--output", "{out}", "--shuffler-instance", str(2**31)], "instance"),
+    (
+        [
+            "privacy",
+            "tight",
+            "--randomizer",
+            "k_rr",
+            "--epsilon-local",
+            "1",
+            "--respondents",
+            "1000",
+            "--delta",
+            "1e-6",
+            "--categories",
+            "1e15",
+        ],
+        "--categories",
+    ),  # fmt: skip
+    (["privacy", "fragments", "--epsilon-backstop", "1", "--fragments", "1e15"], "--fragments"),
+    (
+        [
+            "privacy",
+            "deletion",
+            "--epsilon-deletion",
+            "1",
+            "--delta-deletion",
+            "1e-6",
+            "--crowds",
+            "1e300",
+        ],
+        "--crowds",
+    ),  # fmt: skip
     # Randomized deletion.
     (SHUFFLE + ["--deletion-epsilon", "1"], "go together"),
     (SHUFFLE + ["--deletion-epsilon", "nan", "--deletion-delta", "1e-6"], "--deletion-epsilon"),
@@ -152,3 +196,27 @@ def test_the_installed_command_refuses_a_misspelled_flag_quietly(places):
         "esa shuffle: error: unrecognized arguments: --crowd-treshold 100000"
     ]
     assert completed.stdout == ""
+
+
+SIZE_FLAGS = {
+    "shuffle": [
+        "--batch-records",
+        "--messages-per-shard",
+        "--messages-per-file",
+        "--crowd-buckets",
+    ],
+    "analyze": ["--batch-records", "--dense-limit"],
+    "simulate": ["--respondents", "--messages-per-shard", "--messages-per-chunk"],
+    "run": ["--respondents", "--instances", "--parallel-shuffles"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(SIZE_FLAGS))
+def test_every_size_flag_documents_its_range(command):
+    """Each size-like flag's help states the range its check enforces."""
+    parser = build_parser(command)
+    [subparsers] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    actions = subparsers.choices[command]._actions
+    helps = {option: action.help for action in actions for option in action.option_strings}
+    for flag in SIZE_FLAGS[command]:
+        assert re.search(r"\d[\d,]*\.\.[\d,]+|at most [\d,]+", helps[flag]), (flag, helps[flag])
