@@ -126,6 +126,27 @@ def test_a_replayed_sealed_message_counts_once_and_moves_no_n(world):
     assert counts[victim] == 1 and max(counts.values()) == 1
 
 
+def test_replays_in_other_origin_shards_of_the_bucket_count_once_too(world, tmp_path):
+    """The bucket split into many origin shards (--messages-per-shard 64): the replays sit in
+    other shards than their victim, and still count once."""
+    root, recipe, victim = world
+    output = tmp_path / "sharded"
+    code, err = _esa(
+        "shuffle", "--input", str(root / "attacked" / "*.avro"), "--instance", "0",
+        "--output", str(output), "--recipe", recipe, "--crowd-threshold", "10",
+        "--messages-per-shard", "64", *FNAPI,
+    )  # fmt: skip
+    assert code == 0, err
+    metrics = json.loads((tmp_path / "sharded.private" / "metrics.json").read_text())
+    assert metrics["rejected_by_reason"].get("duplicate_payload") == ATTACKERS
+    [crowd] = commit.iter_crowds(commit.verify_release(str(output)))
+    assert crowd["respondents_released"] == RESPONDENTS
+    released = []
+    for path in sorted((output / "messages").rglob("*.avro")):
+        released += [r["payload"] for r in _records(path)[1]]
+    assert collections.Counter(released)[victim] == 1
+
+
 def test_repeats_that_reach_the_analyzer_are_discarded_and_counted(world, tmp_path):
     root, recipe, _ = world
     [path] = sorted((root / "shuffled" / "instance=0" / "messages").rglob("*.avro"))

@@ -25,6 +25,7 @@ from transforms.shuffler import decide as decide
 from transforms.shuffler import report_rows
 from transforms.shuffler import spill as spill
 from transforms.shuffler.config import DELETED, RELEASED, ShuffleConfig
+from transforms.shuffler.replays import shard_repeats
 from transforms.shuffler.sinks import CrowdTable, ReleasedGroup
 from transforms.shuffler.spill import Piece, crowd_of_text, pack_ints, unpack_ints, unpack_texts
 from transforms.shuffler.steps import count as _count
@@ -57,7 +58,8 @@ class DeleteAndScatter(beam.DoFn):
         rows, _ = spill.read_shard_rows(
             deletion.task, ["origin_hash", "event_time", "payload", "payload_crc32c", "crowd"]
         )
-        screened = screen(rows, self._rules, key[1])
+        repeats = shard_repeats(deletion.task) if deletion.task.bits else None
+        screened = screen(rows, self._rules, key[1], repeats)
         code_of = {text: code for code, text in enumerate(screened.texts)}
         by_crowd = np.argsort(screened.crowds, kind="stable")
         bounds = np.searchsorted(screened.crowds[by_crowd], np.arange(len(screened.texts) + 1))

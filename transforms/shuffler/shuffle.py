@@ -86,6 +86,7 @@ from transforms.shuffler.read import (
     draw_origin_key,
 )
 from transforms.shuffler.release import CompleteBucket, DeleteAndScatter, PermuteGroup
+from transforms.shuffler.replays import shard_repeats
 from transforms.shuffler.sinks import CrowdTable, ReleasedGroup, WriteDeadLetters  # noqa: F401 - re-exported: pipelines/analyze.py uses it
 from transforms.shuffler.spill import (
     Piece,
@@ -170,7 +171,8 @@ class CountShard(beam.DoFn):
     def process(self, element: tuple[BucketKey, spill.ShardTask]) -> Iterator[Any]:
         key, task = element
         rows, sources = spill.read_shard_rows(task, _SHARD_COLUMNS)
-        screened = screen(rows, self._rules, key[1])
+        repeats = shard_repeats(task) if task.bits else None  # across the bucket's shards
+        screened = screen(rows, self._rules, key[1], repeats)
         codes, crowds, texts = screened.codes, screened.crowds, screened.texts
         counts: dict[str, int] = {}
         _count(counts, PRESENCE, int(np.count_nonzero(codes == decide.PRESENCE)))

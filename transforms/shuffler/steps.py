@@ -272,20 +272,27 @@ class ScreenedRows(NamedTuple):
     caps: np.ndarray
 
 
-def screen(rows: pa.Table, rules: report_rows.ValidationRules, instance: int) -> ScreenedRows:
+def screen(
+    rows: pa.Table,
+    rules: report_rows.ValidationRules,
+    instance: int,
+    repeated: np.ndarray | None = None,
+) -> ScreenedRows:
     """Screen the rows of many crowds of one instance at once (caps by each crowd's recipe).
 
     Repeats of a sealed payload within a crowd are ``DUPLICATE_PAYLOAD`` first
     (``schemas.replays``: the earliest event time, then the row order, keeps its copy) and take
-    no part in the other screening or in counting respondents."""
+    no part in the other screening or in counting respondents. ``repeated``: those rows when
+    the bucket spans several origin shards (``replays.shard_repeats``), else found here."""
     crowds, texts = crowd_codes(rows.column("crowd"))
     # One look-up per crowd of the shard, not per row.
     found = [origin_cap(rules, instance, crowd_of_text(text)[1]) for text in texts]
     caps = np.array([-1 if cap is None else cap for cap in found], dtype=np.int64)
     hashes = rows.column("origin_hash").to_numpy()
     presence = pc.binary_length(rows.column("payload")).to_numpy(zero_copy_only=False) == 0
-    order = rows.column("event_time").to_numpy() if "event_time" in rows.column_names else None
-    repeated = repeated_sealed_payloads(crowds, rows.column("payload"), order)
+    if repeated is None:
+        order = rows.column("event_time").to_numpy() if "event_time" in rows.column_names else None
+        repeated = repeated_sealed_payloads(crowds, rows.column("payload"), order)
     if not repeated.any():
         codes = decide.screen_crowd_messages(crowds, hashes, presence, caps[crowds])
         return ScreenedRows(codes, crowds, texts, caps)
