@@ -22,8 +22,14 @@ the job). Each crowd's messages in its bucket's files must match its crowd table
 With ``--shuffler-keys KEYS`` (the shufflers' public signing keys) every commit record must also
 carry a valid Ed25519 signature of its own instance's key (schemas/crypto/commit_signing.py): an
 unsigned record, an unknown, wrong-instance or expired key, and a record altered after signing
-are refused the same way. Without it the summary states that the commit records were not
-authenticated.
+are refused the same way (a directory of keys counts only the key ids its
+``trusted_shufflers.json`` pins per instance). Without it the summary states that the commit
+records were not authenticated. With ``--runs-ledger FILE`` a release whose run was accepted
+before, or an older one of its instance, is refused (``pipelines/runs_ledger.py``). A sealed
+release that ``--key-ring`` cannot open (none given, or none of its key ids held) is refused
+before any work (``pipelines/release_keys.py``); repeats of a sealed payload are discarded
+(``duplicate_payload``) and a crowd all of whose messages were rejected is withheld with the
+reasons, never estimated (``transforms/analyzer/arithmetic/rejections.py``).
 
 Respondent counts come only from the crowd tables: instance u states per crowd the respondents
 it released (``respondents_released``, after randomized deletion), and the analyzer de-biases with
