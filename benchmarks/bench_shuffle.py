@@ -14,6 +14,10 @@ Peak memory is each child's own high-water RSS (``VmHWM``, see ``benchmarks/comm
 
 Full mode: 10 M messages; quick mode: 100 k (the memory comparison is skipped; its rate is mostly
 the pipeline's ~2 s start-up, so only the full run says anything about throughput).
+``--messages=N`` sets the count; ``--sealed`` makes the payloads sealed-shaped (83 bytes starting
+with the envelope's version byte), so the shuffler's replay check (``schemas/replays.py``) runs
+on every message; ``--wide`` gives clear payloads of the same length: the two runs on the same
+count measure the check's cost.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from schemas.avro.crc32c import crc32c_many
 DAY_MS = 86_400_000
 T0 = 1_700_006_400_000
 MESSAGES_PER_RESPONDENT = 5
+SEALED_BYTES = 83  # a sealed message of the shipped one-hot recipes: 57 bytes of envelope + pad
 ROUTES = {"bench@1": ("bench", 2), "bench_alt@1": ("bench_alt", 1)}
 
 _SHUFFLE = """
@@ -45,7 +50,7 @@ import json, sys, time
 from benchmarks.common import peak_rss_mb
 from apache_beam.options.pipeline_options import PipelineOptions
 from pipelines import shuffle
-from transforms.shuffle_core import RecipeRoute
+from transforms.shuffler.report_rows import RecipeRoute
 arguments = json.loads(sys.argv[1])
 routes = {name: RecipeRoute(channel, k) for name, (channel, k) in arguments["routes"].items()}
 options = PipelineOptions(
@@ -62,8 +67,18 @@ print(json.dumps({"seconds": time.perf_counter() - start, "records": summary["re
 """
 
 
-def generate(directory: Path, messages: int, files: int, seed: int = 0) -> list[str]:
-    """Report files with ``messages`` messages in total, written with the vectorized encoder."""
+def generate(
+    directory: Path,
+    messages: int,
+    files: int,
+    seed: int = 0,
+    sealed: bool = False,
+    width: int = 16,
+) -> list[str]:
+    """Report files with ``messages`` messages in total, written with the vectorized encoder;
+    ``sealed``: payloads shaped like sealed envelopes (82 random bytes after the version byte 1),
+    so that the shuffler compares them for replays (``schemas/replays.py``); ``width``: bytes of
+    a payload that is not (its first byte even, as a clear payload's)."""
     rng = np.random.default_rng(seed)
     respondents = messages // MESSAGES_PER_RESPONDENT
     respondent = rng.permutation(np.repeat(np.arange(respondents), MESSAGES_PER_RESPONDENT))
@@ -76,8 +91,11 @@ def generate(directory: Path, messages: int, files: int, seed: int = 0) -> list[
     paths = []
     for index, rows in enumerate(np.array_split(np.arange(respondent.size), files)):
         who = respondent[rows]
+        size = SEALED_BYTES if sealed else width
+        data = np.frombuffer(rng.bytes(size * rows.size), dtype=np.uint8).reshape(-1, size).copy()
+        data[:, 0] = 1 if sealed else data[:, 0] & 0xFE  # the envelope's version byte, or even
         payloads = pa.FixedSizeBinaryArray.from_buffers(
-            pa.binary(16), rows.size, [None, pa.py_buffer(rng.bytes(16 * rows.size))]
+            pa.binary(width), rows.size, [None, pa.py_buffer(data.tobytes())]
         ).cast(pa.binary())
         crcs = crc32c_many(payloads)
         origins = pc.binary_join_element_wise("device-", pa.array(who).cast(pa.string()), "")
@@ -106,13 +124,15 @@ def _shuffle(paths_glob: str, output: Path) -> dict:
     return run_child(_SHUFFLE, arguments)
 
 
-def run(quick: bool) -> list[dict]:
-    messages = 100_000 if quick else 10_000_000
+def run(
+    quick: bool, sealed: bool = False, messages: int | None = None, width: int = 16
+) -> list[dict]:
+    messages = messages or (100_000 if quick else 10_000_000)
     files = 2 if quick else 20
     work = Path(tempfile.mkdtemp(prefix="bench-shuffle-"))
     try:
         started = time.perf_counter()
-        paths = generate(work, messages, files)
+        paths = generate(work, messages, files, sealed=sealed, width=width)
         generated = time.perf_counter() - started
         raw = run_child(RAW_READ_SCRIPT, paths)
         shuffled = _shuffle(str(work / "reports-*.avro"), work / "out")
@@ -120,7 +140,9 @@ def run(quick: bool) -> list[dict]:
         shuffle_rate = shuffled["records"] / shuffled["seconds"]
         note = (
             f"{messages:,} messages in {files} files (generated in {generated:.0f} s); "
-            f"FnApiRunner, deletion on; released {shuffled['released']:,}, "
+            f"FnApiRunner, deletion on; "
+            f"{'sealed-shaped' if sealed else f'clear {width}-byte'} payloads; "
+            f"released {shuffled['released']:,}, "
             f"accounting adds up: {shuffled['adds_up']}"
         )
         rows = [
@@ -166,4 +188,8 @@ def run(quick: bool) -> list[dict]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(run("--full" not in sys.argv), indent=2))
+    # --sealed: sealed-shaped payloads (the replay check runs); --wide: clear payloads of the
+    # same length (the baseline for --sealed); --messages=N: N messages.
+    count = next((int(a.split("=", 1)[1]) for a in sys.argv if a.startswith("--messages=")), None)
+    wide = SEALED_BYTES if "--wide" in sys.argv else 16
+    print(json.dumps(run("--full" not in sys.argv, "--sealed" in sys.argv, count, wide), indent=2))

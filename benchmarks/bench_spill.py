@@ -35,8 +35,8 @@ import json, sys, time
 from apache_beam.options.pipeline_options import PipelineOptions
 from benchmarks.common import peak_rss_mb
 from pipelines import shuffle
-from pipelines.options import ShuffleOptions
-from transforms.shuffle_core import RecipeRoute
+from pipelines.commandline.options import ShuffleOptions
+from transforms.shuffler.report_rows import RecipeRoute
 a = json.loads(sys.argv[1])
 routes = {name: RecipeRoute(channel, k) for name, (channel, k) in a["routes"].items()}
 options = PipelineOptions(
@@ -67,7 +67,7 @@ from privacy.noise import os_random_source
 from transforms import release_core as decide
 from transforms import shuffle_core as core
 from transforms.shuffle_read import ReadReportFile, ValidateBatch
-from schemas.crowd_buckets import crowd_order
+from schemas.release.crowd_buckets import crowd_order
 from transforms.shuffle_sinks import ReleasedGroup, WriteShuffledMessages, read_index
 from transforms.shuffle_spill import crowd_of_text
 from transforms.shuffle_steps import bucket_rows, crowd_codes, distinct_per_crowd
