@@ -32,10 +32,6 @@ SMALL_PLAN = {
     "k": 5,
     "min_crowd_size": 200,
     "crowd_threshold": 50,
-    # Two rounds of epsilon 5 fit; the third is refused by every device (Check 1).
-    "analysis_epsilon": 10.0,
-    "field_epsilon": 12.0,
-    "local_epsilon_allowed": 6.0,
     "rounds": [
         {"epsilon_local": 5.0, "keep": 6},
         {"epsilon_local": 5.0, "keep": 4},
@@ -43,14 +39,19 @@ SMALL_PLAN = {
     ],
     "baseline": False,
 }
+# The small fleet's own configuration: two rounds of epsilon 5 fit; the third is refused by
+# every device (Check 1).
+SMALL_FLEET = {"analysis_epsilon": 10.0, "field_epsilon": 12.0, "local_epsilon_allowed": 6.0}
 
 
-def _run(tmp_path, plan, name="out"):
+def _run(tmp_path, plan, name="out", device_config=SMALL_FLEET):
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps(plan))
+    config = tmp_path / f"{name}-device.json"
+    config.write_text(json.dumps(device_config))
     output = tmp_path / name
     code = main(["analysis", "run", "--plan", str(path), "--output", str(output),
-                 "--runner=FnApiRunner"])  # fmt: skip
+                 "--device-config", str(config), "--runner=FnApiRunner"])  # fmt: skip
     return code, output
 
 

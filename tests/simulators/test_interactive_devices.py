@@ -25,12 +25,18 @@ def _recipe(round_id="round-1", tree=(("of",), ("in",)), epsilon=4.0):
     return dev.build_round_recipe("ngram_discovery", round_id, encoding, epsilon, 1000, 1e-6, 2)
 
 
-def _policy(field_epsilon=100.0, analysis_epsilon=100.0):
-    return dev.keyboard_policy("ngram_discovery", analysis_epsilon, field_epsilon, 8.0)
+def _config(field_epsilon=100.0, analysis_epsilon=100.0, **settings):
+    return dev.DeviceConfig(
+        analysis_epsilon=analysis_epsilon,
+        field_epsilon=field_epsilon,
+        local_epsilon_allowed=8.0,
+        **settings,
+    )
 
 
-def _store(tmp_path, texts=("one of the best", "in a minute")):
+def _store(tmp_path, texts=("one of the best", "in a minute"), config=None):
     store = EventStore(tmp_path / "d.sqlite")
+    store.configure((config or _config()).to_dict())
     store.append("keyboard", [(NOW, "en_US", t) for t in texts])
     store.append("contacts", [(NOW, "bob", "+15550001")])
     return store
@@ -51,7 +57,7 @@ def test_recipe_round_trips_and_names_its_tree():
 
 def test_device_answers_with_a_matching_ngram_and_logs_it(tmp_path):
     store = _store(tmp_path)
-    answer = dev.answer(store, _recipe(), _policy(), np.random.default_rng(0))
+    answer = dev.answer(store, _recipe(), np.random.default_rng(0))
     assert answer.status == "answered"
     assert _recipe().encoding.ngram(answer.bucket) in {("of", "the"), ("in", "a")}
     (entry,) = store.audit()
@@ -63,25 +69,26 @@ def test_device_answers_with_a_matching_ngram_and_logs_it(tmp_path):
 def test_query_outside_its_class_is_refused_by_the_database_and_sends_nothing(tmp_path):
     store = _store(tmp_path)
     hostile = dataclasses.replace(_recipe(), query="SELECT phone FROM contacts")
-    answer = dev.answer(store, hostile, _policy(), np.random.default_rng(0))
+    answer = dev.answer(store, hostile, np.random.default_rng(0))
     assert answer.status == "refused_query" and answer.bucket is None
-    assert "the database refused the query: no such table: contacts" in answer.reasons[0]
+    assert answer.reasons == ("query_denied",)
+    assert "the database refused the query: no such table: contacts" in answer.detail
     (entry,) = store.audit()
     assert entry["denied"] == ["no such table: contacts"] and entry["sent"] == []
     # The refused query charged nothing: the next honest one is admitted.
-    assert dev.answer(store, _recipe(), _policy(), np.random.default_rng(0)).status == "answered"
+    assert dev.answer(store, _recipe(), np.random.default_rng(0)).status == "answered"
 
 
 def test_reading_a_timestamp_is_outside_the_class(tmp_path):
     store = _store(tmp_path)
     sneaky = dataclasses.replace(_recipe(), query="SELECT text FROM keyboard WHERE ts > 0")
-    assert dev.answer(store, sneaky, _policy(), np.random.default_rng(0)).status == "refused_query"
+    assert dev.answer(store, sneaky, np.random.default_rng(0)).status == "refused_query"
 
 
 def test_declaring_a_field_outside_the_class_fails_the_checks(tmp_path):
     store = _store(tmp_path)
     greedy = dataclasses.replace(_recipe(), data_fields=("keyboard.text", "contacts.phone"))
-    answer = dev.answer(store, greedy, _policy(), np.random.default_rng(0))
+    answer = dev.answer(store, greedy, np.random.default_rng(0))
     assert answer.status == "refused_checks"
     assert "field_not_in_query_class" in answer.reasons
 
@@ -90,15 +97,15 @@ def test_device_over_its_per_field_budget_refuses(tmp_path):
     first = _recipe("round-1")
     charge = first.recipe.epsilon_central_target
     # The field allows one round's cohort epsilon, the analysis ten.
-    policy = _policy(field_epsilon=charge, analysis_epsilon=10 * charge)
+    config = _config(field_epsilon=charge, analysis_epsilon=10 * charge)
     path = tmp_path / "d.sqlite"
-    with _store(tmp_path):
+    with _store(tmp_path, config=config):
         pass
     with EventStore(path) as store:
-        assert dev.answer(store, first, policy, np.random.default_rng(0)).status == "answered"
+        assert dev.answer(store, first, np.random.default_rng(0)).status == "answered"
     with EventStore(path) as store:  # the ledger is rebuilt from the audit log
         second = _recipe("round-2", tree=(("of", "the"),))
-        answer = dev.answer(store, second, policy, np.random.default_rng(0))
+        answer = dev.answer(store, second, np.random.default_rng(0))
         assert answer.status == "refused_checks" and answer.bucket is None
         assert "field_epsilon_exhausted" in answer.reasons
         assert "analysis_epsilon_exhausted" not in answer.reasons
@@ -107,14 +114,14 @@ def test_device_over_its_per_field_budget_refuses(tmp_path):
 
 def test_device_without_a_match_sends_a_uniformly_random_bucket(tmp_path):
     # Nothing typed extends the tree: the device must still answer, uniformly over the buckets.
-    store = _store(tmp_path, texts=("zebra crossing",))
-    recipe = _recipe(tree=(("of",),))
+    config = _config(field_epsilon=100.0, analysis_epsilon=100.0, reports_allowed=1000)
+    store = _store(tmp_path, texts=("zebra crossing",), config=config)
+    recipe = _recipe(tree=(("of",),), epsilon=0.5)
     rng = np.random.default_rng(7)
-    policy = dev.keyboard_policy("ngram_discovery", 1e6, 1e6, 8.0, reports=10**6)
     bound = functools.lru_cache(maxsize=None)(recipe_cohort_bound(recipe.recipe))
     buckets = []
     for _ in range(210):  # 30 per bucket
-        answer = dev.answer(store, recipe, policy, rng, bound)
+        answer = dev.answer(store, recipe, rng, bound)
         assert answer.status == "random_answer"
         buckets.append(answer.bucket)
     counts = np.bincount(buckets, minlength=recipe.encoding.domain_size)
@@ -126,14 +133,15 @@ def test_device_without_a_match_sends_a_uniformly_random_bucket(tmp_path):
 def test_fleet_counts_refusals_and_applies_retention(tmp_path):
     typed = [["of the people", "in a way"], ["zebra"], ["in the end"]]
     rng = np.random.default_rng(3)
-    kept = dev.create_fleet(tmp_path, typed, NOW, DAY, rng, stale_fraction=0.0)
+    kept = dev.create_fleet(tmp_path, typed, NOW, DAY, rng, _config(), stale_fraction=0.0)
     assert kept == typed
     with EventStore(device_path(tmp_path, 0)) as store:  # one event from before the window
         store.append("keyboard", [(NOW - 2 * DAY, "en_US", "of old")])
-    answers, senders, counters = dev.answer_fleet(tmp_path, 3, _recipe(), _policy(), 1, NOW, DAY)
+    answers, senders, counters = dev.answer_fleet(tmp_path, 3, _recipe(), 1, NOW, DAY)
     assert counters["answered"] == 2 and counters["random_answer"] == 1
     assert counters["events_expired"] == 1
     assert senders.tolist() == [0, 1, 2] and answers.shape == (3,)
     hostile = dataclasses.replace(_recipe("round-2"), query="SELECT phone FROM contacts")
-    answers, senders, counters = dev.answer_fleet(tmp_path, 3, hostile, _policy(), 1, NOW, DAY)
+    answers, senders, counters = dev.answer_fleet(tmp_path, 3, hostile, 1, NOW, DAY)
     assert counters["refused_query"] == 3 and answers.size == 0 and senders.size == 0
+    assert counters["refusal_reasons"] == {"query_denied": 3}
