@@ -124,3 +124,87 @@ def test_bad_plan_is_one_line_exit_2(tmp_path, capsys):
     assert main(["analysis", "run", "--plan", str(path), "--output", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "unknown key 'devcies'" in err
+
+
+# -- hostile plans: one line, exit 2, before any work ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        # A plan asks; it never sets what the devices allow (their own configuration).
+        ({"analysis_epsilon": 100.0}, "'analysis_epsilon' would set the devices' privacy policy"),
+        ({"field_epsilon": 100.0}, "'field_epsilon' would set"),
+        ({"local_epsilon_allowed": 50.0}, "'local_epsilon_allowed' would set"),
+        ({"reports_allowed": 1000}, "'reports_allowed' would set"),
+        ({"query_limits": {"seconds": 60}}, "'query_limits' would set"),
+        ({"rounds": [{"epsilon_local": 5.0, "keep": 0, "epsilon_allowed": 9}]}, "rounds must be"),
+        # Sizes out of their documented ranges.
+        ({"devices": 10**12}, "devices must be in [1, 100000], got 1000000000000"),
+        ({"devices": 0}, "devices must be in [1, 100000]"),
+        ({"sentences_per_device": 10**6}, "sentences_per_device must be in [1, 1000]"),
+        ({"known_words": 10**6}, "known_words must be in [1, 256]"),
+        ({"k": -1}, "k must be in [1, 1000]"),
+        ({"instances": 10**6}, "instances must be in [1, 64]"),
+        ({"min_crowd_size": 10**12}, "min_crowd_size must be in"),
+        ({"crowd_threshold": 2**64}, "crowd_threshold must be in"),
+        ({"rounds": [{"epsilon_local": 5.0, "keep": 0}] * 17}, "rounds must be a list of 1 to 16"),
+        ({"rounds": []}, "rounds must be a list of 1 to 16"),
+        ({"rounds": [{"epsilon_local": 5.0, "keep": 10**9}]}, "rounds[0].keep must be in [0, 256]"),
+        ({"sweep": {"epsilons_local": [1.0], "repeats": 10**9}}, "sweep.repeats must be in"),
+        ({"query": "SELECT text FROM keyboard " + " " * 20_000}, "query must be SQL text"),
+        # Types.
+        ({"seed": "x"}, "seed must be an integer in [0, 4503599627370496], got 'x'"),
+        ({"seed": -1}, "seed must be in [0, 4503599627370496], got -1"),
+        ({"seed": 1.5}, "seed must be an integer"),
+        ({"devices": True}, "devices must be an integer"),
+        ({"name": "../x"}, "name must match"),
+        ({"baseline": "yes"}, "baseline must be true or false"),
+        ({"delta": "1e-6"}, "delta must be a finite number in (0, 0.01]"),
+        # Non-finite and absurd numbers.
+        ({"delta": 0}, "delta must be a finite number in (0, 0.01]"),
+        ({"delta": 0.5}, "delta must be a finite number in (0, 0.01]"),
+        ({"rounds": [{"epsilon_local": -1.0, "keep": 0}]}, "rounds[0].epsilon_local must be"),
+        ({"rounds": [{"epsilon_local": 0, "keep": 0}]}, "rounds[0].epsilon_local must be"),
+        ({"rounds": [{"epsilon_local": 1e308, "keep": 0}]}, "rounds[0].epsilon_local must be"),
+        ({"sweep": {"epsilons_local": [-3.0]}}, "sweep.epsilons_local[0] must be"),
+    ],
+)
+def test_hostile_plan_is_one_line_exit_2_before_any_work(tmp_path, capsys, given, says):
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(given))
+    output = tmp_path / "o"
+    assert main(["analysis", "run", "--plan", str(path), "--output", str(output)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("esa analysis: error: --plan ")
+    assert says in err
+    assert not output.exists()
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_non_finite_json_numbers_are_refused(tmp_path, capsys, constant):
+    path = tmp_path / "plan.json"
+    path.write_text(f'{{"delta": {constant}}}')
+    assert main(["analysis", "run", "--plan", str(path), "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"{constant} is not a number JSON allows" in err
+
+
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [
+        ({"analysis_epsilon": float("inf")}, "analysis_epsilon must be a number in [0, 100]"),
+        ({"analysis_epsilon": -1}, "analysis_epsilon must be a number in [0, 100]"),
+        ({"reports_allowed": 10**12}, "reports_allowed must be an integer in [0, 1000]"),
+        ({"query_limits": {"seconds": 0}}, "query limit seconds must be in (0, 60]"),
+        ({"budget": 3}, "unknown key 'budget'"),
+    ],
+)
+def test_bad_device_config_is_one_line_exit_2(tmp_path, capsys, given, says):
+    path = tmp_path / "device.json"
+    path.write_text(json.dumps(given).replace("Infinity", "1e999"))
+    argv = ["analysis", "run", "--device-config", str(path), "--output", str(tmp_path / "o")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and err.startswith("esa analysis: error: --device-config ")
+    assert says in err
