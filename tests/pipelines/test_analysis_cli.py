@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
+from pathlib import Path
 
 import fastavro
 import google_crc32c
@@ -208,3 +209,47 @@ def test_bad_device_config_is_one_line_exit_2(tmp_path, capsys, given, says):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and err.startswith("esa analysis: error: --device-config ")
     assert says in err
+
+
+# -- the rounds shuffle through esa run's shuffler: a flooding device does not move n -------------
+
+
+@needs_corpus
+def test_a_flooding_device_does_not_move_n(tmp_path, monkeypatch):
+    """Each round's answers go through ``esa run``'s stages (simulate -> ``esa shuffle`` per
+    instance -> ``esa analyze``), so the shuffler's per-origin caps and presence-based n hold for
+    interactive rounds: one device's data report resent 2,000 times (by that device, same origin)
+    after the fleet wrote its files leaves n at the number of devices that answered."""
+    from pipelines import simulate as simulate_pipeline
+
+    real_simulate = simulate_pipeline.run
+    flood: dict[str, object] = {}
+
+    def simulate_then_flood(options):
+        summary = real_simulate(options)
+        folder = Path(options.get_all_options()["simulate_output"]) / "instance=0"
+        with open(sorted(folder.glob("*.avro"))[0], "rb") as handle:
+            reader = fastavro.reader(handle)
+            schema, reports = reader.writer_schema, list(reader)
+        victim = next(report for report in reports if report["payload"])
+        with open(folder / "flood.avro", "wb") as handle:
+            fastavro.writer(handle, schema, [victim] * 2000)
+        flood["origin"] = victim["origin"]
+        return summary
+
+    monkeypatch.setattr(simulate_pipeline, "run", simulate_then_flood)
+    plan = {**SMALL_PLAN, "rounds": SMALL_PLAN["rounds"][:1]}
+    code, output = _run(tmp_path, plan)
+    assert flood, "the simulate stage did not run through pipelines.simulate.run"
+    (only,) = json.loads((output / "analysis.json").read_text())["rounds"]
+    assert only["senders"] == 300 and "stopped" not in only
+    (crowd,) = only["privacy_report"]
+    assert crowd["respondents_effective"] == 300
+    # The shuffler saw the flood and kept at most its per-origin cap of it (whatever the reason
+    # it gives the rest); the analyzer read only signed, verified releases.
+    esa = output / "round-1" / "esa"
+    metrics = json.loads((esa / "shuffled" / "instance=0.private" / "metrics.json").read_text())
+    assert metrics["presence"] == 300 and metrics["dead_lettered"] >= 1_900
+    summary = json.loads((esa / "analysis" / "summary.json").read_text())
+    assert summary["inputs"]["commit_records"].startswith("authenticated: Ed25519 signatures")
+    assert code == 0
