@@ -82,6 +82,7 @@ _PROGRESS_STEP = 100
 # honest query costs a few dozen).
 _INSTRUCTION_FLOOR = 10_000
 _KEYSTORE_VERSION = 1
+_SCHEMA_VERSION = 1  # PRAGMA user_version of a database whose tables were created
 _GENESIS = bytes(32)  # mac_0: the head of an empty ledger
 
 
@@ -183,6 +184,13 @@ class EventStore:
         self._db = sqlite3.connect(self.path, isolation_level=None)
         self._db.execute("PRAGMA synchronous=OFF")
         self._db.execute("PRAGMA journal_mode=MEMORY")
+        if self._db.execute("PRAGMA user_version").fetchone()[0] != _SCHEMA_VERSION:
+            self._create_schema()
+        self._verified: tuple[int, bytes] | None = None  # (entries, head) checked this session
+
+    def _create_schema(self) -> None:
+        """The streams, the audit log and its append-only triggers (once per database: a table
+        dropped later stays dropped, and its ledger broken)."""
         for stream, columns in STREAMS.items():
             spec = ", ".join(f"{name} {kind}" for name, kind in columns)
             self._db.execute(f"CREATE TABLE IF NOT EXISTS {stream} ({spec})")
@@ -196,7 +204,7 @@ class EventStore:
                 f"CREATE TRIGGER IF NOT EXISTS {AUDIT_TABLE}_no_{verb.lower()} BEFORE {verb} "
                 f"ON {AUDIT_TABLE} BEGIN SELECT RAISE(ABORT, 'the audit log is append-only'); END"
             )
-        self._verified: tuple[int, bytes] | None = None  # (entries, head) checked this session
+        self._db.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
 
     def close(self) -> None:
         self._db.close()
@@ -231,14 +239,19 @@ class EventStore:
         return data
 
     def _write_keystore(self) -> None:
+        """Rewrite the keystore in place (mode 0600), padded with blanks to its old length rather
+        than truncated (ext4 flushes a file truncated or renamed over on close: milliseconds per
+        device). Not atomic, as nothing in a simulated device is durable (no fsync); a torn write
+        leaves it unreadable, which breaks the ledger (fail closed) rather than resetting it."""
         if self._keystore_path is None:
             return
         assert self._keystore is not None
-        temporary = self._keystore_path.with_name(self._keystore_path.name + ".tmp")
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(descriptor, "w") as handle:
-            json.dump(self._keystore, handle, sort_keys=True)
-        os.replace(temporary, self._keystore_path)
+        data = json.dumps(self._keystore, sort_keys=True).encode()
+        descriptor = os.open(self._keystore_path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.pwrite(descriptor, data.ljust(os.fstat(descriptor).st_size), 0)
+        finally:
+            os.close(descriptor)
 
     def configure(self, configuration: Mapping[str, Any]) -> None:
         """Set the device's configuration (privacy policy, query limits): once, at enrollment."""
