@@ -3,6 +3,7 @@ refusals counted, budgets composed, and each device's audit log equal to what it
 
 from __future__ import annotations
 
+import ast
 import glob
 import hashlib
 import json
@@ -253,3 +254,29 @@ def test_a_flooding_device_does_not_move_n(tmp_path, monkeypatch):
     summary = json.loads((esa / "analysis" / "summary.json").read_text())
     assert summary["inputs"]["commit_records"].startswith("authenticated: Ed25519 signatures")
     assert code == 0
+
+
+LAYERS = {"pipelines", "transforms", "schemas", "simulators", "privacy", "experiments"}
+
+
+def test_interactive_analyses_reach_the_shuffler_and_releases_only_through_esa_run():
+    """Statically: ``esa analysis`` (pipelines/interactive*.py) imports no shuffler code, no
+    release reader and no analyzer stage of its own; its rounds run ``pipelines.run`` (whose
+    stages are ``esa shuffle`` and ``esa analyze``), and of the analyzer it reads only the
+    finished outputs (``transforms.analyzer.report_files``)."""
+    root = Path(__file__).resolve().parents[2]
+    allowed = ("pipelines.commandline", "pipelines.run", "pipelines.interactive_sweep",
+               "privacy", "simulators", "transforms.analyzer.report_files")  # fmt: skip
+    for name in ("interactive.py", "interactive_sweep.py"):
+        tree = ast.parse((root / "pipelines" / name).read_text())
+        project = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [f"{node.module}.{alias.name}" for alias in node.names]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            project.update(n for n in names if n.split(".")[0] in LAYERS)
+        outside = sorted(n for n in project if not n.startswith(allowed))
+        assert not outside, f"pipelines/{name} imports {outside}"
