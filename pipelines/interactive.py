@@ -498,10 +498,10 @@ def run_analysis(
         if echo:
             print(text, flush=True)
 
+    rng = np.random.default_rng(plan["seed"])
+    typed, known = _typed(plan, rng)  # refuses a plan the corpus cannot serve, before any file
     _prepare(output, overwrite)
     (output / "plan.json").write_text(json.dumps(plan, indent=2))
-    rng = np.random.default_rng(plan["seed"])
-    typed, known = _typed(plan, rng)
     began = time.monotonic()
     in_window = devices_mod.create_fleet(
         output / "devices", typed, NOW_MS, DAY_MS, rng, device_config

@@ -7,13 +7,17 @@ import ast
 import glob
 import hashlib
 import json
+import sqlite3
 from pathlib import Path
 
 import fastavro
 import google_crc32c
+import numpy as np
 import pytest
 
 from pipelines.commandline.main import main
+from simulators import interactive_devices as dev
+from simulators.event_store import device_path
 from simulators.text_corpus import CorpusUnavailable, fortune_files
 
 try:
@@ -280,3 +284,17 @@ def test_interactive_analyses_reach_the_shuffler_and_releases_only_through_esa_r
             project.update(n for n in names if n.split(".")[0] in LAYERS)
         outside = sorted(n for n in project if not n.startswith(allowed))
         assert not outside, f"pipelines/{name} imports {outside}"
+
+
+def test_audit_of_a_tampered_ledger_is_one_line_exit_1(tmp_path, capsys):
+    devices = tmp_path / "out" / "devices"
+    dev.create_fleet(devices, [["of the people"]], 0, 86_400_000, np.random.default_rng(1))
+    assert main(["analysis", "audit", "--output", str(tmp_path / "out"), "--device", "0"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+    database = sqlite3.connect(device_path(devices, 0))
+    database.execute("DROP TABLE _audit")
+    database.close()
+    assert main(["analysis", "audit", "--output", str(tmp_path / "out"), "--device", "0"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert captured.err.startswith("esa analysis: error: device 0's audit log is broken: ")
