@@ -298,3 +298,16 @@ def test_audit_of_a_tampered_ledger_is_one_line_exit_1(tmp_path, capsys):
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1
     assert captured.err.startswith("esa analysis: error: device 0's audit log is broken: ")
+
+
+@needs_corpus
+def test_a_round_asking_more_than_the_devices_allow_is_refused_by_each_with_its_reason(tmp_path):
+    # The devices ship with DeviceConfig(): at most epsilon_local 6 per query. The plan asks 7.
+    plan = {**SMALL_PLAN, "devices": 40, "rounds": [{"epsilon_local": 7.0, "keep": 0}]}
+    code, output = _run(tmp_path, plan, device_config={})
+    result = json.loads((output / "analysis.json").read_text())
+    (only,) = result["rounds"]
+    assert result["device_config"]["local_epsilon_allowed"] == 6.0
+    assert only["devices"]["refused_checks"] == 40 and only["stopped"] == "no device answered"
+    assert only["devices"]["refusal_reasons"]["field_epsilon_local_exceeded"] == 40
+    assert result["composition"]["central"]["epsilon"] == 0.0 and code == 0
