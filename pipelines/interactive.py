@@ -279,10 +279,14 @@ def check_plan(plan: dict[str, Any], source: str = "plan", given_keys: Any = Non
     if not isinstance(plan["baseline"], bool):
         raise UsageError(f"{source}: baseline must be true or false, got {plan['baseline']!r}")
     query = plan["query"]
-    if not isinstance(query, str) or not 0 < len(query) <= MAX_QUERY_CHARACTERS:
+    if not isinstance(query, str) or not 0 < len(query) <= MAX_QUERY_CHARACTERS or "\x00" in query:
         raise UsageError(
             f"{source}: query must be SQL text of 1 to {MAX_QUERY_CHARACTERS:,} characters"
         )
+    try:
+        query.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(f"{source}: query must be UTF-8 text (no lone surrogates)") from None
     sweep = plan["sweep"]
     if sweep is not None:
         if not isinstance(sweep, dict) or not set(sweep) <= {"epsilons_local", "repeats"}:

@@ -364,7 +364,8 @@ class EventStore:
             view.set_authorizer(authorize)
             view.set_progress_handler(progress, _PROGRESS_STEP)
             rows = view.execute(sql, params).fetchmany(max_rows + 1)
-        except sqlite3.DatabaseError as error:
+        except (sqlite3.Error, ValueError, OverflowError) as error:
+            # ValueError: text Python cannot hand to SQLite (a NUL, a lone surrogate).
             if tripped:
                 raise self._over_limit(tripped[0], limits, events) from None
             raise QueryRefused(

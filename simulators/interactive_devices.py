@@ -371,7 +371,12 @@ def answer(
         entry.update(status="refused_checks", reasons=["no_device_configuration"], sent=[])
         store.log(recipe.round_id, entry)
         return Answer("refused_checks", None, ("no_device_configuration",), detail)
-    config = DeviceConfig.from_dict(configuration, source=f"{store.path} keystore")
+    try:
+        config = DeviceConfig.from_dict(configuration, source=f"{store.path} keystore")
+    except ValueError as error:
+        entry.update(status="refused_checks", reasons=["device_configuration_invalid"], sent=[])
+        store.log(recipe.round_id, entry)
+        return Answer("refused_checks", None, ("device_configuration_invalid",), str(error))
     policy = config.policy()
     # The ledger, replayed from the verified log: what this device has already spent.
     budget = DeviceBudget(policy, cohort_bound or recipe_cohort_bound(recipe.recipe))
@@ -390,6 +395,13 @@ def answer(
     approved |= NON_SENSITIVE_FIELDS.get(analysis.name, frozenset()) & set(recipe.non_sensitive)
     try:
         result = store.run_query(recipe.query, approved, limits=config.query_limits)
+        if any(len(row) != 1 for row in result.rows):
+            # The encoding scheme reads one text column (Section 4.1); anything else is not
+            # this recipe's answer.
+            raise QueryRefused(
+                "query_shape: the query must return one column (the text to encode)",
+                reason="query_shape",
+            )
     except QueryRefused as refused:
         entry.update(
             status="refused_query",

@@ -159,6 +159,8 @@ def test_bad_plan_is_one_line_exit_2(tmp_path, capsys):
         ({"rounds": [{"epsilon_local": 5.0, "keep": 10**9}]}, "rounds[0].keep must be in [0, 256]"),
         ({"sweep": {"epsilons_local": [1.0], "repeats": 10**9}}, "sweep.repeats must be in"),
         ({"query": "SELECT text FROM keyboard " + " " * 20_000}, "query must be SQL text"),
+        ({"query": "SELECT text FROM keyboard WHERE text = '\udc80'"}, "must be UTF-8 text"),
+        ({"query": "SELECT text FROM keyboard\x00"}, "query must be SQL text"),
         # Types.
         ({"seed": "x"}, "seed must be an integer in [0, 4503599627370496], got 'x'"),
         ({"seed": -1}, "seed must be in [0, 4503599627370496], got -1"),

@@ -72,6 +72,14 @@ def test_query_outside_its_class_fails_inside_the_database(store, sql, reason):
     store.append("keyboard", [(60, "en_US", "again")])
 
 
+@pytest.mark.parametrize(
+    "sql", ["SELECT text FROM keyboard WHERE text = '\udc80'", "SELECT text FROM keyboard\x00"]
+)
+def test_text_sqlite_cannot_take_is_refused(store, sql):
+    with pytest.raises(QueryRefused, match="the database refused"):
+        store.run_query(sql, APPROVED)
+
+
 def test_two_statements_are_refused(store):
     with pytest.raises(QueryRefused):
         store.run_query("SELECT text FROM keyboard; DELETE FROM keyboard", APPROVED)

@@ -89,6 +89,13 @@ def test_query_outside_its_class_is_refused_by_the_database_and_sends_nothing(tm
     assert dev.answer(store, _recipe(), np.random.default_rng(0)).status == "answered"
 
 
+def test_a_query_returning_more_than_the_text_is_refused(tmp_path):
+    store = _store(tmp_path)
+    wide = dataclasses.replace(_recipe(), query="SELECT text, locale FROM keyboard")
+    answer = dev.answer(store, wide, np.random.default_rng(0))
+    assert answer.status == "refused_query" and answer.reasons == ("query_shape",)
+
+
 def test_reading_a_timestamp_is_outside_the_class(tmp_path):
     store = _store(tmp_path)
     sneaky = dataclasses.replace(_recipe(), query="SELECT text FROM keyboard WHERE ts > 0")
