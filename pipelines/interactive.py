@@ -390,11 +390,23 @@ def _compose(epsilons: list[float], deltas: list[float]) -> dict[str, Any]:
 
 
 def _prepare(output: Path, overwrite: bool) -> None:
-    if output.exists() and any(output.iterdir()):
+    """An empty --output; --overwrite replaces an earlier analysis (a folder with plan.json)
+    and nothing else."""
+    if output.exists() and not output.is_dir():
+        raise UsageError(f"--output {output} exists and is not a directory")
+    if output.is_dir() and any(output.iterdir()):
         if not overwrite:
             raise UsageError(f"--output {output} exists; pass --overwrite to replace it")
+        if not (output / "plan.json").is_file():
+            raise UsageError(
+                f"--output {output} holds something other than an earlier esa analysis; "
+                "--overwrite replaces only that"
+            )
         shutil.rmtree(output)
-    output.mkdir(parents=True, exist_ok=True)
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"--output {output}: cannot be created: {error.strerror}") from None
 
 
 def _run_round(

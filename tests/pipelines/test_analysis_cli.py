@@ -313,3 +313,20 @@ def test_a_round_asking_more_than_the_devices_allow_is_refused_by_each_with_its_
     assert only["devices"]["refused_checks"] == 40 and only["stopped"] == "no device answered"
     assert only["devices"]["refusal_reasons"]["field_epsilon_local_exceeded"] == 40
     assert result["composition"]["central"]["epsilon"] == 0.0 and code == 0
+
+
+@needs_corpus
+def test_output_that_is_not_an_earlier_analysis_is_never_replaced(tmp_path, capsys):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({**SMALL_PLAN, "devices": 5}))
+    a_file = tmp_path / "file"
+    a_file.write_text("keep")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "precious.txt").write_text("keep")
+    for output, says in ((a_file, "is not a directory"), (folder, "something other than")):
+        argv = ["analysis", "run", "--plan", str(plan), "--output", str(output), "--overwrite"]
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and says in err
+    assert a_file.read_text() == "keep" and (folder / "precious.txt").read_text() == "keep"
