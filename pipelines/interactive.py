@@ -35,7 +35,8 @@ for each total local epsilon, the interactive rounds with one non-interactive ro
 Output: ``DIR/analysis.json`` (the device configuration; per round: recipe, device counters
 with refusals by reason, privacy report, discovered
 n-grams, precision and recall at k; composition; baseline; sweep), ``DIR/round-<r>/`` (the
-round's recipe, answers and the ``esa run`` output), ``DIR/devices/`` (one SQLite file per device).
+round's recipe, answers and the ``esa run`` output), ``DIR/devices/`` (one SQLite file per device
+and its keystore).
 """
 
 from __future__ import annotations
