@@ -27,7 +27,7 @@ from typing import Any, ClassVar, NoReturn
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 from privacy.accounting.deletion import deletion_noise
-from transforms.shuffler.report_rows import MAX_EVENT_TIME_MS, parse_duration_ms
+from schemas.windows import MAX_EVENT_TIME_MS, parse_duration_ms
 
 __all__ = [
     "DEFAULT_BATCH_RUNNER",
@@ -46,6 +46,15 @@ __all__ = [
 # to download Prism, which cannot work offline (DESIGN.md, Beam facts).
 DEFAULT_BATCH_RUNNER = "FnApiRunner"
 INT64_MAX = 2**63 - 1
+# Ranges of the size-like flags, checked before any work and stated in each flag's help: a size
+# beyond them is a typo or an attack (a batch, shard or dense array no worker could hold).
+MAX_BATCH_RECORDS = 1 << 22  # records per column batch: about 0.5 GB of report columns
+MAX_MESSAGES_PER_SHARD = 100_000_000  # messages one worker holds while counting a shard
+MAX_MESSAGES_PER_FILE = 100_000_000  # messages in one released file (and one worker)
+MAX_MESSAGES_PER_CHUNK = 10_000_000  # messages a simulating worker generates at once
+MAX_DENSE_LIMIT = 1 << 26  # a domain counted densely: 512 MB of int64 counts per crowd
+MAX_INSTANCES = 1024  # shuffler instances of one esa run
+MAX_PARALLEL_SHUFFLES = 64  # processes esa run starts at once
 # The latest window end an Avro timestamp-millis every reader can decode holds (the last
 # millisecond of year 9999, the end of Python's datetime), as the shuffler enforces on data.
 LATEST_WINDOW_END_MS = MAX_EVENT_TIME_MS

@@ -23,12 +23,14 @@ import re
 import tempfile
 from collections.abc import Iterator, Sequence
 
-from pipelines.commandline.main import UsageError
-
-__all__ = ["LOCK_DIR_VARIABLE", "lock_directory", "lock_path", "output_locks"]
+__all__ = ["LOCK_DIR_VARIABLE", "OutputInUse", "lock_directory", "lock_path", "output_locks"]
 
 LOCK_DIR_VARIABLE = "ESA_LOCK_DIR"
 _REMOTE = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")  # gs://, s3://, hdfs://: not locked here
+
+
+class OutputInUse(ValueError):
+    """Another run holds an output's lock (``esa`` prints it as one line, exit 2)."""
 
 
 def lock_directory() -> str:
@@ -48,7 +50,7 @@ def lock_path(path: str) -> str:
 @contextlib.contextmanager
 def output_locks(command: str, outputs: Sequence[tuple[str, str]]) -> Iterator[None]:
     """Hold the exclusive lock of every ``(flag, path)`` output for the ``with`` body;
-    UsageError (one line) when another run holds one. Paths on other file systems (``gs://``)
+    :class:`OutputInUse` (one line) when another run holds one. Paths on other file systems (``gs://``)
     are not locked here."""
     held: list[int] = []
     try:
@@ -62,7 +64,7 @@ def output_locks(command: str, outputs: Sequence[tuple[str, str]]) -> Iterator[N
                 fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(descriptor)
-                raise UsageError(
+                raise OutputInUse(
                     f"{flag} {path!r} is in use by another esa run (lock {lock_path(path)}); "
                     f"wait for it to finish: a second esa {command} into it would mix their files"
                 ) from None

@@ -49,7 +49,7 @@ from transforms.analyzer.arithmetic.batches import (
 from transforms.analyzer.arithmetic.buckets import (
     ANALYZER_BUCKETS,
     CROWDS_PER_BUCKET,
-    BucketKey,
+    AnalysisBucketKey,
     CrowdBucket,
     WithheldRecord,
     analyzer_buckets,
@@ -98,7 +98,7 @@ __all__ = [
     "ALGORITHM_3",
     "ANALYZER_BUCKETS",
     "CROWDS_PER_BUCKET",
-    "BucketKey",
+    "AnalysisBucketKey",
     "CrowdBucket",
     "WithheldRecord",
     "analyzer_buckets",

@@ -34,7 +34,7 @@ from transforms.analyzer.arithmetic.accumulate import (
     is_longitudinal,
 )
 from transforms.analyzer.arithmetic.batches import payloads_subset
-from transforms.shuffler.report_rows import group_rows
+from transforms.common.grouping import group_rows
 
 __all__ = ["FileReplays", "all_rejected_note", "rejected_accumulators"]
 
