@@ -45,6 +45,7 @@ import argparse
 import glob
 import json
 import math
+import os
 import re
 import shutil
 import sys
@@ -61,7 +62,6 @@ from pipelines.commandline.flags import INT64_MAX
 from pipelines.commandline.main import UsageError
 from privacy.accounting import PrivacyLoss, compose, compose_basic
 from privacy.ngrams import NgramEncoding, precision_recall_at_k, tokenize, top_k
-from schemas.regular_files import open_regular, read_text
 from simulators import interactive_devices as devices_mod
 from simulators import ngram_sweep
 from simulators.event_store import LedgerBroken
@@ -184,7 +184,9 @@ def _read_json(path: str, flag: str) -> Any:
         raise ValueError(f"{name} is not a number JSON allows")
 
     try:
-        return json.loads(read_text(path), parse_constant=no_constant)
+        if os.path.exists(path) and not os.path.isfile(path):  # a FIFO would block forever
+            raise OSError(f"{path} is not a regular file")
+        return json.loads(Path(path).read_text(), parse_constant=no_constant)
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
         raise UsageError(f"{flag} {path}: cannot be read: {error}") from None
 
@@ -326,7 +328,7 @@ def _read_reports(simulation_dir: Path) -> list[dict[str, Any]]:
 
     reports: list[dict[str, Any]] = []
     for path in sorted(glob.glob(str(simulation_dir / "instance=*" / "*.avro"))):
-        with open_regular(path, "rb") as handle:
+        with open(path, "rb") as handle:
             reports.extend(fastavro.reader(handle))
     return reports
 
