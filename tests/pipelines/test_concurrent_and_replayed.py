@@ -13,6 +13,8 @@ from __future__ import annotations
 import io
 import json
 import shutil
+import subprocess
+import sys
 import time
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
@@ -21,7 +23,7 @@ import pytest
 
 from pipelines import shuffle as shuffle_pipeline
 from pipelines.commandline import main as cli
-from pipelines.commandline.output_lock import output_locks
+from pipelines.commandline.output_lock import lock_path, output_locks
 from schemas.release import commit as rel
 from tests.transforms import report_factory as rf
 
@@ -144,3 +146,34 @@ def test_the_runs_ledger_refuses_a_replayed_or_older_release(world, tmp_path):
     code, err = _esa("analyze", "--input", str(legacy), "--output", str(tmp_path / "l"),
                      "--recipe", recipe, "--runs-ledger", str(ledger), *FNAPI)  # fmt: skip
     assert code == 2 and "states no run id" in err
+
+
+def test_two_concurrent_shuffles_into_one_output_one_refused_one_committed(world, tmp_path):
+    """Two real processes: the second, started while the first holds the output, stops in one
+    line (exit 2); the first commits a release listing only its own run's files."""
+    root, recipe = world
+    output = tmp_path / "release"
+    argv = _shuffle_argv(root, recipe, output)
+    first = subprocess.Popen(
+        [str(Path(sys.executable).with_name("esa")), *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        lock = Path(lock_path(str(output)))
+        deadline = time.monotonic() + 120
+        while not (lock.exists() and f"\n{first.pid}\n" in lock.read_text()):
+            assert first.poll() is None and time.monotonic() < deadline, "never took the lock"
+            time.sleep(0.01)
+        code, err = _esa(*argv)
+        assert first.poll() is None, "the first run ended before the second tried"
+        assert code == 2 and err.count("\n") == 1 and "in use by another esa run" in err, err
+    finally:
+        _, first_err = first.communicate(timeout=300)
+    assert first.returncode == 0, first_err
+    record = json.loads((output / rel.COMMIT_FILE).read_text())
+    private = tmp_path / "release.private"
+    entries = [json.loads(p.read_text()) for p in (private / "index").glob("*.json")]
+    assert {entry["run_id"] for entry in entries} == {record["run"]["id"]}
+    assert sorted(entry["path"] for entry in entries) == sorted(f["path"] for f in record["files"])
