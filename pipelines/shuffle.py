@@ -33,7 +33,14 @@ checked), ``index/`` and the spill directory ``spill/`` (under the runner's ``--
 could is cleaned by the next run into the same DIR).
 
 An existing release (committed or partial) in DIR is refused unless ``--overwrite``, which first
-removes its commit record and then everything else of it and of PDIR.
+removes its commit record and then everything else of it and of PDIR. ``esa`` holds an exclusive
+lock on DIR and PDIR for the run (a second run into them stops in one line); each run draws a
+random run id, written into every index entry and into the commit record (``run``: id, commit
+time, windows), which lists only that run's files. A run that fails removes what it wrote (no
+commit, nothing that makes the next run refuse). An ``--input`` match that is not a regular file
+(a FIFO would block its reader forever) and an ``--instance`` no recipe sends messages to are
+refused before any work. Repeats of a sealed payload within a crowd are dead-lettered
+``duplicate_payload`` before respondents are counted (``schemas/replays.py``).
 
 Other runners: Flink/Spark/Dataflow take the same flags plus their own (``--runner=FlinkRunner
 --flink_master=HOST:PORT``, or ``--runner=DataflowRunner --project P --region R
