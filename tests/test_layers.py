@@ -185,6 +185,7 @@ ANALYZER_CODE = (
     "pipelines.commandline.analyze_options",
 )
 DEVICE_CODE = ("transforms.devices", "simulators", "pipelines.simulate")
+COLLECTOR_CODE = ("pipelines.collect", "pipelines.collector")
 
 # party -> (its modules, what none of them may reach)
 PARTIES = {
@@ -206,6 +207,8 @@ PARTIES = {
         + ("pipelines.commandline.simulate_options", "pipelines.commandline.device_key_flags"),
         SHUFFLER_CODE + ANALYZER_CODE + ("transforms.analyzer.opening",),
     ),
+    # The collector in front of a shuffler instance: authenticated identities and sealed bytes.
+    "collector": (COLLECTOR_CODE, OPENS_SEALED + ANALYZER_CODE + SHUFFLER_CODE + DEVICE_CODE),
     # LDP-SGD's devices and server as transforms; the server opens sealed reports with the
     # analyzer's own code, and shuffling is the shuffler pipeline's job (pipelines/train.py).
     "training (transforms)": (("transforms.training",), SHUFFLER_CODE),
