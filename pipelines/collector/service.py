@@ -7,7 +7,7 @@ Ed25519 signature over instance, device, timestamp, nonce, report id and body di
 nonce not seen before (409), the device's rate limit (429 with ``Retry-After``), the report id
 not stored before (200, ``duplicate``: stored once), the body an Avro container of Report
 records for this instance (400), room in the queue (503 with ``Retry-After``). Then the records
-get the collector's ``origin`` (``schemas.crypto.device_keys.origin_for`` the signing key id:
+(decoded by ``bodies.py``) get the collector's ``origin`` (``schemas.crypto.device_keys.origin_for`` the signing key id:
 whatever origin the device wrote is dropped) and receive time, and wait for the writer: one task
 that stores groups of uploads (``store.py``: block, fdatasync, journal, fdatasync) in a
 thread and only then answers them 200. Every refusal has a reason and a counter
@@ -30,15 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
 from aiohttp import web
 
+from pipelines.collector.bodies import Malformed, TooManyRecords, UploadDecoder
 from pipelines.collector.guards import NonceMemory, RateLimiter, skewed
 from pipelines.collector.metrics import CollectorMetrics
 from pipelines.collector.store import Accepted, ReportStore
-from schemas import REPORT, schema_json
-from schemas.avro.reader import ColumnBatch, read_container_bytes
 from schemas.crypto.device_keys import DeviceRegistry, origin_for
 from schemas.uploads import (
     DEVICE,
@@ -144,7 +141,7 @@ class Collector:
             clock=clock,
         )
         self.metrics.files_committed = self.store.committed
-        self._expect = schema_json(REPORT)
+        self._decoder = UploadDecoder(config.max_records, config.max_body_bytes)
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._pending: dict[tuple[str, str], asyncio.Future[int]] = {}
         self._executor = concurrent.futures.ThreadPoolExecutor(1, "esa-collect-writer")
@@ -237,9 +234,9 @@ class Collector:
         for upload, future in group:
             self._pending.pop((upload.device, upload.report_id), None)
             self.metrics.uploads_accepted += 1
-            self.metrics.reports_accepted += upload.batch.num_rows
+            self.metrics.reports_accepted += len(upload.records)
             if not future.done():
-                future.set_result(upload.batch.num_rows)
+                future.set_result(len(upload.records))
 
     # -- handlers ------------------------------------------------------------------------------
 
@@ -319,13 +316,14 @@ class Collector:
             return False, 0
         if key in self._pending:  # the first attempt is still being stored
             return False, await asyncio.shield(self._pending[key])
-        batch = self._parse(body, device, int(now * 1000))
+        records = self._parse(body)
         if self.metrics.queue_depth >= self.config.queue_uploads:
             raise _Refused("queue_full", retry_after="1")
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._pending[key] = future
         self.metrics.queue_depth += 1
-        self._queue.put_nowait((Accepted(device, report_id, int(now * 1000), batch), future))
+        upload = Accepted(device, report_id, int(now * 1000), origin_for(device), records)
+        self._queue.put_nowait((upload, future))
         return True, await asyncio.shield(future)
 
     async def _read_body(self, request: web.Request) -> bytes:
@@ -351,28 +349,18 @@ class Collector:
         self.metrics.bytes_received += len(body)
         return body
 
-    def _parse(self, body: bytes, device: str, received_ms: int) -> pa.RecordBatch:
-        """The upload's Report records with the collector's origin (400 if not Reports for
-        this instance)."""
-        batches = []
-        for item in read_container_bytes(
-            body, "<upload>", self.config.max_records + 1, self._expect
-        ):
-            if not isinstance(item, ColumnBatch):
-                raise _Refused("malformed")
-            batches.append(item.columns)
-        rows = sum(batch.num_rows for batch in batches)
-        if rows == 0:
-            raise _Refused("malformed")
-        if rows > self.config.max_records:
-            raise _Refused("too_many_records")
-        table = pa.Table.from_batches(batches).combine_chunks()
-        instances = table.column("shuffler_instance").to_numpy()
-        if not np.all(instances == self.config.instance):
+    def _parse(self, body: bytes) -> list[dict[str, Any]]:
+        """The upload's Report records (400 if not Reports for this instance)."""
+        try:
+            records = self._decoder.decode(body)
+        except TooManyRecords:
+            raise _Refused("too_many_records") from None
+        except Malformed:
+            raise _Refused("malformed") from None
+        instance = self.config.instance
+        if any(record["shuffler_instance"] != instance for record in records):
             raise _Refused("wrong_instance")
-        origin = pa.array([origin_for(device)] * rows, pa.string())
-        table = table.set_column(table.schema.get_field_index("origin"), "origin", origin)
-        return table.to_batches()[0]
+        return records
 
 
 def describe(config: CollectorConfig, host: str, port: int) -> str:

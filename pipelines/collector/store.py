@@ -4,9 +4,10 @@ Accepted uploads are appended in groups to one open Avro container file (the Rep
 the collector's ``received_time``, which resolves to ``schemas/report.avsc``: Avro 1.11
 "Schema Resolution" ignores a writer field the reader lacks), one block per group:
 
-1. the group's block is written and ``fdatasync``-ed into ``DIR/.collector/<stem>.avro.open``;
-2. a journal line (the file's end offset and each upload's device, report id, receive time and
-   record count) is appended to ``DIR/.collector/<stem>.journal`` and ``fdatasync``-ed;
+1. the group's block is appended to ``DIR/.collector/<stem>.avro.open`` and a journal line
+   (the block's offsets and SHA-256, each upload's device, report id, receive time and record
+   count) to ``DIR/.collector/<stem>.journal``;
+2. both files are ``fdatasync``-ed (at once, in two threads);
 3. only then are the group's uploads answered 2xx.
 
 A file rotates (:meth:`ReportStore.rotate_if_due`) when it holds ``rotate_bytes`` or has been
@@ -16,9 +17,12 @@ temporary name, fsynced and renamed; then the data file is renamed to ``DIR/<ste
 both directories are fsynced. A file under ``DIR/*.avro`` is therefore always complete and
 committed; the shuffler (``esa shuffle --input 'DIR/*.avro'``) never sees an open file.
 
-Recovery (on start, after a crash or SIGKILL): each open file is cut back to the end offset of
-its last journal line (bytes after it were never acknowledged), committed and renamed; a file
-with no journaled upload is removed. Every acknowledged report is then in exactly one committed
+Recovery (on start, after a crash or SIGKILL): the journal lines whose blocks are in the open
+file byte for byte (offsets and SHA-256) are kept, up to the first that is not; the file is cut
+back to the end of the last kept block (bytes after it were never acknowledged), the journal
+rewritten to the kept lines, and the file committed and renamed; a file with no stored upload
+is removed. An upload whose group reached the disk but whose answer did not reach the client is
+stored, and the client's retry is answered ``duplicate``. Every acknowledged report is then in exactly one committed
 file, and no unacknowledged one is remembered as seen, so a client's retry stores it once.
 
 Deduplication: an upload is stored once per (device, report id) within ``dedupe_window_ms``
@@ -29,6 +33,7 @@ deleted.
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import json
 import logging
@@ -43,8 +48,10 @@ import numpy as np
 import pyarrow as pa
 
 from schemas import REPORT, schema_json
+from schemas.avro.columns import records_to_batch
 from schemas.avro.container import compress, frame_block, header_bytes
 from schemas.avro.encode import encode_rows
+from schemas.avro.schema import strip_logical_types
 
 __all__ = [
     "COLLECTED_FORMAT",
@@ -80,13 +87,14 @@ def collected_schema() -> dict[str, Any]:
 
 @dataclass
 class Accepted:
-    """One authenticated upload, ready to be stored: its Report columns with ``origin``
-    already the collector's stamp."""
+    """One authenticated upload, ready to be stored: its Report records (as decoded; their
+    ``origin`` is replaced by the collector's stamp ``origin`` when written)."""
 
     device: str
     report_id: str
     received_ms: int
-    batch: pa.RecordBatch
+    origin: str
+    records: list[dict[str, Any]]
 
 
 @dataclass
@@ -141,6 +149,30 @@ def _read_journal(path: Path) -> list[dict[str, Any]]:
     return entries
 
 
+def _verified_entries(path: Path, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The journal's leading entries whose blocks are in the data file, byte for byte (a line
+    synced before its block was is not stored, and was never acknowledged)."""
+    kept = []
+    with open(path, "rb") as handle:
+        for entry in entries:
+            expected = kept[-1]["end"] if kept else entry.get("start")
+            if entry.get("start") != expected:
+                break
+            handle.seek(entry["start"])
+            block = handle.read(entry["end"] - entry["start"])
+            if hashlib.sha256(block).hexdigest() != entry.get("sha256"):
+                break
+            kept.append(entry)
+    return kept
+
+
+def _rewrite_journal(path: Path, entries: list[dict[str, Any]]) -> None:
+    """The journal holding exactly ``entries`` (the deduplication memory of what is stored)."""
+    _write_atomically(
+        path, "".join(json.dumps(entry, separators=(",", ":")) + "\n" for entry in entries)
+    )
+
+
 def committed_files(directory: str | os.PathLike[str]) -> list[Path]:
     """The data files in ``directory`` whose commit record is there and matches them (size and
     SHA-256): what a reader may trust."""
@@ -183,8 +215,10 @@ class ReportStore:
         self.codec = codec
         self.clock = clock
         self.schema = collected_schema()
+        self._report = strip_logical_types(schema_json(REPORT))
         self.committed = 0  # files committed by this process (recovered ones included)
         self._open: _OpenFile | None = None
+        self._syncer = concurrent.futures.ThreadPoolExecutor(2, "esa-collect-sync")
         self._seen: dict[tuple[str, str], int] = {}
         self.state.mkdir(parents=True, exist_ok=True)
         self._sequence = self._last_sequence() + 1
@@ -218,20 +252,26 @@ class ReportStore:
         if not uploads:
             return 0.0
         current = self._open or self._open_new()
-        table = pa.Table.from_batches([upload.batch for upload in uploads]).combine_chunks()
-        rows = table.num_rows
-        counts = np.array([upload.batch.num_rows for upload in uploads], dtype=np.int64)
-        received = np.repeat(
+        records = [record for upload in uploads for record in upload.records]
+        rows = len(records)
+        counts = np.array([len(upload.records) for upload in uploads], dtype=np.int64)
+        batch = records_to_batch(records, self._report)
+        columns: dict[str, Any] = dict(zip(batch.schema.names, batch.columns, strict=True))
+        columns["origin"] = pa.array(
+            np.repeat(np.array([upload.origin for upload in uploads], dtype=object), counts),
+            pa.string(),
+        )
+        columns["received_time"] = np.repeat(
             np.array([upload.received_ms for upload in uploads], dtype=np.int64), counts
         )
-        columns = {name: table.column(name).chunk(0) for name in table.column_names}
-        columns["received_time"] = received
-        data, offsets = encode_rows(self.schema, columns, rows)
+        data, _ = encode_rows(self.schema, columns, rows)
         block = frame_block(rows, compress(self.codec, data.tobytes(), 1), current.sync)
         entry = {
+            "start": current.size,
             "end": current.size + len(block),
+            "sha256": hashlib.sha256(block).hexdigest(),
             "uploads": [
-                [upload.device, upload.report_id, upload.received_ms, upload.batch.num_rows]
+                [upload.device, upload.report_id, upload.received_ms, len(upload.records)]
                 for upload in uploads
             ],
         }
@@ -240,10 +280,16 @@ class ReportStore:
         try:
             current.handle.write(block)
             current.handle.flush()
-            os.fdatasync(current.handle.fileno())
             current.journal_handle.write(line)
             current.journal_handle.flush()
-            os.fdatasync(current.journal_handle.fileno())
+            # Both synced at once: recovery keeps a journal line only if the block it names
+            # is there with its SHA-256, so their order on disk does not matter.
+            syncs = [
+                self._syncer.submit(os.fdatasync, handle.fileno())
+                for handle in (current.handle, current.journal_handle)
+            ]
+            for sync in syncs:
+                sync.result()
         except OSError:
             self._cut_back(current)
             raise
@@ -316,6 +362,7 @@ class ReportStore:
 
     def close(self) -> Path | None:
         """Commit the open file (graceful shutdown); an empty one is removed."""
+        self._syncer.shutdown(wait=False)
         current = self._open
         if current is None:
             return None
@@ -384,18 +431,20 @@ class ReportStore:
     def _recover(self) -> None:
         for open_path in sorted(self.state.glob("*" + _OPEN_SUFFIX)):
             stem = open_path.name[: -len(_OPEN_SUFFIX)]
-            entries = _read_journal(self.state / (stem + _JOURNAL_SUFFIX))
+            journal = self.state / (stem + _JOURNAL_SUFFIX)
+            entries = _verified_entries(open_path, _read_journal(journal))
             acknowledged = [upload for entry in entries for upload in entry["uploads"]]
             if not acknowledged:
                 open_path.unlink()
-                (self.state / (stem + _JOURNAL_SUFFIX)).unlink(missing_ok=True)
-                log.info("recovered %s: no acknowledged upload, removed", open_path)
+                journal.unlink(missing_ok=True)
+                log.info("recovered %s: no stored upload, removed", open_path)
                 continue
-            end = max(entry["end"] for entry in entries)
+            end = entries[-1]["end"]
             with open(open_path, "r+b") as handle:
                 handle.truncate(end)
                 handle.flush()
                 os.fsync(handle.fileno())
+            _rewrite_journal(journal, entries)
             data = open_path.read_bytes()
             received = [upload[2] for upload in acknowledged]
             record = {
