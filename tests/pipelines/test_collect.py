@@ -337,12 +337,29 @@ def test_bad_command_lines_are_one_line(world, tmp_path):
         ([*base, "--listen", "127.0.0.1:0", "--max-skew", "soon"], "soon"),
         ([*base[:-2], "--tls", str(tmp_path), "--listen", "127.0.0.1:0"], "--tls"),
         ([*base, "--listen", "127.0.0.1:0", "--queue", "0"], "queue_uploads"),
+        (
+            [
+                "simulate",
+                "--output",
+                str(tmp_path / "s"),
+                "--collector",
+                "http://127.0.0.1:1",
+                "--device-credentials",
+                str(keys.devices),
+            ],
+            "must be https://",
+        ),
+        (
+            ["simulate", "--output", str(tmp_path / "s"), "--collector", "https://127.0.0.1:1"],
+            "needs --device-credentials",
+        ),
+        (["keys", "enrol", "--devices", "0", "--output", str(tmp_path / "d")], "--devices"),
     ):
         err = io.StringIO()
         with redirect_stdout(io.StringIO()), redirect_stderr(err):
             assert cli.main(argv) == 2
         lines = err.getvalue().strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("esa collect: error:"), lines
+        assert len(lines) == 1 and lines[0].startswith(f"esa {argv[0]}: error:"), lines
         assert fragment in lines[0]
     private = keys.devices / "devices.private.jsonl"
     assert oct(os.stat(private).st_mode & 0o777) == "0o600"
