@@ -28,6 +28,7 @@ from schemas.crypto.device_keys import origin_for
 from schemas.uploads import PATH, upload_headers
 from simulators.uploads import client_tls_context, upload_jobs
 from tests.pipelines.collectors import Collector, make_keys
+from transforms.analyzer.report_files import read_reports
 
 FNAPI = ["--runner=FnApiRunner"]
 RESPONDENTS = 40
@@ -365,3 +366,27 @@ def test_bad_command_lines_are_one_line(world, tmp_path):
     assert oct(os.stat(private).st_mode & 0o777) == "0o600"
     assert oct(os.stat(keys.tls / "collector.key").st_mode & 0o777) == "0o600"
     assert isinstance(client_tls_context(keys.ca), ssl.SSLContext)
+
+
+@pytest.mark.slow
+def test_esa_run_collect_estimates_from_the_authenticated_devices(world, tmp_path):
+    """fleet -> 2 collectors -> 2 shufflers -> analyzer: n is the number of enrolled devices
+    that uploaded, and the shufflers read only what the collectors committed."""
+    _, _, recipe = world
+    output = tmp_path / "results"
+    code, out = _esa(
+        "run", "--output", str(output), "--recipe", recipe, "--population", "uniform",
+        "--respondents", str(RESPONDENTS), "--seed", "9", "--collect", "--connections", "8",
+        "--crowd-threshold", "1", *FNAPI,
+    )  # fmt: skip
+    assert code == 0, out
+    run = json.loads((output / "run.json").read_text())
+    assert run["adds_up"] and "collect" in run["seconds"]
+    for u in range(2):
+        records = _records(committed_files(output / "collected" / f"instance={u}"))
+        assert len({r["origin"] for r in records}) == RESPONDENTS
+        assert all(r["origin"].startswith("device-") for r in records)
+    reports = read_reports(str(output / "analysis"), 10)
+    assert reports["histograms"]
+    for crowd in reports["histograms"]:
+        assert crowd["respondents_effective"] == RESPONDENTS  # the devices that uploaded
