@@ -1,4 +1,4 @@
-"""Prio3 (VDAF draft 18, the ``prio`` crate via ``schemas.vdaf``) against plain additive sharing.
+"""Prio3 (VDAF draft 18, the ``prio`` crate via ``schemas.crypto.vdaf``) against plain additive sharing.
 
 At d = 64, 256 and 1,024 buckets (Prio3Histogram: one index per report), per report:
 
@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from schemas.vdaf import NONCE_SIZE, SHARES, Prio3, generate_verify_key
+from schemas.crypto.vdaf import NONCE_SIZE, SHARES, Prio3, generate_verify_key
 
 DIMENSIONS = (64, 256, 1024)
 

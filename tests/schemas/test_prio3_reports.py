@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from schemas.keys import KeyRing, generate_key
-from schemas.prio3_reports import (
+from schemas.crypto.analyzer_keys import KeyRing, generate_key
+from schemas.crypto.prio3_reports import (
     BAD_LENGTH,
     BAD_VERSION,
     OK,
@@ -25,7 +25,7 @@ from schemas.prio3_reports import (
     seal_aggregate_share,
     seal_reports,
 )
-from schemas.vdaf import Prio3, generate_verify_key
+from schemas.crypto.vdaf import Prio3, generate_verify_key
 
 DAY_MS = 86_400_000
 T0 = 19_723 * DAY_MS

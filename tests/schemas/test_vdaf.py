@@ -1,4 +1,4 @@
-"""Prio3 through schemas.vdaf: the draft-18 test vectors, round trips, refusals and privacy."""
+"""Prio3 through schemas.crypto.vdaf: the draft-18 test vectors, round trips, refusals and privacy."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from schemas.keys import KeyError_
-from schemas.vdaf import (
+from schemas.crypto.analyzer_keys import KeyError_
+from schemas.crypto.vdaf import (
     NONCE_SIZE,
     SHARES,
     VERIFY_KEY_SIZE,

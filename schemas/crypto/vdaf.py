@@ -35,7 +35,13 @@ from pathlib import Path
 
 import numpy as np
 
-from schemas.keys import KEY_FORMAT, PRIVATE_MODE, KeyError_, hex_field, parse_key_file
+from schemas.crypto.analyzer_keys import (
+    KEY_FORMAT,
+    PRIVATE_MODE,
+    KeyError_,
+    hex_field,
+    parse_key_file,
+)
 
 __all__ = [
     "VDAF_DRAFT",

@@ -8,7 +8,7 @@ neither share::
       | sealed input share for aggregator 0 | sealed input share for aggregator 1
 
 Every part has one length per VDAF (:class:`ShareLayout`), so a payload's length says nothing
-about its measurement. A sealed share is the envelope of ``schemas.sealing`` (version, key id,
+about its measurement. A sealed share is the envelope of ``schemas.crypto.sealing`` (version, key id,
 HPKE ``enc``, AES-128-GCM ciphertext; RFC 9180 single-shot, a fresh encapsulation per share)
 under the aggregator's own ``esa-key/1`` key, its ``info`` binding the share to its aggregator,
 its report id and the report's recipe, channel, window and crowd: a share moved to another
@@ -33,9 +33,9 @@ from dataclasses import dataclass
 import numpy as np
 from cryptography.exceptions import InvalidTag
 
-from schemas.keys import KeyRing, PublicKeyInfo
-from schemas.sealing import ENC_BYTES, HEADER_BYTES, SUITE, TAG_BYTES, Sealer, context_info
-from schemas.vdaf import NONCE_SIZE, SHARES, Prio3
+from schemas.crypto.analyzer_keys import KeyRing, PublicKeyInfo
+from schemas.crypto.sealing import ENC_BYTES, HEADER_BYTES, SUITE, TAG_BYTES, Sealer, context_info
+from schemas.crypto.vdaf import NONCE_SIZE, SHARES, Prio3
 
 __all__ = [
     "PAYLOAD_VERSION",
