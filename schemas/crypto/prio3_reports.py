@@ -35,7 +35,7 @@ from cryptography.exceptions import InvalidTag
 
 from schemas.crypto.analyzer_keys import KeyRing, PublicKeyInfo
 from schemas.crypto.sealing import ENC_BYTES, HEADER_BYTES, SUITE, TAG_BYTES, Sealer, context_info
-from schemas.crypto.vdaf import NONCE_SIZE, SHARES, Prio3
+from schemas.crypto.vdaf import NONCE_SIZE, SHARES, Prio3, Shards
 
 __all__ = [
     "PAYLOAD_VERSION",
@@ -46,6 +46,7 @@ __all__ = [
     "layout_of",
     "share_info",
     "aggregate_info",
+    "seal_shards",
     "seal_reports",
     "parse_reports",
     "open_shares",
@@ -125,6 +126,35 @@ def share_info(
     )
 
 
+def seal_shards(
+    shards: Shards,
+    sealers: Sequence[Sealer],
+    report_id: bytes,
+    recipe_id: str,
+    channel: str,
+    window_start_ms: int,
+    window_end_ms: int,
+    crowd_id: str | None,
+) -> bytes:
+    """One report's payload from its shards: each input share sealed to its aggregator."""
+    if len(report_id) != REPORT_ID_BYTES:
+        raise ValueError(f"a report id is {REPORT_ID_BYTES} bytes, got {len(report_id)}")
+    parts = [bytes([PAYLOAD_VERSION]), report_id, shards.public_share]
+    for agg_id, (sealer, share) in enumerate(zip(sealers, shards.input_shares, strict=True)):
+        info = share_info(
+            sealer.header,
+            agg_id,
+            report_id,
+            recipe_id,
+            channel,
+            int(window_start_ms),
+            int(window_end_ms),
+            crowd_id,
+        )
+        parts.append(sealer.seal(share, info))
+    return b"".join(parts)
+
+
 def seal_reports(
     vdaf: Prio3,
     aggregator_keys: Sequence[PublicKeyInfo],
@@ -141,28 +171,21 @@ def seal_reports(
     if len(aggregator_keys) != SHARES:
         raise ValueError(f"{SHARES} aggregator keys are needed, got {len(aggregator_keys)}")
     sealers = [Sealer(key) for key in aggregator_keys]
-    payloads = []
-    for measurement, report_id, start in zip(
-        measurements, report_ids, window_starts_ms, strict=True
-    ):
-        if len(report_id) != REPORT_ID_BYTES:
-            raise ValueError(f"a report id is {REPORT_ID_BYTES} bytes, got {len(report_id)}")
-        shards = vdaf.shard(measurement, report_id)
-        parts = [bytes([PAYLOAD_VERSION]), report_id, shards.public_share]
-        for agg_id, (sealer, share) in enumerate(zip(sealers, shards.input_shares, strict=True)):
-            info = share_info(
-                sealer.header,
-                agg_id,
-                report_id,
-                recipe_id,
-                channel,
-                int(start),
-                int(start) + int(window_ms),
-                crowd_id,
-            )
-            parts.append(sealer.seal(share, info))
-        payloads.append(b"".join(parts))
-    return payloads
+    return [
+        seal_shards(
+            vdaf.shard(measurement, report_id),
+            sealers,
+            report_id,
+            recipe_id,
+            channel,
+            int(start),
+            int(start) + int(window_ms),
+            crowd_id,
+        )
+        for measurement, report_id, start in zip(
+            measurements, report_ids, window_starts_ms, strict=True
+        )
+    ]
 
 
 @dataclass(frozen=True)

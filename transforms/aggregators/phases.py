@@ -113,15 +113,19 @@ class OpenReleaseFile(beam.DoFn):
                         ),
                     )
             for report in opened.reports:
-                yield (*report.key, report.report_id), report
+                # Plain tuples cross the shuffle (deterministic coders, no pickled classes).
+                yield (
+                    (*report.key, report.report_id),
+                    (tuple(report.key), report.report_id, report.verifier_share, report.state),
+                )
 
 
 class SettleDuplicates(beam.DoFn):
     """All copies of one report id -> the report counted, dead letters for the others."""
 
-    def process(self, element: tuple[Any, Iterable[OpenedReport]]) -> Iterator[Any]:
+    def process(self, element: tuple[Any, Iterable[tuple[Any, ...]]]) -> Iterator[Any]:
         key, copies = element
-        copies = list(copies)
+        copies = [OpenedReport(CrowdKey(*c[0]), c[1], c[2], c[3]) for c in copies]
         kept, reasons = deduplicate(copies)
         for reason in reasons:
             _count(f"rejected_{reason}")
@@ -145,7 +149,7 @@ class SettleDuplicates(beam.DoFn):
         }
         yield record | {"verifier_share": kept.verifier_share}
         yield beam.pvalue.TaggedOutput(STATE_TAG, record | {"state": kept.state})
-        yield beam.pvalue.TaggedOutput(SUMMARY_TAG, (kept.key, kept.report_id))
+        yield beam.pvalue.TaggedOutput(SUMMARY_TAG, (tuple(kept.key), kept.report_id))
 
 
 class CountAndChecksum(beam.CombineFn):
