@@ -423,3 +423,19 @@ def test_verify_key_files(tmp_path):
     )
     with pytest.raises(KeyError_, match="must be 32 bytes in hex"):
         load_verify_key(other)
+
+
+def test_the_helpers_output_share_does_not_change_with_the_measurement():
+    """Fixed seeds, two different measurements: aggregator 1's input and output shares are the
+    same bytes (both expand its seed), so its whole view is independent of the report; only the
+    sum with the leader's (uniformly random) share carries the measurement."""
+    rng = np.random.default_rng(77)
+    vdaf = Prio3("multihot", 8, max_weight=8)
+    verify_key = generate_verify_key()
+    nonce, rand = _nonce(rng), rng.bytes(vdaf.rand_size)
+    outputs = [
+        _run_report(vdaf, verify_key, nonce, vdaf.shard(value, nonce, rand))
+        for value in ([1, 0, 0, 0, 0, 0, 0, 0], [0, 1, 1, 1, 0, 1, 0, 1])
+    ]
+    assert outputs[0][1] == outputs[1][1]
+    assert outputs[0][0] != outputs[1][0]
