@@ -8,7 +8,9 @@ At d = 64, 256 and 1,024 buckets (Prio3Histogram: one index per report), per rep
   shares, deciding the proof, the output share) of one aggregator, against adding one share
   vector into a running sum with numpy;
 * bytes of the leader's and the helper's input share and of the public share, against the
-  8 d bytes of one numpy share.
+  8 d bytes of one numpy share;
+* a device's shard plus HPKE sealing of both input shares (``schemas.crypto.prio3_reports``),
+  and an aggregator's parsing and opening of its sealed share, beside the VDAF alone.
 
 The gap is the price of the validity proofs: without them one device can add any amount to any
 bucket (samplable-anonymous-aggregation §4.4.1). CPU seconds of this process (one core; the
@@ -21,6 +23,14 @@ import time
 
 import numpy as np
 
+from schemas.crypto.analyzer_keys import KeyRing, generate_key
+from schemas.crypto.prio3_reports import (
+    REPORT_ID_BYTES,
+    layout_of,
+    open_shares,
+    parse_reports,
+    seal_reports,
+)
 from schemas.crypto.vdaf import NONCE_SIZE, SHARES, Prio3, generate_verify_key
 
 DIMENSIONS = (64, 256, 1024)
@@ -88,6 +98,21 @@ def _rows_for(d: int, reports: int, rng: np.random.Generator) -> list[dict]:
         verify_s.append(seconds / reports)
     counts = vdaf.unshard([vdaf.aggregate(shares) for shares in outputs], reports)
     assert (counts == np.bincount(values, minlength=d)).all()
+    # A device's whole cost: shard and seal each input share to its aggregator (HPKE), and an
+    # aggregator's: open its sealed share and verify (schemas.crypto.prio3_reports).
+    keys = [generate_key() for _ in range(SHARES)]
+    ids = [rng.bytes(REPORT_ID_BYTES) for _ in range(reports)]
+    payloads, seal_s = _cpu(
+        lambda: seal_reports(
+            vdaf, [k.public for k in keys], list(values), ids, "r@1", "c", [0] * reports, 1, None
+        )
+    )
+    layout = layout_of(vdaf)
+    _, open_s = _cpu(
+        lambda: open_shares(
+            KeyRing([keys[1]]), 1, parse_reports(payloads, layout, 1), "r@1", "c", 0, 1, None
+        )
+    )
     numpy_share_s, numpy_add_s = _numpy_sharing(d, max(reports, 1000), rng)
     sizes = shards[0]
     numpy_bytes = 8 * d
@@ -102,6 +127,26 @@ def _rows_for(d: int, reports: int, rng: np.random.Generator) -> list[dict]:
             "note": f"Prio3Histogram shard vs numpy additive sharing; {reports} reports",
         }
     ]
+    rows.append(
+        {
+            "benchmark": "prio3",
+            "metric": f"device_shard_seal_us_d{d}",
+            "value": seal_s / reports * 1e6,
+            "baseline": shard_us,
+            "ratio": seal_s / reports * 1e6 / shard_us,
+            "note": "shard + HPKE-seal both input shares vs shard alone",
+        }
+    )
+    rows.append(
+        {
+            "benchmark": "prio3",
+            "metric": f"aggregator_open_us_d{d}",
+            "value": open_s / reports * 1e6,
+            "baseline": verify_s[1] * 1e6,
+            "ratio": open_s / reports / verify_s[1],
+            "note": "parse + HPKE-open one input share vs its verification",
+        }
+    )
     for agg_id, seconds in enumerate(verify_s):
         rows.append(
             {
