@@ -31,7 +31,8 @@ from schemas.crypto.prio3_reports import (
     parse_reports,
     seal_reports,
 )
-from schemas.crypto.vdaf import NONCE_SIZE, SHARES, Prio3, generate_verify_key
+from schemas.crypto.vdaf import NONCE_SIZE, SHARES, Prio3
+from schemas.crypto.verify_keys import generate_verify_key
 
 DIMENSIONS = (64, 256, 1024)
 

@@ -47,7 +47,8 @@ from pipelines.commandline.flags import with_default_runner
 from pipelines.commandline.main import UsageError
 from schemas.crypto.analyzer_keys import KeyError_, KeyRing, load_public_key
 from schemas.crypto.prio3_reports import seal_aggregate_share
-from schemas.crypto.vdaf import VDAF_DRAFT, load_verify_key
+from schemas.crypto.vdaf import VDAF_DRAFT
+from schemas.crypto.verify_keys import load_verify_key
 from schemas.recipes import RecipeError, load_recipe, recipe_from_dict
 from transforms.aggregators.phases import (
     STATE_SCHEMA,
@@ -181,7 +182,7 @@ def run_verify(
         raise UsageError(str(error)) from None
     keys = None
     if shuffler_keys:
-        from pipelines.commandline.keys import load_shuffler_keys
+        from pipelines.commandline.analyzer_key_flags import load_shuffler_keys
 
         keys = load_shuffler_keys(shuffler_keys)
     releases = discover_releases(inputs, keys)

@@ -45,12 +45,14 @@ from dataclasses import MISSING, dataclass, field, fields
 from fractions import Fraction
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from privacy import accounting
 from privacy.budget import MICRO_PER_EPSILON, Query
 from privacy.randomizers import RANDOMIZERS, LocalRandomizer, build_randomizer
-from schemas.crypto.vdaf import Prio3
+
+if TYPE_CHECKING:  # the VDAF is imported where it is built: shufflers never load crypto code
+    from schemas.crypto.vdaf import Prio3
 
 __all__ = [
     "RECIPE_DIR",
@@ -393,6 +395,8 @@ class Recipe:
         of one recipe never verify under another."""
         if not self.is_prio3:
             raise RecipeError(f"recipe {self.id}: aggregation is {self.aggregation!r}, not prio3")
+        from schemas.crypto.vdaf import Prio3
+
         length = int(self.build_randomizer().message_domain_size)
         return Prio3("multihot", length, max_weight=length, context=self.id.encode("utf-8"))
 

@@ -20,28 +20,16 @@ The flow of one report (draft §5), every value in the draft's wire encoding:
 * collector: :meth:`Prio3.unshard` the aggregate shares -> counts.
 
 The verify key (VERIFY_KEY_SIZE bytes) is shared by the aggregators and secret from devices
-(draft §9, "the verification key MUST be kept secret from Clients"); it is an ``esa-key/1`` file
-(:func:`write_verify_key`, :func:`load_verify_key`).
+(draft §9, "the verification key MUST be kept secret from Clients"); its files are
+``schemas.crypto.verify_keys``.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
-
-from schemas.crypto.analyzer_keys import (
-    KEY_FORMAT,
-    PRIVATE_MODE,
-    KeyError_,
-    hex_field,
-    parse_key_file,
-)
 
 __all__ = [
     "VDAF_DRAFT",
@@ -49,13 +37,9 @@ __all__ = [
     "NONCE_SIZE",
     "SHARES",
     "KINDS",
-    "VERIFY_KEY_SUITE",
     "VdafError",
     "Shards",
     "Prio3",
-    "generate_verify_key",
-    "write_verify_key",
-    "load_verify_key",
 ]
 
 VDAF_DRAFT = 18
@@ -65,7 +49,6 @@ SHARES = 2  # the leader (aggregator 0) and the helper (aggregator 1)
 # Our names for the draft's Prio3 types (§7.4): one index; a bit vector of bounded weight; a
 # vector of bounded integers.
 KINDS = ("histogram", "multihot", "sumvec")
-VERIFY_KEY_SUITE = f"Prio3 verify key (VDAF draft {VDAF_DRAFT})"
 # The application context bound into every XOF call of the draft (its ``ctx``).
 DEFAULT_CONTEXT = b"esa-telemetry/prio3"
 
@@ -331,38 +314,3 @@ class Prio3:
             # A sum of valid reports never exceeds this; more means shares of different sets.
             raise VdafError("an aggregate exceeds what num_measurements valid reports can sum to")
         return np.asarray(counts, dtype=np.int64)
-
-
-# -- verify key -------------------------------------------------------------------------------
-
-
-def generate_verify_key() -> bytes:
-    """A fresh verify key from the operating system's CSPRNG."""
-    return secrets.token_bytes(VERIFY_KEY_SIZE)
-
-
-def write_verify_key(path: str | os.PathLike[str], verify_key: bytes) -> Path:
-    """Writes ``verify_key`` as an ``esa-key/1`` file, mode 0600, refusing to overwrite."""
-    key = _bytes(verify_key, VERIFY_KEY_SIZE, "verify_key")
-    location = Path(path)
-    location.parent.mkdir(parents=True, exist_ok=True)
-    text = json.dumps({"format": KEY_FORMAT, "suite": VERIFY_KEY_SUITE, "verify_key": key.hex()})
-    try:
-        descriptor = os.open(location, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_MODE)
-    except FileExistsError as error:
-        raise KeyError_(f"verify key {location}: exists; choose another path") from error
-    with os.fdopen(descriptor, "w") as handle:
-        handle.write(text + "\n")
-    os.chmod(location, PRIVATE_MODE)  # regardless of the umask
-    return location
-
-
-def load_verify_key(path: str | os.PathLike[str]) -> bytes:
-    """The verify key of an ``esa-key/1`` file (KeyError_ naming the file otherwise)."""
-    location = Path(path)
-    try:
-        text = location.read_text()
-    except (OSError, UnicodeDecodeError) as error:
-        raise KeyError_(f"verify key {location}: cannot be read: {error}") from error
-    data = parse_key_file(text, f"verify key {location}", VERIFY_KEY_SUITE)
-    return hex_field(data, "verify_key", VERIFY_KEY_SIZE, f"verify key {location}")

@@ -14,7 +14,7 @@ from pipelines import aggregate, unshard
 from pipelines.commandline.main import UsageError, main
 from schemas.crypto.analyzer_keys import generate_key, write_key_pair
 from schemas.crypto.prio3_reports import REPORT_ID_BYTES, Sealer, seal_shards
-from schemas.crypto.vdaf import generate_verify_key, write_verify_key
+from schemas.crypto.verify_keys import generate_verify_key, write_verify_key
 from tests import release_fixtures as fx
 from tests.transforms.aggregators.test_shares import small_recipe
 

@@ -7,7 +7,7 @@ import pytest
 
 from schemas.crypto.analyzer_keys import KeyRing, generate_key
 from schemas.crypto.prio3_reports import OK, layout_of, open_shares, parse_reports
-from schemas.crypto.vdaf import generate_verify_key
+from schemas.crypto.verify_keys import generate_verify_key
 from schemas.recipes import load_recipe, recipe_from_dict
 from simulators.plan import ShardSummary, SimulationPlan
 from simulators.prio3_devices import prio3_devices_for, report_vectors

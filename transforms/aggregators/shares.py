@@ -38,7 +38,8 @@ from schemas.crypto.prio3_reports import (
     parse_reports,
     report_id_checksum,
 )
-from schemas.crypto.vdaf import SHARES, Prio3, VdafError, load_verify_key
+from schemas.crypto.vdaf import SHARES, Prio3, VdafError
+from schemas.crypto.verify_keys import load_verify_key
 from schemas.recipes import Recipe, recipe_from_dict
 
 __all__ = [

@@ -59,9 +59,7 @@ from apache_beam.utils.windowed_value import PaneInfoTiming
 
 from privacy.noise import os_random_source
 from schemas.release.crowd_buckets import BucketKey, crowd_order
-from transforms.shuffler import decide as decide
-from transforms.shuffler import report_rows
-from transforms.shuffler import spill as spill
+from transforms.shuffler import decide, report_rows, spill
 from transforms.shuffler.config import (  # noqa: F401 - re-exported names of this stage
     DELETED,
     METRICS_NAMESPACE,
@@ -86,7 +84,7 @@ from transforms.shuffler.read import (
     draw_origin_key,
 )
 from transforms.shuffler.release import CompleteBucket, DeleteAndScatter, PermuteGroup
-from transforms.shuffler.sinks import CrowdTable, ReleasedGroup, WriteDeadLetters  # noqa: F401 - re-exported: pipelines/analyze.py uses it
+from transforms.shuffler.sinks import CrowdTable, ReleasedGroup  # noqa: F401 - re-exported
 from transforms.shuffler.spill import (
     Piece,
     crowd_of_text,

@@ -9,7 +9,7 @@ import pytest
 from schemas import crc32c
 from schemas.crypto.analyzer_keys import generate_key, write_key_pair
 from schemas.crypto.prio3_reports import REPORT_ID_BYTES, seal_reports
-from schemas.crypto.vdaf import generate_verify_key, write_verify_key
+from schemas.crypto.verify_keys import generate_verify_key, write_verify_key
 from schemas.recipes import load_recipe, recipe_from_dict
 from transforms.aggregators.shares import (
     AggregateShareAccumulator,

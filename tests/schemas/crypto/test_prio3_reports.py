@@ -25,7 +25,8 @@ from schemas.crypto.prio3_reports import (
     seal_aggregate_share,
     seal_reports,
 )
-from schemas.crypto.vdaf import Prio3, generate_verify_key
+from schemas.crypto.vdaf import Prio3
+from schemas.crypto.verify_keys import generate_verify_key
 
 DAY_MS = 86_400_000
 T0 = 19_723 * DAY_MS

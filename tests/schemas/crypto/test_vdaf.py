@@ -12,17 +12,8 @@ import pytest
 from scipy import stats
 
 from schemas.crypto.analyzer_keys import KeyError_
-from schemas.crypto.vdaf import (
-    NONCE_SIZE,
-    SHARES,
-    VERIFY_KEY_SIZE,
-    Prio3,
-    Shards,
-    VdafError,
-    generate_verify_key,
-    load_verify_key,
-    write_verify_key,
-)
+from schemas.crypto.vdaf import NONCE_SIZE, SHARES, VERIFY_KEY_SIZE, Prio3, Shards, VdafError
+from schemas.crypto.verify_keys import generate_verify_key, load_verify_key, write_verify_key
 
 # Field128 of the draft (§6.1.2, Table 3): p = 2^66 * 4611686018427387897 + 1, encoded as 16
 # little-endian bytes. Used only to forge shares the way a malicious device would.
