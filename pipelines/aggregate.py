@@ -7,8 +7,8 @@
 
 samplable-anonymous-aggregation §3.1.2, §4.4.1. The two aggregators run side by side:
 
-1. ``verify``: reads the committed, verified shuffler releases (``--input``, as ``esa analyze``
-   reads them), opens its own input share of every report with its key ring, and writes its
+1. ``verify``: reads the committed shuffler releases (``--input``: each checked against its
+   commit record, and its signature given ``--shuffler-keys``), opens its own input share of every report with its key ring, and writes its
    verifier shares (``DIR/verifier_shares/``, for the other aggregator), its verification states
    (``DIR/private/states/``) and ``DIR/verify.json``: per window and crowd the number of reports
    it initialized and their report-id checksum, and the run id (default: derived from the
@@ -36,13 +36,13 @@ import json
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines.analyze import discover_releases
 from pipelines.commandline.flags import with_default_runner
 from pipelines.commandline.main import UsageError
 from schemas.crypto.analyzer_keys import KeyError_, KeyRing, load_public_key
@@ -50,6 +50,7 @@ from schemas.crypto.prio3_reports import seal_aggregate_share
 from schemas.crypto.vdaf import VDAF_DRAFT
 from schemas.crypto.verify_keys import load_verify_key
 from schemas.recipes import RecipeError, load_recipe, recipe_from_dict
+from schemas.release import commit as release_commit
 from transforms.aggregators.phases import (
     STATE_SCHEMA,
     VERIFIER_SHARE_SCHEMA,
@@ -120,6 +121,54 @@ def _handle(args: argparse.Namespace, pipeline_args: list[str]) -> int:
     return 0 if summary["adds_up"] else 1
 
 
+@dataclass(frozen=True)
+class _Release:
+    path: str
+    commit_sha256: str
+    message_files: tuple[str, ...]
+
+
+def _release_dirs(given: str) -> list[str]:
+    """``given`` when it holds a commit record, else its children that do."""
+    if not os.path.isdir(given):
+        raise UsageError(f"--input {given}: no such directory")
+    if os.path.exists(os.path.join(given, release_commit.COMMIT_FILE)):
+        return [given]
+    return sorted(
+        os.path.join(given, name)
+        for name in os.listdir(given)
+        if os.path.exists(os.path.join(given, name, release_commit.COMMIT_FILE))
+    ) or [given]
+
+
+def verified_releases(inputs: list[str], shuffler_keys: Any = None) -> list[_Release]:
+    """The shuffler releases ``--input`` names, each checked against its commit record (and its
+    signature, given the shufflers' keys: ``schemas.release.commit.verify_release``); only the
+    committed message files are read. UsageError (one line) for a release that may not be."""
+    releases = []
+    for given in inputs:
+        for directory in _release_dirs(given.rstrip("/") or "/"):
+            commit_path = os.path.join(directory, release_commit.COMMIT_FILE)
+            try:
+                digest = release_commit.sha256_of(commit_path)
+                verified = release_commit.verify_release(
+                    directory,
+                    formats=(release_commit.RELEASE_FORMAT,),
+                    shuffler_keys=shuffler_keys,
+                )
+            except (release_commit.ReleaseError, OSError) as error:
+                raise UsageError(f"refusing release {directory}: {error}") from None
+            files = tuple(
+                path
+                for path, entry in zip(verified.files, verified.entries, strict=True)
+                if entry.path.startswith("messages/")
+            )
+            releases.append(_Release(directory, digest, files))
+    if not releases:
+        raise UsageError("--input names no release")
+    return releases
+
+
 def _read_json(path: Path, what: str) -> dict[str, Any]:
     try:
         return json.loads(path.read_text())
@@ -185,7 +234,7 @@ def run_verify(
         from pipelines.commandline.analyzer_key_flags import load_shuffler_keys
 
         keys = load_shuffler_keys(shuffler_keys)
-    releases = discover_releases(inputs, keys)
+    releases = verified_releases(inputs, keys)
     if run_id is None:
         digests = sorted(str(r.commit_sha256) for r in releases)
         run_id = hashlib.sha256("\n".join(digests).encode()).hexdigest()[:32]
@@ -197,7 +246,7 @@ def run_verify(
     scratch = directory / "private" / "scratch"
     scratch.mkdir(parents=True)
     spec = AggregatorSpec(agg_id, recipe.to_json(), str(key_ring), str(verify_key))
-    paths = [path for r in releases for path in r.files]
+    paths = [path for r in releases for path in r.message_files]
     pipeline = beam.Pipeline(options=options)
     phase = (
         pipeline | "Paths" >> beam.Create(paths, reshuffle=False) | "OpenShares" >> OpenShares(spec)
