@@ -22,7 +22,9 @@ samplable-anonymous-aggregation §3.1.2, §4.4.1. The two aggregators run side b
    (``schemas.crypto.prio3_reports``: bound to aggregator, run, recipe, window, crowd, count and
    checksum) only if both aggregators' ``verify.json`` state the same count and checksum for it
    and it holds at least ``--min-batch`` valid reports (default: the recipe's min_crowd_size);
-   others are listed as withheld with the reason. Then its verification states are deleted.
+   others are listed as withheld with the reason; with ``--signing-key`` the record is signed
+   like a shuffler's commit record (Ed25519, ``schemas.crypto.commit_signing``) and written in
+   one step. Then its verification states are deleted.
 
 Rejected records go to ``DIR/private/dead_letters-<phase>/`` with their reason; counters add up
 (read = initialized + rejected; initialized = verified + rejected in phase 2).
@@ -46,7 +48,9 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipelines.commandline.flags import with_default_runner
 from pipelines.commandline.main import UsageError
 from schemas.crypto.analyzer_keys import KeyError_, KeyRing, load_public_key
+from schemas.crypto.commit_signing import SignatureError, sign_commit
 from schemas.crypto.prio3_reports import seal_aggregate_share
+from schemas.crypto.signing_keys import load_signing_key
 from schemas.crypto.vdaf import VDAF_DRAFT
 from schemas.crypto.verify_keys import load_verify_key
 from schemas.recipes import RecipeError, load_recipe, recipe_from_dict
@@ -88,6 +92,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--peer", help="The other aggregator's directory (phase finish).")
     parser.add_argument("--analyzer-key", help="The analyzer's public key file (phase finish).")
     parser.add_argument("--min-batch", type=int, help="Default: the recipe's min_crowd_size.")
+    parser.add_argument(
+        "--signing-key",
+        help="Phase finish: sign aggregate.json with this Ed25519 key (esa keys generate "
+        "--shuffler-instance J makes one; J is this aggregator's index). Default: unsigned.",
+    )
     parser.add_argument("--overwrite", action="store_true", help="Replace an earlier phase 1.")
     parser.set_defaults(handler=_handle, accepts_pipeline_args=True)
 
@@ -115,7 +124,13 @@ def _handle(args: argparse.Namespace, pipeline_args: list[str]) -> int:
             if not getattr(args, name):
                 raise UsageError(f"--phase finish needs --{name.replace('_', '-')}")
         summary = run_finish(
-            args.aggregator, args.output, args.peer, args.analyzer_key, options, args.min_batch
+            args.aggregator,
+            args.output,
+            args.peer,
+            args.analyzer_key,
+            options,
+            args.min_batch,
+            signing_key=args.signing_key,
         )
     print(json.dumps(summary, indent=2, sort_keys=True))
     return 0 if summary["adds_up"] else 1
@@ -338,9 +353,21 @@ def run_finish(
     analyzer_key: str,
     options: PipelineOptions,
     min_batch: int | None = None,
+    signing_key: str | None = None,
 ) -> dict[str, Any]:
     started = time.perf_counter()
     directory, peer_directory = Path(output), Path(peer)
+    signer = None
+    if signing_key is not None:
+        try:
+            signer = load_signing_key(signing_key)
+        except KeyError_ as error:
+            raise UsageError(str(error)) from None
+        if signer.public.instance != agg_id:
+            raise UsageError(
+                f"--signing-key {signing_key} is for index {signer.public.instance}, this is "
+                f"aggregator {agg_id}"
+            )
     own = _read_json(directory / VERIFY_FILE, "own verify record")
     other = _read_json(peer_directory / VERIFY_FILE, "peer verify record")
     if own.get("format") != VERIFY_FORMAT or other.get("format") != VERIFY_FORMAT:
@@ -433,6 +460,13 @@ def run_finish(
         "published": published,
         "withheld": withheld,
     }
+    if signer is not None:
+        # The commit-record signature of the shufflers (schemas/crypto/commit_signing.py): its
+        # "instance" is the aggregator's index; "format" keeps it from passing as a release.
+        try:
+            record = sign_commit(record | {"instance": agg_id}, signer)
+        except SignatureError as error:
+            raise UsageError(f"--signing-key {signing_key}: {error}") from None
     staging = directory / f".{AGGREGATE_FILE}.tmp"
     staging.write_text(json.dumps(record, indent=2) + "\n")
     os.replace(staging, directory / AGGREGATE_FILE)  # committed in one step

@@ -356,6 +356,7 @@ def _aggregator_keys(output: Path) -> dict[str, Any]:
     """Throwaway keys of the two aggregators (valid for every event time) and their shared
     verify key, in OUTPUT/aggregators/keys."""
     from schemas.crypto.analyzer_keys import generate_key, write_key_pair
+    from schemas.crypto.signing_keys import generate_signing_key
 
     directory = output / AGGREGATORS_DIR / "keys"
     public, rings = [], []
@@ -364,7 +365,23 @@ def _aggregator_keys(output: Path) -> dict[str, Any]:
         public.append(str(write_key_pair(generate_key(), ring)[1]))
         rings.append(str(ring))
     verify_key = write_verify_key(directory / "verify_key.json", generate_verify_key())
-    return {"public": public, "rings": rings, "verify_key": str(verify_key)}
+    # Each aggregator signs its aggregate.json; the analyzer requires both signatures.
+    now_ms = int(time.time() * 1000)
+    signing = [
+        str(
+            write_key_pair(
+                generate_signing_key(j, valid_from_ms=now_ms - 60_000), directory / "signing"
+            )[0]
+        )
+        for j in range(2)
+    ]
+    return {
+        "public": public,
+        "rings": rings,
+        "verify_key": str(verify_key),
+        "signing": signing,
+        "signing_public": str(directory / "signing"),
+    }
 
 
 def _aggregate_and_unshard(
@@ -417,6 +434,7 @@ def _aggregate_and_unshard(
                 str(directories[1 - agg_id]),
                 analyzer_public,
                 with_default_runner(PipelineOptions(flags)),
+                signing_key=aggregator_keys["signing"][agg_id],
             )
         )
         say(
@@ -428,7 +446,11 @@ def _aggregate_and_unshard(
     began = time.monotonic()
     analysis_dir = output / "analysis"
     analysis = unshard_pipeline.run(
-        [str(d) for d in directories], str(keys), str(analysis_dir), str(output / "simulation")
+        [str(d) for d in directories],
+        str(keys),
+        str(analysis_dir),
+        str(output / "simulation"),
+        aggregator_keys=aggregator_keys["signing_public"],
     )
     seconds["analyze"] = round(time.monotonic() - began, 2)
     seconds["total"] = round(time.monotonic() - started, 2)

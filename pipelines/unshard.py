@@ -26,6 +26,8 @@ import pyarrow.parquet as pq
 
 from pipelines.commandline.main import UsageError
 from schemas.crypto.analyzer_keys import KeyError_, KeyRing
+from schemas.crypto.commit_signing import SignatureError, verify_commit
+from schemas.crypto.signing_keys import load_shuffler_keys
 from transforms.analyzer.unshard import (
     CrowdResult,
     UnshardError,
@@ -51,11 +53,16 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--key-ring", required=True, help="The analyzer's private key(s).")
     parser.add_argument("--output", required=True)
     parser.add_argument("--truth", help="A simulation directory (its truth.parquet).")
+    parser.add_argument(
+        "--aggregator-keys",
+        help="The aggregators' public signing keys (a file or directory): both aggregate.json "
+        "must carry a valid signature of its aggregator's key. Default: read unauthenticated.",
+    )
     parser.set_defaults(handler=_handle)
 
 
 def _handle(args: argparse.Namespace) -> int:
-    summary = run(args.aggregates, args.key_ring, args.output, args.truth)
+    summary = run(args.aggregates, args.key_ring, args.output, args.truth, args.aggregator_keys)
     print(json.dumps({k: v for k, v in summary.items() if k != "crowds"}, indent=2))
     return 0
 
@@ -100,10 +107,20 @@ def _crowd_summary(result: CrowdResult, truth: np.ndarray | None) -> dict[str, A
 
 
 def run(
-    aggregates: list[str], key_ring: str, output: str, truth_dir: str | None = None
+    aggregates: list[str],
+    key_ring: str,
+    output: str,
+    truth_dir: str | None = None,
+    aggregator_keys: str | None = None,
 ) -> dict[str, Any]:
     if len(aggregates) != 2:
         raise UsageError(f"give --aggregates twice (both aggregators), got {len(aggregates)}")
+    trusted = None
+    if aggregator_keys is not None:
+        try:
+            trusted = load_shuffler_keys(aggregator_keys)
+        except KeyError_ as error:
+            raise UsageError(str(error)) from None
     records = []
     for directory in aggregates:
         path = Path(directory) / AGGREGATE_FILE
@@ -111,7 +128,15 @@ def run(
             text = path.read_text()
         except OSError as error:
             raise UsageError(f"{path}: cannot be read: {error.strerror}") from None
-        records.append(read_aggregate_record(text, str(path)))
+        record = read_aggregate_record(text, str(path))
+        if trusted is not None:
+            if record.get("instance") != record.get("aggregator"):
+                raise UsageError(f"refusing {path}: unsigned or signed for another aggregator")
+            try:
+                verify_commit(record, trusted)
+            except (SignatureError, KeyError, TypeError, ValueError) as error:
+                raise UsageError(f"refusing {path}: {error}") from None
+        records.append(record)
     try:
         ring = KeyRing.load(key_ring)
         results = unshard_aggregates(records, ring)
@@ -168,6 +193,7 @@ def run(
     summary = {
         "aggregation": "prio3",
         "run_id": records[0].get("run_id"),
+        "signed": trusted is not None,
         "recipe_id": records[0].get("recipe_id"),
         "crowds_estimated": sum(1 for c in crowds if "refused" not in c),
         "crowds_refused": sum(1 for c in crowds if "refused" in c),

@@ -307,3 +307,50 @@ def test_command_line_refusals_are_one_line(world, aggregated, capsys):
     )
     assert status == 2
     assert "is not a prio3 recipe" in capsys.readouterr().err
+
+
+def test_signed_aggregate_records_are_required_when_the_keys_are_given(world, aggregated, tmp_path):
+    from schemas.crypto.analyzer_keys import write_key_pair as write_pair
+    from schemas.crypto.commit_signing import sign_commit
+    from schemas.crypto.signing_keys import generate_signing_key
+
+    outputs, _, _ = aggregated
+    keys = [generate_signing_key(j, valid_from_ms=0) for j in range(2)]
+    for key in keys:
+        write_pair(key, tmp_path / "trusted")
+    ring = str(world["root"] / "analyzer")
+    records = [json.loads((o / aggregate.AGGREGATE_FILE).read_text()) for o in outputs]
+
+    def write(name, signed):
+        paths = []
+        for j, record in enumerate(signed):
+            target = tmp_path / name / f"a{j}"
+            target.mkdir(parents=True)
+            (target / aggregate.AGGREGATE_FILE).write_text(json.dumps(record))
+            paths.append(str(target))
+        return paths
+
+    good = [sign_commit(r | {"instance": j}, keys[j]) for j, r in enumerate(records)]
+    result = unshard.run(
+        write("good", good), ring, str(tmp_path / "o1"), None, str(tmp_path / "trusted")
+    )
+    assert result["signed"] and result["crowds_estimated"] == 1
+    with pytest.raises(UsageError, match="not signed"):
+        unshard.run(
+            write("unsigned", [good[0], records[1] | {"instance": 1}]),
+            ring,
+            str(tmp_path / "o2"),
+            None,
+            str(tmp_path / "trusted"),
+        )
+    altered = json.loads(json.dumps(good))
+    altered[1]["published"][0]["checksum"] = "0" * 64
+    with pytest.raises(UsageError, match="altered after signing"):
+        unshard.run(
+            write("altered", altered), ring, str(tmp_path / "o3"), None, str(tmp_path / "trusted")
+        )
+    swapped = [sign_commit(records[0] | {"instance": 1}, keys[1]), good[1]]
+    with pytest.raises(UsageError, match="signed for another aggregator"):
+        unshard.run(
+            write("swapped", swapped), ring, str(tmp_path / "o4"), None, str(tmp_path / "trusted")
+        )

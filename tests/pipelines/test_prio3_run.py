@@ -28,6 +28,7 @@ def test_esa_run_with_a_prio3_recipe_estimates_within_its_standard_errors(tmp_pa
     finish = [phase for phase in result["aggregators"] if phase["phase"] == "finish"]
     assert [phase["reports_published"] for phase in finish] == [400, 400]
     summary = json.loads((output / "analysis" / "summary.json").read_text())
+    assert summary["signed"]  # both aggregate records carried their aggregator's signature
     (crowd,) = summary["crowds"]
     assert crowd["n"] == 400 and crowd["truth_respondents"] == 400
     # 16 buckets: the RMS of (estimate - truth) / stderr is 1 give or take about 0.18 (sd of a
