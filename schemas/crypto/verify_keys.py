@@ -1,6 +1,6 @@
 """The Prio3 verify key both aggregators share (draft-irtf-cfrg-vdaf-18 §9: secret from devices).
 
-An ``esa-key/1`` file (``schemas.crypto.analyzer_keys``' format) of suite
+An ``esa-key/1`` file (``schemas.crypto.key_files``) of suite
 :data:`VERIFY_KEY_SUITE` with one field, ``verify_key`` (VERIFY_KEY_SIZE bytes in hex), written
 with mode 0600 and never overwritten; read by each aggregator's workers from its path.
 """
@@ -12,7 +12,7 @@ import os
 import secrets
 from pathlib import Path
 
-from schemas.crypto.analyzer_keys import (
+from schemas.crypto.key_files import (
     KEY_FORMAT,
     PRIVATE_MODE,
     KeyError_,
