@@ -198,6 +198,7 @@ PARTIES = {
         + (
             "pipelines.release_counts",
             "pipelines.pictures",
+            "pipelines.unshard",
             "pipelines.commandline.analyzer_key_flags",
         ),
         SHUFFLER_CODE + DEVICE_CODE,
@@ -209,6 +210,11 @@ PARTIES = {
     ),
     # The collector in front of a shuffler instance: authenticated identities and sealed bytes.
     "collector": (COLLECTOR_CODE, OPENS_SEALED + ANALYZER_CODE + SHUFFLER_CODE + DEVICE_CODE),
+    # The two Prio3 aggregators of the aggregate model: their own keys and the VDAF only.
+    "aggregators": (
+        ("transforms.aggregators", "pipelines.aggregate"),
+        SHUFFLER_CODE + ANALYZER_CODE + DEVICE_CODE,
+    ),
     # LDP-SGD's devices and server as transforms; the server opens sealed reports with the
     # analyzer's own code, and shuffling is the shuffler pipeline's job (pipelines/train.py).
     "training (transforms)": (("transforms.training",), SHUFFLER_CODE),
