@@ -2,6 +2,7 @@
 
     esa collect --instance U --listen HOST:PORT --output DIR --registry REGISTRY --tls DIR
         [--max-body BYTES] [--max-records N] [--max-skew 5m] [--body-timeout SECONDS]
+        [--idle-timeout SECONDS]
         [--device-rate PER_SECOND] [--device-burst N] [--queue N] [--rotate-bytes BYTES]
         [--rotate-age SECONDS] [--dedupe-window 1d] [--codec deflate|null|snappy]
 
@@ -69,6 +70,14 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--max-records", type=int, default=10_000, metavar="N")
     parser.add_argument("--max-skew", default="5m", help="Allowed device clock skew. Default 5m.")
     parser.add_argument("--body-timeout", type=float, default=10.0, metavar="SECONDS")
+    parser.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="Close a connection that has not sent a whole request header this long after it "
+        "opened or after its last request (slow or idle clients). Default 30.",
+    )
     parser.add_argument("--device-rate", type=float, default=10.0, metavar="PER_SECOND")
     parser.add_argument("--device-burst", type=float, default=20.0, metavar="N")
     parser.add_argument("--queue", type=int, default=20_000, metavar="N", help="Uploads queued.")
@@ -108,6 +117,7 @@ def _config(args: argparse.Namespace) -> Any:
             max_records=args.max_records,
             max_skew_ms=skew_ms,
             body_timeout_s=args.body_timeout,
+            keepalive_s=args.idle_timeout,
             device_rate=args.device_rate,
             device_burst=args.device_burst,
             queue_uploads=args.queue,

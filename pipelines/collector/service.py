@@ -13,6 +13,10 @@ that stores groups of uploads (``store.py``: block, fdatasync, journal, fdatasyn
 thread and only then answers them 200. Every refusal has a reason and a counter
 (``metrics.py``); an unexpected error is a 500 counted as ``internal``, never a crash.
 
+A connection that has not sent a whole request header ``keepalive_s`` after it opened (or after
+its last request) is closed by aiohttp, so clients that dribble headers hold their own socket
+for that long at most.
+
 ``GET /healthz`` answers ``ok``; ``GET /metrics`` the Prometheus text. :meth:`Collector.stop`
 (SIGTERM in ``esa collect``) stops accepting connections, lets the requests in flight finish,
 drains the queue and commits the open file.
@@ -95,6 +99,7 @@ class CollectorConfig:
             ("device_rate", self.device_rate),
             ("device_burst", self.device_burst),
             ("rotate_age_s", self.rotate_age_s),
+            ("keepalive_s", self.keepalive_s),
         ):
             if not value > 0:
                 raise ValueError(f"{name} must be > 0, got {value!r}")

@@ -90,7 +90,7 @@ def collector(world, tmp_path):
     server = Collector(
         keys, tmp_path / "collected", 0, 0,
         "--max-body", "65536", "--device-rate", "2", "--device-burst", "3",
-        "--body-timeout", "1", "--rotate-age", "0.5", "--queue", "64",
+        "--body-timeout", "1", "--idle-timeout", "2", "--rotate-age", "0.5", "--queue", "64",
     )  # fmt: skip
     yield server
     server.stop()
@@ -298,6 +298,24 @@ def test_a_slow_client_times_out_while_others_are_served(collector, world):
     assert answer.startswith(b"HTTP/1.1 408"), answer[:80]
     assert time.monotonic() - started < 8
     assert collector.rejected("slow_client") == 1
+    assert collector.process.poll() is None
+
+
+def test_a_client_dribbling_headers_is_disconnected_after_the_idle_timeout(collector, world):
+    _, keys, _ = world
+    context = client_tls_context(keys.ca)
+    raw = socket.create_connection(("127.0.0.1", collector.port), timeout=20)
+    slow = context.wrap_socket(raw, server_hostname="127.0.0.1")
+    started = time.monotonic()
+    slow.sendall(f"POST {PATH} HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode())  # never finished
+    assert collector.upload(keys.credentials()[12], _body(), "report-fast02")[0] == 200
+    try:
+        closed = slow.recv(4096) == b""
+    except (ConnectionError, ssl.SSLError):
+        closed = True
+    finally:
+        slow.close()
+    assert closed and 1.5 < time.monotonic() - started < 15  # --idle-timeout 2
     assert collector.process.poll() is None
 
 
