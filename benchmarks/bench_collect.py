@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from benchmarks.bench_shuffle import _shuffle
 from benchmarks.common import RAW_READ_SCRIPT, raw_read_note, run_child
-from pipelines.run import _start_collector
+from pipelines.run import start_collector
 from schemas import REPORT, schema_json
 from schemas.avro.container import encode_container
 from schemas.crypto.device_keys import enrol_devices, load_credentials
@@ -85,7 +85,7 @@ def run(quick: bool) -> list[dict]:
         ]
         output = work / "collected" / "instance=0"
         output.parent.mkdir()
-        process, url = _start_collector(0, output, work / "devices", work / "tls")
+        process, url = start_collector(0, output, work / "devices", work / "tls")
         samples: list[float] = []
         done = threading.Event()
 

@@ -155,7 +155,7 @@ def recipe_for_instances(recipe: Recipe, instances: int | None) -> Recipe:
     return recipe_from_dict(data, source=f"{recipe.id} for {instances} instances")
 
 
-def _start_collector(
+def start_collector(
     instance: int, output: Path, registry: Path, tls: Path
 ) -> tuple[subprocess.Popen[str], str]:
     """``esa collect --instance u`` on 127.0.0.1 and a free port; returns it and its URL."""
@@ -197,7 +197,7 @@ def collect(
     try:
         urls = []
         for instance in range(instances):
-            process, url = _start_collector(
+            process, url = start_collector(
                 instance, collected / f"instance={instance}", output / "devices", tls
             )
             processes.append(process)
