@@ -227,6 +227,11 @@ class Collector:
         try:
             seconds = await loop.run_in_executor(self._executor, self.store.append, uploads)
         except Exception as error:  # disk full, I/O error: nothing of the group is stored
+            if len(group) > 1 and not isinstance(error, OSError):
+                # Not the disk: one upload the encoder refuses must not fail the others.
+                for item in group:
+                    await self._store_group(loop, [item])
+                return
             log.error("storing %d uploads failed: %s", len(uploads), error)
             for upload, future in group:
                 self._pending.pop((upload.device, upload.report_id), None)
