@@ -12,20 +12,42 @@ Each epoch t = 1..T is three kinds of Beam pipeline on the same runner flags:
    at theta_t, clips it to --clip-norm and sends a 16-byte PRG seed and a sign, sealed to the
    analyzer's key (``transforms/sealed.py``; ``--unsealed`` sends them in the clear), to one of K
    shuffler instances: ``OUTPUT/epochs/epoch=<t>/reports/instance=<u>/*.avro``;
-2. one shuffler run per instance, as ``esa run`` calls them (threshold, randomized deletion,
-   strip, permute), on the epoch's own channel: ``.../shuffled/instance=<u>/``, its commit record
-   signed with the instance's throwaway Ed25519 key in ``OUTPUT/shuffler_keys`` and verified
-   (signature, files) before its respondent count is used;
-3. the server (Algorithm 5) over every instance's release: open the sealed payloads with the key
-   ring of --keys (default: a throwaway pair in ``OUTPUT/keys``), regenerate directions, average
-   with the unbiased scale, step with eta_t = c/sqrt(t), project onto the ball of --radius; the
-   checkpoint ``OUTPUT/checkpoints/epoch-<t>.npz`` is the pipeline's output.
+2. one shuffler run per instance through the shuffler's own pipeline (``pipelines.shuffle.run``,
+   the transforms ``esa shuffle`` runs): per-origin caps (an origin may put at most tau data
+   messages into the epoch's crowd, ``SgdChannel.origin_caps``; the rest are dead-lettered
+   ``over_origin_cap``), n counted as distinct origins, the threshold, randomized deletion, strip,
+   permute, on the epoch's own channel: the release ``.../shuffled/instance=<u>/``, committed and
+   signed with the instance's throwaway Ed25519 key in ``OUTPUT/shuffler_keys``; the shuffler's
+   private files in ``.../shuffler-private/instance=<u>/``, outside the folder the server reads;
+3. every instance's release is opened through the analyzer's verified reader
+   (``pipelines.analyze.open_release``: commit record, signature, every file's size and SHA-256,
+   crowd tables against the messages), and n_u is the respondents its committed crowd table
+   states (never counted from messages, no fallback: a missing or altered commit record stops
+   the training with one line); then the server (Algorithm 5) reads exactly the committed message
+   files (``transforms.train.CommittedMessageFiles``: the file list from the verified record,
+   re-checked on the worker), opens the sealed payloads with the key ring of --keys (default: a
+   throwaway pair in ``OUTPUT/keys``), regenerates directions, averages with the unbiased scale,
+   steps with eta_t = c/sqrt(t) and projects onto the ball of --radius; the checkpoint
+   ``OUTPUT/checkpoints/epoch-<t>.npz`` is the pipeline's output.
+
+Devices send no presence messages: each device sends all its tau reports to one instance and
+nothing to the others, so the distinct origins of an instance's data messages are its
+respondents, and a presence message elsewhere would count a device whose report that instance
+never had.
 
 Outputs: ``model.npz`` (theta_T), ``metrics.json`` (accuracy and loss per epoch, eps_c so far, the
 privacy report with per-epoch eps_le, eps_c, delta and n, the non-private baselines, the grid) and
 ``pictures/accuracy_vs_epoch.png``, ``pictures/accuracy_vs_epsilon.png``. The grid over eps_le
 (``--grid``) runs the same devices and server step in plain numpy (no files, no shuffler:
 shuffling permutes the reports and leaves their sum unchanged), to draw accuracy against eps_c.
+
+Ranges, checked before any work (one line, exit 2): --epochs 1..1,000; --instances 1..1,024 (as
+``esa run``); --reports-per-device 1..100; --devices-per-shard 1..1,000,000, and at most 65,536
+report files per epoch (shards x instances); --seed 0..2^63-1; --crowd-threshold 1..2^63-1;
+--epsilon and each --grid value in (0, 30] (at most 16 grid values); --clip-norm and --radius
+in [1e-6, 1e6]; --delta in [1e-30, 0.1]; synthetic:N with N in 1..10,000,000. A NaN or an
+infinity in a model, a loss, an accuracy or a privacy figure is an error (one line, exit 1;
+nothing published: no ``model.npz``, no ``metrics.json``, the offending checkpoint removed).
 
 Datasets: ``digits`` (scikit-learn's bundled 8x8 digits, 1,438 training devices with one image
 each, 359 test images) or ``synthetic:N``. Every device takes part in every epoch (Algorithm 5's
@@ -39,8 +61,11 @@ import argparse
 import io
 import json
 import math
+import os
 import shutil
+import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +77,11 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipelines import engines
 from pipelines import keys as keys_cli
 from pipelines import shuffle as shuffle_pipeline
+from pipelines.analyze import open_release
 from pipelines.cli import UsageError
+from pipelines.flags import deletion_errors
 from pipelines.options import with_default_runner
-from privacy.accounting.ldp_sgd import ldp_sgd_guarantee
+from privacy.accounting.ldp_sgd import LdpSgdGuarantee, ldp_sgd_guarantee
 from schemas import release as release_format
 from schemas.ldp_sgd import SgdChannel
 from simulators.sgd_data import (
@@ -66,10 +93,26 @@ from simulators.sgd_data import (
 )
 from simulators.sgd_devices import EpochPlan, reference_training
 from transforms import shuffle_core
+from transforms.aggregate import pinned_crowd_table_records, pinned_crowd_tables
 from transforms.combiners import SumCounts
-from transforms.train import AggregateEpoch, EpochUpdate, WriteEpochReports
+from transforms.train import (
+    AggregateEpoch,
+    CommittedMessageFiles,
+    EpochUpdate,
+    WriteEpochReports,
+)
 
-__all__ = ["register", "train", "run_epoch", "DEFAULT_GRID"]
+__all__ = [
+    "register",
+    "train",
+    "run_epoch",
+    "run_devices",
+    "shuffle_and_step",
+    "open_epoch_releases",
+    "EpochRelease",
+    "NonFiniteResult",
+    "DEFAULT_GRID",
+]
 
 DEFAULT_GRID = (0.5, 1.0, 1.9, 4.0, 8.0)
 METRICS_FILE = "metrics.json"
@@ -78,6 +121,27 @@ _OUTPUT_ENTRIES = (
     "epochs", "checkpoints", "pictures", METRICS_FILE, MODEL_FILE, "keys",
     keys_cli.SIGNING_KEYS_DIR,
 )  # fmt: skip
+# Documented ranges of esa train's flags (module doc), checked before any work.
+INTEGER_RANGES = {
+    "epochs": 1_000,
+    "instances": 1_024,  # as esa run
+    "reports_per_device": 100,
+    "devices_per_shard": 1_000_000,
+    "crowd_threshold": 2**63 - 1,
+    "seed": 2**63 - 1,  # from 0
+}
+MAX_EPSILON = 30.0
+# name: (low, high, low excluded)
+NUMBER_RANGES = {
+    "epsilon": (0.0, MAX_EPSILON, True),
+    "clip_norm": (1e-6, 1e6, False),
+    "radius": (1e-6, 1e6, False),
+    "delta": (1e-30, 0.1, False),
+}
+MAX_GRID_VALUES = 16
+MAX_REPORT_FILES = 65_536  # per epoch: shards x instances
+SHUFFLED_DIR = "shuffled"  # the releases the server reads: instance=<u>/
+SHUFFLER_PRIVATE_DIR = "shuffler-private"  # each instance's private files, never read by it
 _DAY_MS = 86_400_000
 _BASE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z: epoch t reports on day t
 
@@ -116,7 +180,11 @@ def register(subparsers: Any) -> None:
 
 
 def _handle(args: argparse.Namespace, pipeline_args: list[str]) -> int:
-    result = train(vars(args), pipeline_args, echo=True)
+    try:
+        result = train(vars(args), pipeline_args, echo=True)
+    except NonFiniteResult as error:
+        print(f"esa train: error: {error}", file=sys.stderr)
+        return 1
     return 0 if result["adds_up"] else 1
 
 
@@ -129,22 +197,52 @@ def _parse_grid(text: str) -> tuple[float, ...]:
         raise UsageError(
             f"--grid must be comma-separated numbers or 'none', got {text!r}"
         ) from error
-    if any(not math.isfinite(v) or v <= 0 for v in values):
-        raise UsageError(f"--grid values must be > 0, got {text!r}")
+    if len(values) > MAX_GRID_VALUES:
+        raise UsageError(f"--grid takes at most {MAX_GRID_VALUES} values, got {len(values)}")
+    if any(not math.isfinite(v) or not 0 < v <= MAX_EPSILON for v in values):
+        raise UsageError(f"--grid values must be in (0, {MAX_EPSILON:g}], got {text!r}")
     return values
 
 
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
 def _check(settings: dict[str, Any]) -> None:
-    for name in ("epochs", "instances", "reports_per_device", "devices_per_shard"):
-        if settings[name] < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {settings[name]}")
-    for name in ("epsilon", "clip_norm", "radius"):
-        if not math.isfinite(settings[name]) or settings[name] <= 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be > 0, got {settings[name]}")
-    if not 0 < settings["delta"] < 1:
-        raise UsageError(f"--delta must be in (0, 1), got {settings['delta']}")
-    if (settings["deletion_epsilon"] is None) != (settings["deletion_delta"] is None):
-        raise UsageError("--deletion-epsilon and --deletion-delta go together")
+    """The documented ranges (module doc), before any work; UsageError (one line) otherwise."""
+    for name, high in INTEGER_RANGES.items():
+        value = settings[name]
+        if name == "seed" and value is None:
+            continue
+        low = 0 if name == "seed" else 1
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise UsageError(f"{_flag(name)} must be an integer in [{low}, {high:,}], got {value}")
+    for name, (low, high, open_low) in NUMBER_RANGES.items():
+        value = settings[name]
+        above_low = value > low if open_low else value >= low
+        if not (math.isfinite(value) and above_low and value <= high):
+            bracket = "(" if open_low else "["
+            raise UsageError(f"{_flag(name)} must be in {bracket}{low:g}, {high:g}], got {value}")
+    problems = [p for p in deletion_errors(settings["deletion_epsilon"], settings["deletion_delta"])
+                if p]  # fmt: skip
+    if problems:
+        raise UsageError(problems[0])
+    if settings["deletion_epsilon"] is not None and settings["deletion_epsilon"] > MAX_EPSILON:
+        raise UsageError(
+            f"--deletion-epsilon must be in (0, {MAX_EPSILON:g}], got {settings['deletion_epsilon']}"
+        )
+
+
+def _check_files(devices: int, settings: dict[str, Any]) -> None:
+    """Report files per epoch (one per shard and instance) within MAX_REPORT_FILES."""
+    shards = -(-devices // settings["devices_per_shard"])
+    files = shards * settings["instances"]
+    if files > MAX_REPORT_FILES:
+        raise UsageError(
+            f"{shards:,} shards x {settings['instances']:,} instances would write {files:,} "
+            f"report files per epoch (at most {MAX_REPORT_FILES:,}): raise --devices-per-shard "
+            "or lower --instances"
+        )
 
 
 def _prepare(output: Path, overwrite: bool, throwaway_keys: bool = False) -> None:
@@ -194,29 +292,77 @@ def _read_checkpoint(path: Path) -> tuple[np.ndarray, dict[str, Any]]:
         return stored["theta"], json.loads(str(stored["info"]))
 
 
-def _released_files(release: Path) -> list[str]:
-    """Every released message file of one shuffler run (``messages/`` at any depth)."""
-    return sorted(str(path) for path in (release / "messages").rglob("*.avro"))
+class NonFiniteResult(Exception):
+    """A NaN or an infinity in a model, a loss, an accuracy or a privacy figure: never
+    published (``esa train`` prints one line and exits 1)."""
 
 
-def _released_respondents(
-    release: Path, summary: dict[str, Any], tau: int, shuffler_keys: str | None = None
-) -> int:
-    """Respondents one shuffler run released: its crowd tables' count when the release has a
-    commit record (verified, and its signature too given ``shuffler_keys``), else its messages /
-    tau (each device sends its tau reports to one instance)."""
-    if (release / release_format.COMMIT_FILE).exists():
-        try:
-            verified = release_format.verify_release(
-                str(release),
-                formats=(release_format.RELEASE_FORMAT,),
-                shuffler_keys=keys_cli.load_shuffler_keys(shuffler_keys),
+@dataclass(frozen=True)
+class EpochRelease:
+    """One instance's release of one epoch, as the analyzer's verified reader opened it: the
+    SHA-256 of its verified commit record (workers read only that record) and the committed
+    respondents and messages of the epoch's crowd."""
+
+    instance: int
+    path: str
+    commit_sha256: str
+    respondents: int
+    messages: int
+
+    @property
+    def pinned(self) -> tuple[int, str, str]:
+        """What the analyzer's pinned readers take (``transforms.aggregate``)."""
+        return (self.instance, self.path, self.commit_sha256)
+
+
+def open_epoch_releases(
+    epoch_dir: Path, channel: SgdChannel, instances: int, shuffler_keys: str | None
+) -> list[EpochRelease]:
+    """Every instance's release of one epoch through the analyzer's verified reader
+    (``pipelines.analyze.open_release``: commit record, signature given ``shuffler_keys``, files,
+    crowd tables against messages), its n_u from its committed crowd tables, each re-read only if
+    its SHA-256 is the committed one. UsageError (one line) for a missing or refused release, a
+    release of another instance, or a crowd that is not the epoch's."""
+    keys = keys_cli.load_shuffler_keys(shuffler_keys)
+    opened = []
+    for instance in range(instances):
+        directory = str(epoch_dir / SHUFFLED_DIR / f"instance={instance}")
+        verified = open_release(directory, keys)
+        if verified.instance != instance or verified.commit_sha256 is None:
+            raise UsageError(
+                f"refusing release {directory}: it is instance {verified.instance}'s, not {instance}'s"
             )
-            crowds = release_format.iter_crowds(verified)  # one crowd table at a time
-            return sum(c["respondents_released"] or 0 for c in crowds)
-        except release_format.ReleaseError as error:
-            raise UsageError(f"refusing release: {error}") from None
-    return int(summary.get("released", 0)) // tau
+        pinned = (instance, verified.path, verified.commit_sha256)
+        respondents = messages = 0
+        try:
+            for table in pinned_crowd_tables(pinned):
+                for _, crowd in pinned_crowd_table_records(table):
+                    if (crowd["channel"], crowd["recipe_id"]) != (
+                        channel.channel,
+                        channel.recipe_id,
+                    ):
+                        raise UsageError(
+                            f"refusing release {directory}: it holds a crowd of recipe "
+                            f"{crowd['recipe_id']!r}, not epoch {channel.epoch}'s"
+                        )
+                    if crowd["status"] == "released":
+                        respondents += int(crowd["respondents_released"])
+                        messages += int(crowd["messages_released"])
+        except (ValueError, OSError, release_format.ReleaseError) as error:
+            raise UsageError(f"refusing release {directory}: {error}") from None
+        opened.append(
+            EpochRelease(instance, verified.path, verified.commit_sha256, respondents, messages)
+        )
+    return opened
+
+
+def _commit_changed(releases: list[EpochRelease]) -> str | None:
+    """The first release whose commit record is no longer the verified one."""
+    for item in releases:
+        path = os.path.join(item.path, release_format.COMMIT_FILE)
+        if not os.path.isfile(path) or release_format.sha256_of(path) != item.commit_sha256:
+            return path
+    return None
 
 
 def _run_devices(
@@ -249,23 +395,23 @@ def _run_devices(
 def _run_shufflers(
     flags: list[str], settings: dict[str, Any], channel: SgdChannel, epoch_dir: Path
 ) -> dict[int, dict[str, Any]]:
-    """One shuffler run per instance on this epoch's reports, the way ``esa run`` calls them."""
+    """One run of the shuffler's pipeline per instance on this epoch's reports, with the
+    epoch's per-origin caps (module doc, step 2); every instance commits a release, empty or
+    not."""
     routes = {
         channel.recipe_id: shuffle_core.RecipeRoute(
             channel=channel.channel,
             shuffler_instances=settings["instances"],
             min_crowd_size=channel.min_crowd_size,
+            origin_caps=channel.origin_caps,
         )
     }
     summaries = {}
     for instance in range(settings["instances"]):
-        inputs = epoch_dir / "reports" / f"instance={instance}"
-        if not any(inputs.glob("*.avro")):
-            summaries[instance] = {"released": 0, "read": 0, "adds_up": True}
-            continue
         job = {
-            "input": str(inputs / "*.avro"),
-            "output": str(epoch_dir / "shuffled" / f"instance={instance}"),
+            "input": str(epoch_dir / "reports" / f"instance={instance}" / "*.avro"),
+            "output": str(epoch_dir / SHUFFLED_DIR / f"instance={instance}"),
+            "private_output": str(epoch_dir / SHUFFLER_PRIVATE_DIR / f"instance={instance}"),
             "instance": instance,
             "crowd_threshold": settings["crowd_threshold"],
             "deletion_epsilon": settings["deletion_epsilon"],
@@ -277,11 +423,12 @@ def _run_shufflers(
 
 
 def _run_server(
-    flags: list[str], paths: list[str], channel: SgdChannel, plan: EpochPlan,
+    flags: list[str], releases: list[EpochRelease], channel: SgdChannel, plan: EpochPlan,
     theta: np.ndarray, radius: float, checkpoint: Path, dead_letter_dir: Path,
     key_ring: str | None = None,
 ) -> tuple[np.ndarray, dict[str, Any]]:  # fmt: skip
-    if not paths:  # nothing released: Algorithm 5 has no responses to average
+    """Algorithm 5 over exactly the committed message files of ``releases``."""
+    if not any(item.messages for item in releases):  # nothing released: nothing to average
         info = {"epoch": plan.epoch, "reports": 0, "read": 0, "rejected": {},
                 "learning_rate": 0.0, "gradient_norm": 0.0, "adds_up": True}  # fmt: skip
         np.savez(checkpoint, theta=theta, info=np.array(json.dumps(info)))
@@ -289,7 +436,8 @@ def _run_server(
     pipeline = beam.Pipeline(options=with_default_runner(PipelineOptions(flags)))
     _ = (
         pipeline
-        | "Released" >> beam.Create(paths)
+        | "Commits" >> beam.Create([item.pinned for item in releases])
+        | "Released" >> CommittedMessageFiles()
         | "Server"
         >> AggregateEpoch(
             channel,
@@ -302,7 +450,13 @@ def _run_server(
         )  # fmt: skip
         | "Checkpoint" >> beam.Map(_write_checkpoint, path=str(checkpoint))
     )
-    pipeline.run().wait_until_finish()
+    try:
+        pipeline.run().wait_until_finish()
+    except Exception:
+        changed = _commit_changed(releases)
+        if changed is not None:  # the workers refused it (transforms.aggregate.read_pinned_commit)
+            raise UsageError(f"refusing release: {changed} changed after it was verified") from None
+        raise
     return _read_checkpoint(checkpoint)
 
 
@@ -330,6 +484,47 @@ def _grid(
     return rows
 
 
+def run_devices(
+    flags: list[str], data: DeviceData, settings: dict[str, Any], epoch: int, theta: np.ndarray,
+    output: Path,
+) -> dict[str, int]:  # fmt: skip
+    """Step 1 of an epoch: every device's reports in ``epochs/epoch=<t>/reports/``."""
+    plan, channel = _epoch_plan(data, settings, epoch)
+    reports = _epoch_dir(output, epoch) / "reports"
+    return _run_devices(flags, data, settings, plan, channel, theta, reports)
+
+
+def shuffle_and_step(
+    flags: list[str], data: DeviceData, settings: dict[str, Any], epoch: int, theta: np.ndarray,
+    output: Path,
+) -> tuple[np.ndarray, dict[str, Any]]:  # fmt: skip
+    """Steps 2 and 3 of an epoch on the reports in ``epochs/epoch=<t>/reports/``: the shufflers,
+    the verified releases, the server. Returns theta_{t+1} and the server's bookkeeping, with
+    ``shuffles`` (each shuffler run's summary) and ``crowds`` (the committed respondents of each
+    instance)."""
+    plan, channel = _epoch_plan(data, settings, epoch)
+    epoch_dir = _epoch_dir(output, epoch)
+    shuffles = _run_shufflers(flags, settings, channel, epoch_dir)
+    releases = open_epoch_releases(
+        epoch_dir, channel, settings["instances"], settings.get("shuffler_keys")
+    )
+    checkpoint = output / "checkpoints" / f"epoch-{epoch:04d}.npz"
+    checkpoint.parent.mkdir(parents=True, exist_ok=True)
+    dead_letters = epoch_dir / "server_dead_letter"
+    dead_letters.mkdir(parents=True, exist_ok=True)
+    theta, info = _run_server(
+        flags, releases, channel, plan, theta, settings["radius"], checkpoint, dead_letters,
+        settings.get("key_ring"),
+    )  # fmt: skip
+    problem = _non_finite({"theta": theta, "learning_rate": info["learning_rate"],
+                           "gradient_norm": info["gradient_norm"]})  # fmt: skip
+    if problem is not None:
+        checkpoint.unlink(missing_ok=True)
+        raise NonFiniteResult(f"epoch {epoch}: the server's {problem} is not finite; stopped")
+    crowds = [item.respondents for item in releases]
+    return theta, {**info, "shuffles": shuffles, "crowds": crowds}
+
+
 def run_epoch(
     flags: list[str],
     data: DeviceData,
@@ -338,11 +533,24 @@ def run_epoch(
     theta: np.ndarray,
     output: Path,
 ) -> tuple[np.ndarray, dict[str, Any]]:
-    """One epoch: devices (Algorithm 4) -> one shuffler run per instance -> server (Algorithm 5).
+    """One epoch: devices (Algorithm 4) -> one shuffler run per instance -> the analyzer's
+    verified reader -> server (Algorithm 5).
 
     Returns theta_{t+1} and the server's bookkeeping, with ``written`` (the devices' counts),
-    ``shuffles`` (each shuffler run's summary) and ``crowds`` (respondents each one released).
+    ``shuffles`` (each shuffler run's summary) and ``crowds`` (respondents each one committed).
     """
+    written = run_devices(flags, data, settings, epoch, theta, output)
+    theta, info = shuffle_and_step(flags, data, settings, epoch, theta, output)
+    return theta, {**info, "written": written}
+
+
+def _epoch_dir(output: Path, epoch: int) -> Path:
+    return output / "epochs" / f"epoch={epoch:04d}"
+
+
+def _epoch_plan(
+    data: DeviceData, settings: dict[str, Any], epoch: int
+) -> tuple[EpochPlan, SgdChannel]:
     tau, instances = settings["reports_per_device"], settings["instances"]
     plan = EpochPlan(
         epoch, settings["epsilon"], settings["clip_norm"], data.dimension,
@@ -353,22 +561,17 @@ def run_epoch(
         settings["dataset"], epoch, settings["epsilon"], settings["clip_norm"],
         data.dimension, instances, tau, settings["crowd_threshold"],
     )  # fmt: skip
-    epoch_dir = output / "epochs" / f"epoch={epoch:04d}"
-    written = _run_devices(flags, data, settings, plan, channel, theta, epoch_dir / "reports")
-    shuffles = _run_shufflers(flags, settings, channel, epoch_dir)
-    releases = [epoch_dir / "shuffled" / f"instance={u}" for u in range(instances)]
-    verify = settings.get("shuffler_keys")
-    crowds = [_released_respondents(r, shuffles[u], tau, verify) for u, r in enumerate(releases)]
-    paths = [path for release in releases for path in _released_files(release)]
-    checkpoint = output / "checkpoints" / f"epoch-{epoch:04d}.npz"
-    checkpoint.parent.mkdir(parents=True, exist_ok=True)
-    dead_letters = epoch_dir / "server_dead_letter"
-    dead_letters.mkdir(parents=True, exist_ok=True)
-    theta, info = _run_server(
-        flags, paths, channel, plan, theta, settings["radius"], checkpoint, dead_letters,
-        settings.get("key_ring"),
-    )  # fmt: skip
-    return theta, {**info, "written": written, "shuffles": shuffles, "crowds": crowds}
+    return plan, channel
+
+
+def _non_finite(figures: dict[str, Any]) -> str | None:
+    """The name of the first figure holding a NaN or an infinity (numbers, arrays, lists)."""
+    for name, value in figures.items():
+        if value is None:
+            continue
+        if not np.all(np.isfinite(np.asarray(value, dtype=np.float64))):
+            return name
+    return None
 
 
 def train(
@@ -385,6 +588,7 @@ def train(
         data = load_device_data(settings["dataset"], settings["data_seed"])
     except (ValueError, ImportError) as error:
         raise UsageError(str(error)) from error
+    _check_files(data.devices, settings)
     throwaway_keys = not settings.get("unsealed") and settings.get("keys") is None
     _prepare(output, settings["overwrite"], throwaway_keys)
     # Sealed by default, as esa run: devices seal to the newest public key, the server opens
@@ -414,7 +618,7 @@ def train(
     started = time.monotonic()
     theta = np.zeros(data.dimension)  # Algorithm 5, step 1
     history: list[dict[str, Any]] = []
-    smallest_crowd = data.devices
+    smallest_crowd: int | None = None  # the smallest committed crowd of any epoch
     adds_up = True
     # On Flink, one job server serves every epoch's pipelines (engines.one_job_server).
     with engines.one_job_server(flags) as shared_flags:
@@ -422,14 +626,17 @@ def train(
             began = time.monotonic()
             theta, info = run_epoch(shared_flags, data, settings, epoch, theta, output)
             crowds, shuffles = info.pop("crowds"), info.pop("shuffles")
-            smallest_crowd = min([smallest_crowd, *[c for c in crowds if c > 0]])
-            guarantee = ldp_sgd_guarantee(settings["epsilon"], smallest_crowd, epochs,
-                                          settings["delta"], tau)  # fmt: skip
+            released = [c for c in crowds if c > 0]
+            if released:
+                smallest_crowd = min(released + ([smallest_crowd] if smallest_crowd else []))
+            so_far = _guarantee(settings, smallest_crowd)
             row = {
                 "epoch": epoch,
                 "accuracy": accuracy(theta, data.test_x, data.test_y, data.classes),
                 "test_loss": mean_loss(theta, data.test_x, data.test_y, data.classes),
-                "epsilon_central_so_far": guarantee.epsilon_central_so_far[epoch - 1],
+                "epsilon_central_so_far": (
+                    so_far.epsilon_central_so_far[epoch - 1] if so_far is not None else 0.0
+                ),
                 "reports_written": info["written"].get("reports", 0),
                 "released_respondents_per_instance": crowds,
                 "reports_used": info["reports"],
@@ -440,13 +647,22 @@ def train(
                 "adds_up": bool(info["adds_up"]) and all(s.get("adds_up", True) for s in shuffles.values()),
                 "seconds": round(time.monotonic() - began, 2),
             }  # fmt: skip
+            problem = _non_finite({name: row[name] for name in (
+                "accuracy", "test_loss", "epsilon_central_so_far")})  # fmt: skip
+            if problem is not None:
+                raise NonFiniteResult(f"epoch {epoch}: {problem} is not finite; stopped")
             adds_up = adds_up and row["adds_up"]
             history.append(row)
             say(f"  epoch {epoch}: accuracy {row['accuracy']:.3f}, test loss {row['test_loss']:.3f}, "
                 f"eps_c so far {row['epsilon_central_so_far']:.3f}, {info['reports']} reports "
                 f"({row['seconds']} s)")  # fmt: skip
-    np.savez(output / MODEL_FILE, theta=theta)
-    privacy = ldp_sgd_guarantee(settings["epsilon"], smallest_crowd, epochs, settings["delta"], tau)
+    privacy = _guarantee(settings, smallest_crowd)
+    report = _privacy_report(privacy)
+    problem = _non_finite({"theta": theta, **{
+        name: report[name] for name in ("epsilon_central", "epsilon_central_so_far",
+                                        "epsilon_central_epoch")}})  # fmt: skip
+    if problem is not None:
+        raise NonFiniteResult(f"the model's {problem} is not finite; nothing published")
     reference = train_reference(data, epochs, settings["radius"])
     baseline = {
         "description": "non-private full-batch projected gradient descent, same model, ball and "
@@ -455,7 +671,7 @@ def train(
     }
     optimum = _unconstrained_optimum(data)
     say("grid: " + (", ".join(f"{e:g}" for e in grid) if grid else "none"))
-    grid_rows = _grid(data, settings, grid, smallest_crowd) if grid else []
+    grid_rows = _grid(data, settings, grid, smallest_crowd) if grid and smallest_crowd else []
     metrics = {
         "dataset": settings["dataset"],
         "description": data.description,
@@ -463,7 +679,7 @@ def train(
         "dimension": data.dimension,
         "settings": {k: v for k, v in settings.items() if k not in ("handler", "public_key_json")},
         "epochs": history,
-        "privacy": privacy.to_dict(),
+        "privacy": report,
         "final_accuracy": history[-1]["accuracy"],
         "baseline_nonprivate": baseline,
         "baseline_unconstrained_optimum": optimum,
@@ -471,15 +687,36 @@ def train(
         "adds_up": adds_up,
         "seconds": round(time.monotonic() - started, 2),
     }
+    np.savez(output / MODEL_FILE, theta=theta)
     pictures = _pictures(output, metrics)
     metrics["pictures"] = pictures
     (output / METRICS_FILE).write_text(json.dumps(metrics, indent=2, default=_plain))
-    say(f"accuracy {metrics['final_accuracy']:.3f} at eps_c = {privacy.epsilon_central:.3f}, "
-        f"delta = {privacy.delta:g} ({privacy.composition_bound} of {privacy.epoch.bound}, "
-        f"n = {privacy.respondents}); non-private {baseline['accuracy'][-1]:.3f}, "
+    say(f"accuracy {metrics['final_accuracy']:.3f} at eps_c = {report['epsilon_central']:.3f}, "
+        f"delta = {report['delta']:g} ({report['composition_bound']} of {report['epoch_bound']}, "
+        f"n = {report['respondents']}); non-private {baseline['accuracy'][-1]:.3f}, "
         f"optimum {optimum['accuracy']:.3f}")  # fmt: skip
     say(f"results ({metrics['seconds']} s): {output}/")
     return metrics
+
+
+def _guarantee(settings: dict[str, Any], respondents: int | None) -> LdpSgdGuarantee | None:
+    """Theorem VI.1's accounting at the smallest committed crowd (None: nothing released yet)."""
+    if respondents is None:
+        return None
+    return ldp_sgd_guarantee(
+        settings["epsilon"], respondents, settings["epochs"], settings["delta"],
+        settings["reports_per_device"],
+    )  # fmt: skip
+
+
+def _privacy_report(privacy: LdpSgdGuarantee | None) -> dict[str, Any]:
+    if privacy is not None:
+        return privacy.to_dict()
+    return {  # no crowd was ever released: no report left a shuffler, the model is theta_0
+        "epsilon_central": 0.0, "epsilon_central_so_far": [], "epsilon_central_epoch": 0.0,
+        "delta": 0.0, "respondents": 0, "composition_bound": "nothing released",
+        "epoch_bound": "nothing released",
+    }  # fmt: skip
 
 
 def _plain(value: Any) -> Any:

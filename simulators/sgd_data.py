@@ -38,6 +38,7 @@ __all__ = [
 
 DIGITS = "digits"
 SYNTHETIC = "synthetic"
+MAX_SYNTHETIC_DEVICES = 10_000_000
 _BLOCK = 4096
 _SYNTHETIC_FEATURES = 64
 _SYNTHETIC_CLASSES = 10
@@ -148,8 +149,11 @@ def load_device_data(spec: str, seed: int = 0) -> DeviceData:
         return _digits(seed)
     if spec.startswith(f"{SYNTHETIC}:"):
         count = spec.split(":", 1)[1]
-        if not count.isdigit() or int(count) < 1:
-            raise ValueError(f"dataset {spec!r}: synthetic:N needs a positive device count N")
+        if not count.isdigit() or not 1 <= int(count) <= MAX_SYNTHETIC_DEVICES:
+            raise ValueError(
+                f"dataset {spec!r}: synthetic:N needs a device count N in "
+                f"[1, {MAX_SYNTHETIC_DEVICES:,}]"
+            )
         return _synthetic(int(count), seed)
     raise ValueError(f"unknown dataset {spec!r}; known: digits, synthetic:N")
 

@@ -67,13 +67,56 @@ def test_tiny_training_run_matches_the_numpy_epochs(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--epochs", "0"], "--epochs must be >= 1"),
-        (["--dataset", "mnist"], "unknown dataset"),
+        (["--epochs", "0"], "--epochs must be an integer in [1, 1,000], got 0"),
+        (["--epochs", "1001"], "--epochs must be an integer in [1, 1,000]"),
+        (["--instances", "1000000"], "--instances must be an integer in [1, 1,024]"),
+        (["--reports-per-device", "101"], "--reports-per-device must be an integer in [1, 100]"),
+        (["--devices-per-shard", "0"], "--devices-per-shard must be an integer in [1, 1,000,000]"),
+        (["--crowd-threshold", "0"], "--crowd-threshold must be an integer in [1,"),
+        (["--seed", "-1"], "--seed must be an integer in [0, 9,223,372,036,854,775,807], got -1"),
+        (["--seed", "9223372036854775808"], "--seed must be an integer in [0,"),
+        (["--clip-norm", "1e308"], "--clip-norm must be in [1e-06, 1e+06], got 1e+308"),
+        (["--clip-norm", "nan"], "--clip-norm must be in"),
+        (["--radius", "0"], "--radius must be in [1e-06, 1e+06]"),
+        (["--epsilon", "inf"], "--epsilon must be in (0, 30], got inf"),
+        (["--epsilon", "-1"], "--epsilon must be in (0, 30]"),
+        (["--delta", "0.5"], "--delta must be in [1e-30, 0.1]"),
+        (["--deletion-epsilon", "1e9", "--deletion-delta", "1e-6"], "--deletion-epsilon must"),
+        (["--deletion-epsilon", "1", "--deletion-delta", "2"], "--deletion-delta must be in"),
+        (["--dataset", "mnist-nope"], "unknown dataset"),
+        (["--dataset", "synthetic:20000000"], "N in [1, 10,000,000]"),
+        (
+            ["--dataset", "synthetic:100", "--instances", "1024", "--devices-per-shard", "1"],
+            "102,400 report files per epoch (at most 65,536)",
+        ),
         (["--deletion-epsilon", "1"], "go together"),
         (["--grid", "1,x"], "--grid"),
+        (["--grid", "1,31"], "--grid values must be in (0, 30]"),
+        (["--grid", ",".join(["1"] * 17)], "--grid takes at most 16 values"),
     ],
 )
-def test_bad_flags_are_one_line_errors(tmp_path, capsys, flags, message):
-    assert cli.main(["train", "--output", str(tmp_path / "o"), *flags]) == 2
+def test_bad_flags_are_one_line_errors_before_any_work(tmp_path, capsys, flags, message):
+    output = tmp_path / "o"
+    assert cli.main(["train", "--output", str(output), *flags]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+    assert err.startswith("esa train: error: ")
+    assert not output.exists()  # refused before any work: not a file written
+
+
+def test_a_nan_in_a_published_figure_is_one_line_exit_1_and_nothing_is_published(
+    tmp_path, capsys, monkeypatch
+):
+    import pipelines.train as train_pipeline
+
+    # A test accuracy that is NaN (as a NaN model would give) must stop the run, not be printed.
+    monkeypatch.setattr(train_pipeline, "accuracy", lambda *args: float("nan"))
+    output = tmp_path / "train"
+    argv = ["train", "--dataset", "synthetic:120", "--epochs", "1", "--seed", "1",
+            "--crowd-threshold", "20", "--grid", "none", "--unsealed",
+            "--output", str(output), *FLAGS]  # fmt: skip
+    assert cli.main(argv) == 1
+    captured = capsys.readouterr()
+    assert captured.err == "esa train: error: epoch 1: accuracy is not finite; stopped\n"
+    assert "eps_c" not in captured.out.split("\n", 1)[1]  # no result line after the header
+    assert not (output / "metrics.json").exists() and not (output / "model.npz").exists()
