@@ -55,6 +55,13 @@ def test_tiny_training_run_matches_the_numpy_epochs(tmp_path, capsys):
             (output / "shuffler_keys" / f"{signature['key_id']}.public.json").read_text()
         )
         assert key["shuffler_instance"] == instance
+        # The shuffler's private files lie outside the folder the server reads.
+        epoch = output / "epochs" / "epoch=0001"
+        assert sorted(p.name for p in (epoch / "shuffled").iterdir()) == [
+            "instance=0",
+            "instance=1",
+        ]
+        assert (epoch / "shuffler-private" / f"instance={instance}" / "metrics.json").exists()
     # A second run into the same output is refused; --overwrite never deletes foreign files.
     assert cli.main(argv) == 2
     assert "--overwrite" in capsys.readouterr().err
