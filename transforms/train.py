@@ -392,6 +392,7 @@ def _update(
     epoch: int,
     randomizer: LdpSgdRandomizer,
     radius: float,
+    rate_scale: float = 1.0,
 ) -> EpochUpdate:
     if parts.reports == 0:
         # Nothing released (e.g. every crowd withheld): the model stays where it is.
@@ -399,7 +400,7 @@ def _update(
             epoch, theta, 0, parts.read, dict(parts.rejected), 0.0, 0.0, parts.unknown_chunks
         )
     theta_next, eta, norm = server_step(
-        theta, parts.total, parts.reports, epoch, randomizer, radius
+        theta, parts.total, parts.reports, epoch, randomizer, radius, rate_scale
     )
     return EpochUpdate(
         epoch,
@@ -425,8 +426,10 @@ class AggregateEpoch(beam.PTransform):
         dead_letter_dir: str | None = None,
         key_ring: str | None = None,
         event_time_ms: int = 0,
+        rate_scale: float = 1.0,
     ) -> None:
         super().__init__()
+        self._rate_scale = float(rate_scale)
         self._key_ring = key_ring  # sealed payloads: the key ring's path
         self._window = epoch_window(event_time_ms)
         self._channel = channel
@@ -456,5 +459,6 @@ class AggregateEpoch(beam.PTransform):
                 epoch=self._channel.epoch,
                 randomizer=self._randomizer,
                 radius=self._radius,
+                rate_scale=self._rate_scale,
             )
         )
