@@ -127,3 +127,43 @@ def test_a_nan_in_a_published_figure_is_one_line_exit_1_and_nothing_is_published
     assert captured.err == "esa train: error: epoch 1: accuracy is not finite; stopped\n"
     assert "eps_c" not in captured.out.split("\n", 1)[1]  # no result line after the header
     assert not (output / "metrics.json").exists() and not (output / "model.npz").exists()
+
+
+def test_the_default_dataset_is_mnist_once_installed_else_digits(tmp_path, monkeypatch):
+    from pipelines.train import dataset_defaults
+    from simulators import mnist_digits
+
+    monkeypatch.setenv(mnist_digits.CACHE_ENV, str(tmp_path / "empty-cache"))
+    settings = dataset_defaults({"dataset": None, "epsilon": None, "epochs": 3, "radius": None,
+                                 "learning_rate_scale": None})  # fmt: skip
+    assert settings == {"dataset": "digits", "epsilon": 1.9, "epochs": 3, "radius": 5.0,
+                        "learning_rate_scale": 1.0}  # fmt: skip
+    # With the digits in the cache (a copy of the installed file), mnist and its defaults.
+    monkeypatch.undo()
+    installed = mnist_digits.digits_file()
+    if not mnist_digits.installed():
+        pytest.skip(f"MNIST digits not installed in {mnist_digits.cache_dir()} (make mnist)")
+    cache = tmp_path / "cache"
+    (cache / "mnist-1.1.0").mkdir(parents=True)
+    (cache / "mnist-1.1.0" / "digits.npz").write_bytes(installed.read_bytes())
+    monkeypatch.setenv(mnist_digits.CACHE_ENV, str(cache))
+    settings = dataset_defaults({"dataset": None, "epsilon": 2.5})
+    assert settings == {"dataset": "mnist", "epsilon": 2.5, "epochs": 40, "radius": 20.0,
+                        "learning_rate_scale": 0.2}  # fmt: skip
+
+
+def test_a_tiny_mnist_training_through_the_shufflers(tmp_path, capsys):
+    from simulators import mnist_digits
+
+    if not mnist_digits.installed():
+        pytest.skip(f"MNIST digits not installed in {mnist_digits.cache_dir()} (make mnist)")
+    output = tmp_path / "train"
+    argv = ["train", "--dataset", "mnist:300", "--epochs", "2", "--seed", "3", "--grid", "none",
+            "--crowd-threshold", "20", "--output", str(output), *FLAGS]  # fmt: skip
+    assert cli.main(argv) == 0
+    assert "MNIST (npm mnist@1.1.0" in capsys.readouterr().out
+    metrics = json.loads((output / "metrics.json").read_text())
+    assert metrics["dimension"] == 500 and metrics["devices"] == 300
+    assert metrics["settings"]["learning_rate_scale"] == 0.2  # the mnist defaults
+    assert [row["reports_used"] for row in metrics["epochs"]] == [300, 300]
+    assert metrics["privacy"]["respondents"] == 300 and metrics["adds_up"]
