@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from pipelines import cli
+from pipelines.commandline import main as cli
 from pipelines.train import dataset_defaults, train
 from pipelines.train_pictures import accuracy_vs_devices, accuracy_vs_epoch, accuracy_vs_epsilon
 from privacy.accounting.ldp_sgd import ldp_sgd_guarantee
@@ -246,7 +246,7 @@ esa train --output train-results    # mnist, eps_le {epsilon}, T {epochs}, radiu
 | Payload (18 bytes: tag, 16-byte seed, sign), per-epoch channel, recipe id, per-origin cap | `schemas/ldp_sgd.py` |
 | Datasets (mnist, digits, synthetic:N), softmax regression, non-private baseline | `simulators/sgd_data.py`, `simulators/mnist_digits.py` |
 | Device shards, the plain numpy epoch (baseline, grid, oracle) | `simulators/sgd_devices.py` |
-| Beam: devices write Report files; committed files of verified releases; server decodes, sums, steps | `transforms/train.py` |
+| Beam: devices write Report files; committed files of verified releases; server decodes, sums, steps | `transforms/training/epochs.py` |
 | `esa train`, pictures | `pipelines/train.py`, `pipelines/train_pictures.py` |
 | This page, its runs and pictures | `experiments/ldp_sgd.py` |
 | Benchmark | `benchmarks/bench_train.py` |
@@ -259,7 +259,7 @@ esa train --output train-results    # mnist, eps_le {epsilon}, T {epochs}, radiu
    v = Samp(PRG(s)) with PRG = SHAKE-128 over a domain-separation prefix, d and s, Samp =
    Box-Muller on 32-bit uniforms, normalized; the sign sgn(<z, v>) kept with probability
    e^eps/(1+e^eps). The device sends (s, sign), sealed to the analyzer's key (RFC 9180 HPKE,
-   `transforms/sealed.py`): 18 bytes instead of d floats. All of a device's reports of an
+   `transforms/analyzer/opening.py`): 18 bytes instead of d floats. All of a device's reports of an
    epoch go to one of the K shuffler instances, drawn uniformly.
 2. **Shufflers**: each instance of each epoch is one run of the shuffler's own pipeline
    (`pipelines.shuffle.run`, the transforms `esa shuffle` runs) on the epoch's own channel, with
@@ -278,7 +278,7 @@ esa train --output train-results    # mnist, eps_le {epsilon}, T {epochs}, radiu
    or altered commit record, a stray file or a crowd of another recipe stops the training with
    one line; there is no fallback to counting messages.
 4. **Server** (a Beam pipeline over exactly the message files the verified records commit,
-   `transforms.train.CommittedMessageFiles`, the analyzer's `pinned_message_paths`): each batch
+   `transforms.training.epochs.CommittedMessageFiles`, the analyzer's `pinned_message_paths`): each batch
    is opened and checked (recipe, channel, CRC32C, payload format); every rejected message is a
    dead letter with its reason and `read = used + rejected` is checked in records; directions
    are regenerated from the seeds and summed; g_t = B mean(sign v),

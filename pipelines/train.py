@@ -10,7 +10,7 @@ Each epoch t = 1..T is three kinds of Beam pipeline on the same runner flags:
 
 1. devices (Algorithm 4): every device computes the gradient of the cross-entropy of its example
    at theta_t, clips it to --clip-norm and sends a 16-byte PRG seed and a sign, sealed to the
-   analyzer's key (``transforms/sealed.py``; ``--unsealed`` sends them in the clear), to one of K
+   analyzer's key (``transforms/analyzer/opening.py``; ``--unsealed`` sends them in the clear), to one of K
    shuffler instances: ``OUTPUT/epochs/epoch=<t>/reports/instance=<u>/*.avro``;
 2. one shuffler run per instance through the shuffler's own pipeline (``pipelines.shuffle.run``,
    the transforms ``esa shuffle`` runs): per-origin caps (an origin may put at most tau data
@@ -24,7 +24,7 @@ Each epoch t = 1..T is three kinds of Beam pipeline on the same runner flags:
    crowd tables against the messages), and n_u is the respondents its committed crowd table
    states (never counted from messages, no fallback: a missing or altered commit record stops
    the training with one line); then the server (Algorithm 5) reads exactly the committed message
-   files (``transforms.train.CommittedMessageFiles``: the file list from the verified record,
+   files (``transforms.training.epochs.CommittedMessageFiles``: the file list from the verified record,
    re-checked on the worker), opens the sealed payloads with the key ring of --keys (default: a
    throwaway pair in ``OUTPUT/keys``), regenerates directions, averages with the unbiased scale,
    steps with eta_t = c/sqrt(t) and projects onto the ball of --radius; the checkpoint
@@ -79,16 +79,17 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines import engines
-from pipelines import keys as keys_cli
 from pipelines import shuffle as shuffle_pipeline
 from pipelines.analyze import open_release
-from pipelines.cli import UsageError
-from pipelines.flags import deletion_errors
-from pipelines.options import with_default_runner
+from pipelines.commandline import analyzer_key_flags, device_key_flags
+from pipelines.commandline import keys as keys_cli
+from pipelines.commandline.flags import deletion_errors
+from pipelines.commandline.main import UsageError
+from pipelines.commandline.options import with_default_runner
+from pipelines.engines import runners
 from privacy.accounting.ldp_sgd import LdpSgdGuarantee, ldp_sgd_guarantee
-from schemas import release as release_format
 from schemas.ldp_sgd import SgdChannel
+from schemas.release import commit as release_format
 from simulators.mnist_digits import installed as mnist_installed
 from simulators.sgd_data import (
     DIGITS,
@@ -100,10 +101,10 @@ from simulators.sgd_data import (
     train_reference,
 )
 from simulators.sgd_devices import EpochPlan, reference_training
-from transforms import shuffle_core
-from transforms.aggregate import pinned_crowd_table_records, pinned_crowd_tables
-from transforms.combiners import SumCounts
-from transforms.train import (
+from transforms.analyzer.aggregate import pinned_crowd_table_records, pinned_crowd_tables
+from transforms.common.combiners import SumCounts
+from transforms.shuffler import report_rows
+from transforms.training.epochs import (
     AggregateEpoch,
     CommittedMessageFiles,
     EpochUpdate,
@@ -346,7 +347,7 @@ class EpochRelease:
 
     @property
     def pinned(self) -> tuple[int, str, str]:
-        """What the analyzer's pinned readers take (``transforms.aggregate``)."""
+        """What the analyzer's pinned readers take (``transforms.analyzer.aggregate``)."""
         return (self.instance, self.path, self.commit_sha256)
 
 
@@ -358,7 +359,7 @@ def open_epoch_releases(
     crowd tables against messages), its n_u from its committed crowd tables, each re-read only if
     its SHA-256 is the committed one. UsageError (one line) for a missing or refused release, a
     release of another instance, or a crowd that is not the epoch's."""
-    keys = keys_cli.load_shuffler_keys(shuffler_keys)
+    keys = analyzer_key_flags.load_shuffler_keys(shuffler_keys)
     opened = []
     for instance in range(instances):
         directory = str(epoch_dir / SHUFFLED_DIR / f"instance={instance}")
@@ -418,7 +419,7 @@ def _run_devices(
             theta,
             str(reports_dir),
             _BASE_MS + plan.epoch * _DAY_MS,
-            settings.get("public_key_json"),  # sealed payloads (transforms/sealed.py)
+            settings.get("public_key_json"),  # sealed payloads (transforms/analyzer/opening.py)
         )  # fmt: skip
         | "Count" >> beam.CombineGlobally(SumCounts())
         | "Save" >> beam.Map(lambda counts: counts_path.write_text(json.dumps(counts)))
@@ -434,7 +435,7 @@ def _run_shufflers(
     epoch's per-origin caps (module doc, step 2); every instance commits a release, empty or
     not."""
     routes = {
-        channel.recipe_id: shuffle_core.RecipeRoute(
+        channel.recipe_id: report_rows.RecipeRoute(
             channel=channel.channel,
             shuffler_instances=settings["instances"],
             min_crowd_size=channel.min_crowd_size,
@@ -490,7 +491,7 @@ def _run_server(
         pipeline.run().wait_until_finish()
     except Exception:
         changed = _commit_changed(releases)
-        if changed is not None:  # the workers refused it (transforms.aggregate.read_pinned_commit)
+        if changed is not None:  # the workers refused it (transforms.analyzer.aggregate.read_pinned_commit)
             raise UsageError(f"refusing release: {changed} changed after it was verified") from None
         raise
     return _read_checkpoint(checkpoint)
@@ -633,8 +634,8 @@ def train(
     # with the key ring (its path only; the workers read it).
     keys = None if settings.get("unsealed") else keys_cli.run_keys(output, settings.get("keys"))
     settings["key_ring"] = keys and str(keys)
-    keys_cli.check_key_ring(settings["key_ring"])
-    settings["public_key_json"] = keys and keys_cli.public_key_json(
+    analyzer_key_flags.check_key_ring(settings["key_ring"])
+    settings["public_key_json"] = keys and device_key_flags.public_key_json(
         str(keys_cli.newest_public_key(keys))
     )
     # Signed commit records, as esa run: a throwaway key per instance, verified before use.
@@ -659,7 +660,7 @@ def train(
     smallest_crowd: int | None = None  # the smallest committed crowd of any epoch
     adds_up = True
     # On Flink, one job server serves every epoch's pipelines (engines.one_job_server).
-    with engines.one_job_server(flags) as shared_flags:
+    with runners.one_job_server(flags) as shared_flags:
         for epoch in range(1, epochs + 1):
             began = time.monotonic()
             theta, info = run_epoch(shared_flags, data, settings, epoch, theta, output)

@@ -70,7 +70,7 @@ class SgdChannel:
     def origin_caps(self) -> tuple[int, ...]:
         """Per shuffler instance, the most data messages one origin may send to this epoch's
         crowd: an honest device sends exactly tau reports, all to one instance, so the cap is
-        tau everywhere (no tail to allow for; ``transforms.release_core`` screens the rest as
+        tau everywhere (no tail to allow for; ``transforms.shuffler.decide`` screens the rest as
         ``over_origin_cap``)."""
         return (self.reports_per_device,) * self.instances
 

@@ -12,18 +12,11 @@ import ast
 import inspect
 
 import pipelines.train as training
-import transforms.train as epochs
+import transforms.training.epochs as epochs
 from pipelines import analyze, shuffle
-from transforms import (
-    aggregate,
-    release_core,
-    shuffle_read,
-    shuffle_release,
-    shuffle_sinks,
-    shuffle_spill,
-    shuffle_steps,
-)
-from transforms import shuffle as shuffle_transforms
+from transforms.analyzer import aggregate
+from transforms.shuffler import decide, read, release, sinks, spill, steps
+from transforms.shuffler import shuffle as shuffle_transforms
 
 TRAINING_MODULES = (training, epochs)
 # Calls that list or match files: a release is read from its verified commit record only.
@@ -77,12 +70,12 @@ def test_training_shuffles_only_through_the_shufflers_pipeline():
         module.__name__
         for module in (
             shuffle_transforms,
-            shuffle_read,
-            shuffle_release,
-            shuffle_sinks,
-            shuffle_spill,
-            shuffle_steps,
-            release_core,
+            read,
+            release,
+            sinks,
+            spill,
+            steps,
+            decide,
         )
     }
     for module in TRAINING_MODULES:

@@ -1,4 +1,4 @@
-"""pipelines/options.py: one Flag table per stage, defaults from the config dataclasses, Beam's own
+"""pipelines/commandline/options.py: one Flag table per stage, defaults from the config dataclasses, Beam's own
 flags told apart from everything else, validate() in Beam's convention."""
 
 from __future__ import annotations
@@ -8,18 +8,15 @@ import argparse
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines.options import (
-    AnalyzeOptions,
-    RunOptions,
-    ShuffleOptions,
-    SimulateOptions,
-    format_duration_ms,
-    unknown_beam_flags,
-)
+from pipelines.commandline.analyze_options import AnalyzeOptions
+from pipelines.commandline.options import format_duration_ms, unknown_beam_flags
+from pipelines.commandline.run_options import RunOptions
+from pipelines.commandline.shuffle_options import ShuffleOptions
+from pipelines.commandline.simulate_options import SimulateOptions
 from simulators.plan import SimulationPlan
-from transforms.analyze import AnalysisConfig
-from transforms.shuffle import ShuffleConfig
-from transforms.shuffle_core import WindowSpec, parse_duration_ms
+from transforms.analyzer.analyze import AnalysisConfig
+from transforms.shuffler.report_rows import WindowSpec, parse_duration_ms
+from transforms.shuffler.shuffle import ShuffleConfig
 
 STAGES = (ShuffleOptions, SimulateOptions, AnalyzeOptions, RunOptions)
 

@@ -9,8 +9,8 @@ import fastavro
 import numpy as np
 import pytest
 
-from pipelines import keys as keys_cli
-from pipelines.cli import UsageError
+from pipelines.commandline import keys as keys_cli
+from pipelines.commandline.main import UsageError
 from pipelines.train import (
     NonFiniteResult,
     open_epoch_releases,

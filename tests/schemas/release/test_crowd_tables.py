@@ -1,0 +1,255 @@
+"""Crowd tables of esa-release/2 (schemas/release/crowd_tables.py through schemas/release/commit.py): the
+reader API, and every way a table can lie while its SHA-256 matches the commit record (each
+hostile table below is re-committed, so what refuses it is the content check)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from schemas.release import commit as rel
+from schemas.release import crowd_tables as rc
+from schemas.release.crowd_buckets import (
+    BucketKey,
+    crowd_bucket,
+    crowd_table_path,
+    message_file_path,
+)
+from tests import release_fixtures as fx
+
+BUCKETS = 4
+T1 = fx.T0 + fx.DAY_MS
+# Crowds of two windows and three buckets (of 4): released, withheld, a null crowd ID.
+CROWDS = [
+    fx.crowd("a", 5),
+    fx.crowd("b", 7),
+    fx.crowd("c", None),
+    fx.crowd(None, 3),
+    fx.crowd("a", 4, start=T1),
+    fx.crowd("zz", None, start=T1),
+]
+MESSAGES = [[b"a%d" % i for i in range(n)] for n in (6, 9, 0, 3, 4, 0)]
+
+
+def _key(crowd: dict) -> BucketKey:
+    bucket = crowd_bucket(crowd["channel"], crowd["recipe_id"], crowd["crowd_id"], BUCKETS)
+    return BucketKey(crowd["window_start_ms"], 0, bucket)
+
+
+@pytest.fixture
+def made(tmp_path: Path) -> Path:
+    fx.write_release(tmp_path, CROWDS, MESSAGES, buckets=BUCKETS, groups=2)
+    return tmp_path
+
+
+def test_the_reader_api_gives_every_crowd_once_with_the_commit_crowd_keys(made: Path) -> None:
+    verified = rel.verify_release(str(made))
+    paths = rc.crowd_table_paths(verified)
+    assert paths == rel.crowd_table_paths(verified) and len(paths) == len({*map(_key, CROWDS)})
+    assert all(Path(p).parent == made / "crowds" for p in paths)
+    crowds = list(rel.iter_crowds(verified))
+    assert all(tuple(c) == rc.CROWD_FIELDS for c in crowds)
+    expected = [
+        {"instance": 0, "messages_released": len(m) if c["status"] == "released" else 0, **c}
+        for c, m in zip(CROWDS, MESSAGES, strict=True)
+    ]
+    by_id = lambda c: (c["window_start_ms"], c["crowd_id"] or "")  # noqa: E731
+    assert sorted(crowds, key=by_id) == sorted(expected, key=by_id)
+    assert rc.read_crowd_table(paths[0]) == crowds[: len(rc.read_crowd_table(paths[0]))]
+    assert verified.records == sum(map(len, MESSAGES)) == verified.commit["records_released"]
+    commit = verified.commit
+    assert (commit["crowds_released"], commit["crowds_withheld"]) == (4, 2)
+    assert commit["respondents_released"] == 5 + 7 + 3 + 4
+
+
+def test_a_table_with_only_withheld_crowds_has_no_message_files(made: Path) -> None:
+    table = made / crowd_table_path(_key(CROWDS[5]))
+    assert [c["status"] for c in rc.read_crowd_table(str(table))] == ["withheld"]
+    stem = table.name.removesuffix(".avro")
+    assert not list((made / "messages").glob(f"{stem}-g*.avro"))
+
+
+def _table_of(made: Path, index: int) -> Path:
+    return made / crowd_table_path(_key(CROWDS[index]))
+
+
+def _rewrite(table: Path, change) -> None:
+    rows = rc.read_crowd_table(str(table))
+    rows = change(rows)
+    fx.write_avro(table, "released_crowd", fx.table_rows(rows))
+
+
+def _set(index_in_table: int, **values):
+    def change(rows: list[dict]) -> list[dict]:
+        rows[index_in_table].update(values)
+        return rows
+
+    return change
+
+
+def _balance(record: dict) -> None:
+    """Make crowds_withheld agree with the tables' record count (so the rows are what's checked)."""
+    tables = sum(f["records"] for f in record["files"] if f["path"].startswith("crowds/"))
+    record["crowds_withheld"] = tables - record["crowds_released"]
+
+
+def _refused(made: Path, *words: str, recommit: bool = True, change=None) -> str:
+    if recommit:
+        fx.recommit(made, lambda record: (change and change(record), _balance(record)))
+    with pytest.raises(rel.ReleaseError) as raised:
+        rel.verify_release(str(made))
+    message = str(raised.value)
+    assert "\n" not in message
+    for word in words:
+        assert word in message, message
+    return message
+
+
+def _one_table_of_two(made: Path) -> Path:
+    """The table holding two crowds of the first window (with 4 buckets, some table does)."""
+    for path in sorted((made / "crowds").iterdir()):
+        if len(rc.read_crowd_table(str(path))) >= 2:
+            return path
+    raise AssertionError("no table of two crowds; choose other crowd IDs")
+
+
+def test_a_crowd_in_the_wrong_buckets_table(tmp_path: Path) -> None:
+    fx.write_release(tmp_path, CROWDS[:1], MESSAGES[:1], buckets=BUCKETS, groups=2)
+    key = _key(CROWDS[0])  # crowd "a" with its messages, moved to the next bucket's stem
+    stem, wrong = (
+        path.split("/")[1][:-5]
+        for path in map(crowd_table_path, (key, key._replace(bucket=(key.bucket + 1) % BUCKETS)))
+    )
+    for path in [*(tmp_path / "messages").iterdir(), *(tmp_path / "crowds").iterdir()]:
+        path.rename(path.with_name(path.name.replace(stem, wrong)))
+    _refused(tmp_path, wrong, '"crowd_id": "a"', f"belongs in bucket {key.bucket}")
+
+
+def test_a_crowd_twice_in_one_table(made: Path) -> None:
+    table = _table_of(made, 0)
+    _rewrite(table, lambda rows: rows + rows[-1:])
+    _refused(made, table.name, "out of crowd order (or listed twice)")
+
+
+def test_rows_out_of_order(made: Path) -> None:
+    table = _one_table_of_two(made)
+    _rewrite(table, lambda rows: rows[::-1])
+    _refused(made, table.name, "out of crowd order")
+
+
+def test_a_table_of_another_window(made: Path) -> None:
+    table = _table_of(made, 4)  # the second window's crowd "a", stated in the first window
+    _rewrite(table, _set(0, window_start_ms=fx.T0, window_end_ms=fx.T0 + fx.DAY_MS))
+    _refused(made, table.name, f"has window_start {fx.T0}", f"starts at {T1}")
+
+
+def test_a_table_of_another_instance(made: Path) -> None:
+    table = _table_of(made, 0)
+    _rewrite(table, lambda rows: [{**row, "instance": 1} for row in rows])
+    _refused(made, table.name, "has instance 1", "instance 0's")
+    # the whole table moved to instance 1's stem: its path is not a bucket of instance 0
+    table.rename(made / "crowds" / table.name.replace("-u0-", "-u1-"))
+    _refused(made, "-u1-", "not a bucket of instance 0")
+
+
+def test_rows_of_another_instance_when_one_run_served_every_instance(tmp_path: Path) -> None:
+    crowds = [{**crowd, "instance": 2} for crowd in CROWDS[:2]]
+    fx.write_release(tmp_path, crowds, MESSAGES[:2], instance=None, buckets=BUCKETS)
+    assert rel.verify_release(str(tmp_path)).commit["instance"] is None
+    table = sorted((tmp_path / "crowds").iterdir())[0]
+    _rewrite(table, lambda rows: [{**row, "instance": 3} for row in rows])
+    _refused(tmp_path, table.name, "has instance 3")
+
+
+def test_a_withheld_crowd_with_counts(made: Path) -> None:
+    table = _table_of(made, 2)
+    index = [r["crowd_id"] for r in rc.read_crowd_table(str(table))].index("c")
+    _rewrite(table, _set(index, respondents_released=9))
+    _refused(made, table.name, '"crowd_id": "c"', "withheld but states counts")
+    _rewrite(table, _set(index, respondents_released=None, messages_released=1))
+    _refused(made, table.name, "withheld but states counts")
+
+
+@pytest.mark.parametrize(
+    ("respondents", "words"),
+    [(1, "below the crowd_threshold 2"), (10**11, "respondents_released"), (None, "not an int")],
+)
+def test_released_respondents_below_threshold_or_absurd(
+    made: Path, respondents: int | None, words: str
+) -> None:
+    table = _table_of(made, 1)
+    index = [r["crowd_id"] for r in rc.read_crowd_table(str(table))].index("b")
+    _rewrite(table, _set(index, respondents_released=respondents))
+    _refused(made, table.name, '"crowd_id": "b"', words)
+
+
+def test_a_window_that_ends_before_it_starts(made: Path) -> None:
+    table = _table_of(made, 0)
+    _rewrite(table, lambda rows: [{**row, "window_end_ms": fx.T0} for row in rows])
+    _refused(made, table.name, "window_end")
+
+
+def test_totals_that_disagree_with_the_tables(made: Path) -> None:
+    def shift(record: dict) -> None:
+        record["crowds_released"] += 1
+        record["crowds_withheld"] -= 1  # the tables' record count still adds up
+
+    _refused(made, rel.COMMIT_FILE, "crowds_released 5", "sum to 4", change=shift)
+    restate = dict(crowds_released=4, respondents_released=20)  # n of one crowd inflated
+    _refused(made, "respondents_released 20", "sum to 19", change=lambda r: r.update(restate))
+
+
+def test_messages_released_that_disagree_with_the_bucket_files(made: Path) -> None:
+    table = _table_of(made, 1)
+    index = [r["crowd_id"] for r in rc.read_crowd_table(str(table))].index("b")
+    _rewrite(table, _set(index, messages_released=8))
+    _refused(made, table.name, "the message files of its bucket hold")
+
+
+def test_a_message_file_whose_stem_has_no_table(made: Path) -> None:
+    table = _table_of(made, 1)
+    withheld = sum(r["status"] == "withheld" for r in rc.read_crowd_table(str(table)))
+    released = len(rc.read_crowd_table(str(table))) - withheld
+    table.unlink()
+
+    def drop(record: dict) -> None:
+        record["crowds_released"] -= released
+        record["crowds_withheld"] -= withheld
+
+    stem = table.name.removesuffix(".avro")
+    _refused(made, stem, "has no crowd table of its bucket", change=drop)
+
+
+def test_an_edited_table_fails_its_sha256(made: Path) -> None:
+    table = _table_of(made, 1)
+    index = [r["crowd_id"] for r in rc.read_crowd_table(str(table))].index("b")
+    _rewrite(table, _set(index, respondents_released=60))  # n 8.6 times, not re-committed
+    _refused(made, table.name, "SHA-256", recommit=False)
+
+
+def test_a_message_file_in_place_of_a_table(made: Path) -> None:
+    table = _table_of(made, 0)
+    message = made / message_file_path(_key(CROWDS[0]), 0)
+    table.write_bytes(message.read_bytes())
+    _refused(made, table.name, "not a crowd table")
+    table.write_bytes(b"\x00" * 40)
+    _refused(made, table.name, "not a crowd table")
+
+
+def test_bounded_reading_never_lists_every_crowd(made: Path) -> None:
+    """iter_crowds is lazy: the first crowd comes before the second table is opened."""
+    verified = rel.verify_release(str(made))
+    crowds = rel.iter_crowds(verified)
+    first = next(crowds)
+    for path in rc.crowd_table_paths(verified)[1:]:
+        Path(path).unlink()
+    assert first["status"] in ("released", "withheld")
+    with pytest.raises(rc.ReleaseError, match="unreadable crowd table"):
+        list(crowds)
+
+
+def test_crowd_dicts_are_json_like_the_commit_crowds_were(made: Path) -> None:
+    crowd = next(rel.iter_crowds(rel.verify_release(str(made))))
+    assert json.loads(json.dumps(crowd)) == crowd

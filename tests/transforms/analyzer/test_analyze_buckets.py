@@ -1,0 +1,172 @@
+"""Crowd buckets of the analyzer: bucket keys, partial buckets from batches and commit records,
+their combiner, and a message file holding many crowds read through the decoder."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from privacy.rng import seeded_generator
+from schemas import schema_json
+from schemas.avro.container import encode_container
+from schemas.avro.crc32c import crc32c_many
+from schemas.payloads import encode_payloads
+from schemas.release.crowd_buckets import crowd_bucket
+from tests.transforms.analyzer.analyzer_messages import BOOK, DAY, ONE_HOT, T0, TREE, commit_crowd
+from transforms.analyzer import arithmetic
+from transforms.analyzer.aggregate import CombineBucket, DecodeReleaseFile
+
+
+def _key(day: int, crowd_id: str | None, recipe=ONE_HOT) -> arithmetic.CrowdKey:
+    return (arithmetic.HISTOGRAM, T0 + day * DAY, T0 + (day + 1) * DAY, recipe.channel, recipe.id,
+            crowd_id)  # fmt: skip
+
+
+def test_bucket_key_is_the_crowd_bucket_of_its_crowd_in_every_window():
+    first, later = _key(0, "a"), _key(5, "a")
+    bucket = crowd_bucket(ONE_HOT.channel, ONE_HOT.id, "a", 16)
+    assert arithmetic.bucket_key(first, 16) == (arithmetic.HISTOGRAM, T0, T0 + DAY, bucket)
+    assert arithmetic.bucket_key(later, 16)[3] == bucket  # window is in the key, not in the hash
+    buckets = {arithmetic.bucket_key(_key(0, f"c{i}"), 16)[3] for i in range(200)}
+    assert buckets == set(range(16))  # 200 crowds reach every bucket (P(miss) < 16 (15/16)^200)
+
+
+def test_the_analyzer_has_more_buckets_with_more_crowds_so_none_grows():
+    assert (
+        arithmetic.analyzer_buckets(0)
+        == arithmetic.analyzer_buckets(16_000)
+        == arithmetic.ANALYZER_BUCKETS
+    )
+    assert arithmetic.analyzer_buckets(16_001) == 17  # at most CROWDS_PER_BUCKET crowds each
+    assert (
+        arithmetic.analyzer_buckets(100_000) == 100 and arithmetic.analyzer_buckets(10**9) == 65536
+    )
+    assert arithmetic.analyzer_buckets(2_500, crowds_per_bucket=100) == 25
+    # A bucket of one window holds about crowds / buckets crowds: 100 buckets of 100,000 crowds
+    # in one window, none with more than a few standard deviations above 1,000.
+    keys = [(arithmetic.HISTOGRAM, 0, DAY, "c", "r@1", f"k{i}") for i in range(100_000)]
+    sizes = np.bincount([arithmetic.bucket_key(key, 100)[3] for key in keys], minlength=100)
+    assert sizes.max() < 1_000 + 5 * np.sqrt(1_000)  # ~3e-7 per bucket under the SHA-256 hash
+
+
+def test_a_bucket_pickles_as_one_blob_and_merges_without_touching_its_inputs():
+    first = arithmetic.CrowdAccumulator.empty(16)
+    first.add_messages(np.array([1, 1, 3]))
+    second = arithmetic.CrowdAccumulator.empty(16)
+    second.set_respondents(0, 9)
+    withheld = (T0, T0 + DAY, "onehot", "onehot@1", "b", 1)
+    left = arithmetic.CrowdBucket({_key(0, "a"): first})
+    right = arithmetic.CrowdBucket({_key(0, "a"): second, _key(0, None): second}, [withheld])
+    state = left.__getstate__()
+    assert isinstance(state, bytes)  # one compressed blob, not objects per crowd
+    restored = pickle.loads(pickle.dumps(left))
+    restored.merge(right)
+    assert restored.crowds[_key(0, "a")].counts.dense()[[1, 3]].tolist() == [2, 1]
+    assert restored.crowds[_key(0, "a")].respondents == {0: 9}
+    assert restored.withheld == [withheld] and len(restored) == 2
+    assert [key for key, _ in restored.items()] == [_key(0, None), _key(0, "a")]  # null first
+    assert first.respondents == {} and second.messages == 0  # inputs unchanged
+    restored.crowds[_key(0, None)].set_respondents(1, 4)
+    assert second.respondents == {0: 9}  # a crowd only the other held was copied
+
+
+def test_commit_buckets_hold_released_counts_and_withheld_records_in_their_buckets():
+    crowds = [
+        (0, commit_crowd(T0, "onehot", 40, "a")),
+        (1, commit_crowd(T0, "onehot", 30, "a")),
+        (1, commit_crowd(T0 + DAY, "onehot", None, "a")),  # withheld: a record, no accumulator
+        (0, commit_crowd(T0, "tree", 25)),
+        (0, commit_crowd(T0, "tree", None, "z")),  # withheld longitudinal: the round's bucket
+        (0, {**commit_crowd(T0, "unknown", None), "recipe_id": "nope@1"}),
+        (0, {**commit_crowd(T0, "unknown", 5), "recipe_id": "nope@1"}),  # released, unknown
+    ]
+    buckets = arithmetic.commit_buckets(crowds, BOOK, 4)
+    crowd_a = _key(0, "a")
+    released = buckets[arithmetic.bucket_key(crowd_a, 4)].crowds[crowd_a]
+    assert released.respondents == {0: 40, 1: 30} and released.messages == 0
+    assert not released.counts.is_dense  # travels empty; densified when extracted
+    tree_key = (arithmetic.LONGITUDINAL, 0, DAY, "tree", TREE.id, None)
+    assert buckets[arithmetic.bucket_key(tree_key, 4)].crowds[tree_key].respondents == {(T0, 0): 25}
+    withheld = sorted(r for b in buckets.values() for r in b.withheld)
+    assert withheld == sorted([
+        (T0 + DAY, T0 + 2 * DAY, "onehot", "onehot@1", "a", 1),
+        (T0, T0 + DAY, "tree", "tree@1", "z", 0),
+        (T0, T0 + DAY, "unknown", "nope@1", None, 0),
+    ])  # fmt: skip
+    tree_unit = arithmetic.bucket_key((arithmetic.LONGITUDINAL, 0, DAY, "tree", TREE.id, "z"), 4)
+    assert buckets[tree_unit].withheld == [(T0, T0 + DAY, "tree", "tree@1", "z", 0)]
+    assert sum(len(b) for b in buckets.values()) == 2  # unknown recipes add no accumulator
+    combine = CombineBucket()
+    extracted = combine.extract_output(
+        combine.add_input(None, buckets[arithmetic.bucket_key(crowd_a, 4)])
+    )
+    assert extracted.crowds[crowd_a].counts.is_dense  # a small domain, counted densely
+    with pytest.raises(ValueError, match="respondents_released"):
+        arithmetic.commit_buckets([(0, commit_crowd(T0, "onehot", -1))], BOOK, 4)
+
+
+def test_a_message_file_of_many_crowds_adds_up_per_crowd_in_bucket_elements(tmp_path):
+    """Rows of 60 crowds over two windows in one file (grouped by crowd, as a bucket's message
+    file is): every crowd's bucket sums equal its rows', one element per batch and bucket."""
+    rng = seeded_generator(3)
+    crowds = [(day, f"c{i:02d}") for day in (0, 1) for i in range(30)]
+    sizes = rng.integers(1, 40, size=len(crowds))
+    row_crowd = np.repeat(np.arange(len(crowds)), sizes)
+    values = rng.integers(0, 16, size=row_crowd.size)
+    payloads = encode_payloads("bucket", {"bucket": values}).to_arrow()
+    starts = np.array([T0 + crowds[c][0] * DAY for c in row_crowd], dtype=np.int64)
+    columns = {
+        "schema_version": 1,
+        "window_start": starts,
+        "window_end": starts + DAY,
+        "channel": ONE_HOT.channel,
+        "recipe_id": ONE_HOT.id,
+        "crowd_id": pa.array([crowds[c][1] for c in row_crowd], pa.string()),
+        "payload": payloads,
+        "payload_crc32c": crc32c_many(payloads).astype(np.int64),
+    }
+    path = tmp_path / "messages.avro"
+    path.write_bytes(
+        encode_container(schema_json("shuffled_message"), columns, row_crowd.size, "deflate")
+    )
+    decode = DecodeReleaseFile(BOOK, {1}, batch_records=256, buckets=4)
+    decode.setup()
+    outputs = [out for out in decode.process(str(path)) if isinstance(out, tuple)]
+    batches = -(-row_crowd.size // 256)
+    assert len(outputs) <= batches * 2 * 4 < len(crowds) * batches  # per batch and bucket
+    combine = CombineBucket()
+    merged: dict = {}
+    for unit, bucket in outputs:
+        merged[unit] = combine.add_input(merged.get(unit), bucket)
+    seen = {}
+    for unit, bucket in merged.items():
+        for key, accumulator in combine.extract_output(bucket).items():
+            assert arithmetic.bucket_key(key, 4) == unit
+            seen[key] = accumulator.counts.dense()
+    assert len(seen) == len(crowds)
+    for index, (day, crowd_id) in enumerate(crowds):
+        expected = np.bincount(values[row_crowd == index], minlength=16)
+        np.testing.assert_array_equal(seen[_key(day, crowd_id)], expected)
+
+
+def test_buckets_added_lazily_stay_packed_and_equal_eager_merges():
+    """CombineBucket's adds keep the accumulator a compressed blob between folds; the folded
+    result equals merging the same buckets one by one."""
+    rng = seeded_generator(4)
+    parts = []
+    for index in range(60):
+        accumulator = arithmetic.CrowdAccumulator.empty(16)
+        accumulator.add_messages(rng.integers(0, 16, size=5))
+        parts.append(arithmetic.CrowdBucket({_key(index % 3, f"c{index % 25}"): accumulator}))
+    lazy, eager = arithmetic.CrowdBucket(), arithmetic.CrowdBucket()
+    for part in parts:
+        lazy.add(part)
+        eager.merge(part)
+    assert not lazy._crowds and lazy._pending  # blobs: no Python objects per crowd while adding
+    assert len(lazy) == len(eager) == 60
+    for (key, mine), (other_key, other) in zip(lazy.items(), eager.items(), strict=True):
+        assert key == other_key and mine.messages == other.messages
+        np.testing.assert_array_equal(mine.counts.dense(), other.counts.dense())

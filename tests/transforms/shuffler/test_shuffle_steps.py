@@ -1,0 +1,189 @@
+"""The shuffler's step helpers and sinks (shuffle_steps, shuffle_sinks, shuffle_config) without a
+pipeline, and the message sink's retry behaviour on a small one."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import apache_beam as beam
+import fastavro
+import numpy as np
+import pyarrow as pa
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from schemas.avro.reader import read_container_bytes
+from schemas.release import commit as rel
+from schemas.release.crowd_buckets import BucketKey, crowd_bucket
+from schemas.release.crowd_tables import iter_crowds
+from tests.transforms import report_factory as rf
+from transforms.common import avro_io
+from transforms.shuffler import decide, report_rows, sinks, spill, steps
+from transforms.shuffler.config import metrics_summary
+
+KEY = np.arange(1, 67, dtype=np.uint64) | np.uint64(1)
+
+
+def _item(records: list[dict], first_record: int = 0) -> avro_io.ColumnBatch:
+    batch = next(read_container_bytes(rf.report_bytes(records))).columns
+    return avro_io.ColumnBatch("in.avro", first_record, batch)
+
+
+def test_bucket_rows_sort_by_bucket_and_hash_name_crowds_and_drop_the_origin() -> None:
+    records = (
+        rf.crowd(6, 2, prefix="a")
+        + rf.crowd(4, 1, prefix="b", crowd_id="x")
+        + rf.crowd(3, 1, prefix="c", crowd_id="y", instance=1)
+    )
+    item = _item(records)
+    one = steps.bucket_rows(item.columns, report_rows.WindowSpec(), KEY, 1)
+    assert one.rows.schema == spill.REPORT_SPILL_SCHEMA
+    assert "origin" not in one.rows.schema.names  # the spill never holds a plaintext origin
+    # One bucket per (window, instance): the crowds of instance 0 share one.
+    assert one.keys == [BucketKey(rf.T0, 0, 0), BucketKey(rf.T0, 1, 0)]
+    assert np.diff(one.starts).tolist() == [16, 3]
+    hashes = one.rows.column("origin_hash").to_numpy()
+    for begin, end in zip(one.starts[:-1], one.starts[1:], strict=True):
+        assert np.all(np.diff(hashes[begin:end].astype(np.float64)) >= 0)
+    # Each spilled row still knows its input record and crowd and hashes its own origin.
+    index = one.rows.column("record_index").to_numpy()
+    origins = pa.array([records[i]["origin"] for i in index])
+    assert np.array_equal(hashes, report_rows.origin_hashes(origins, KEY))
+    assert one.rows.column("payload").to_pylist() == [records[i]["payload"] for i in index]
+    crowds = [spill.crowd_of_text(text) for text in one.rows.column("crowd").to_pylist()]
+    assert crowds == [(rf.CHANNEL, rf.RECIPE, records[i]["crowd_id"]) for i in index]
+    # Many buckets: every crowd in the bucket its digest names, rows grouped by bucket.
+    many = steps.bucket_rows(item.columns, report_rows.WindowSpec(), KEY, 1000)
+    expected = {
+        (r["shuffler_instance"], crowd_bucket(rf.CHANNEL, rf.RECIPE, r["crowd_id"], 1000))
+        for r in records
+    }
+    assert {(key.instance, key.bucket) for key in many.keys} == expected
+    assert len(many.keys) == len(expected)
+    texts = many.rows.column("crowd").to_pylist()
+    for key, begin, end in zip(many.keys, many.starts[:-1], many.starts[1:], strict=True):
+        for text in set(texts[begin:end]):
+            assert crowd_bucket(*spill.crowd_of_text(text), 1000) == key.bucket
+
+
+def test_screening_caps_each_origin_per_crowd_by_its_recipe() -> None:
+    """One origin in two crowds of a bucket: each crowd applies its own recipe's cap."""
+    routes = dict(rf.ROUTES)
+    routes[rf.RECIPE] = report_rows.RecipeRoute(rf.CHANNEL, 2, origin_caps=(2, 2))
+    routes[rf.OTHER_RECIPE] = report_rows.RecipeRoute(rf.CHANNEL, 2, origin_caps=(1, 1))
+    rules = report_rows.ValidationRules(routes, frozenset({1}))
+    records = [rf.report("o", f"p{i}".encode()) for i in range(4)] + [
+        rf.report("o", f"q{i}".encode(), recipe_id=rf.OTHER_RECIPE) for i in range(3)
+    ]
+    records.append(rf.report("o", b""))  # a presence message of the first crowd
+    keyed = steps.bucket_rows(_item(records).columns, report_rows.WindowSpec(), KEY, 1)
+    screened = steps.screen(pa.Table.from_batches([keyed.rows]), rules, 0)
+    assert screened.texts == sorted(screened.texts) and len(screened.texts) == 2
+    codes = Counter(
+        (screened.texts[crowd], int(code))
+        for crowd, code in zip(screened.crowds, screened.codes, strict=True)
+    )
+    first = spill.crowd_text(rf.CHANNEL, rf.RECIPE, None)
+    other = spill.crowd_text(rf.CHANNEL, rf.OTHER_RECIPE, None)
+    assert codes == {
+        (first, decide.DATA): 2,
+        (first, decide.OVER_ORIGIN_CAP): 2,
+        (first, decide.PRESENCE): 1,
+        (other, decide.DATA): 1,
+        (other, decide.OVER_ORIGIN_CAP): 2,
+    }
+    hashes = keyed.rows.column("origin_hash").to_numpy()
+    assert steps.distinct_per_crowd(screened.crowds, hashes, 2).tolist() == [1, 1]
+
+
+def test_rejected_and_spilled_dead_letters_say_where_the_record_is() -> None:
+    item = _item([rf.report("a"), rf.report("b", crc=5), rf.report("c", recipe_id="no@1")], 10)
+    reasons = report_rows.validate_reports(item.columns, rf.rules())
+    letters = steps.rejected_dead_letters(item, reasons, rf.rules())
+    assert [(letter["reason"], letter["source"]) for letter in letters] == [
+        ("crc_mismatch", "in.avro#record=11"),
+        ("unknown_recipe", "in.avro#record=12"),
+    ]
+    keyed = steps.bucket_rows(item.columns, report_rows.WindowSpec(), KEY, 4)
+    rows = keyed.rows.append_column(spill.PIECE_INDEX, pa.array([0, 0, 0]))
+    spilled = steps.spilled_dead_letters(keyed.keys[0], rows, ["in.avro"], "s", "late_data", "d")
+    record = json.loads(spilled[0]["original_record"])
+    assert "origin" not in record and int(record["origin_hash"], 16) > 0
+    assert (record["channel"], record["recipe_id"], record["crowd_id"]) == (
+        rf.CHANNEL,
+        rf.RECIPE,
+        None,
+    )
+    assert {letter["source"] for letter in spilled} == {f"in.avro#record={i}" for i in (0, 1, 2)}
+
+
+def _crowd(crowd_id: str, status: str, respondents: int | None, messages: int) -> dict:
+    return {
+        "window_start": rf.T0,
+        "window_end": rf.T0 + rf.DAY_MS,
+        "instance": 0,
+        "channel": rf.CHANNEL,
+        "recipe_id": rf.RECIPE,
+        "crowd_id": crowd_id,
+        "status": status,
+        "respondents_released": respondents,
+        "messages_released": messages,
+    }
+
+
+def test_a_retried_write_overwrites_and_the_release_commits(tmp_path: Path) -> None:
+    """The same group and crowd table written twice (a retried bundle) leave one file and one
+    index entry each; the commit record's totals come from the index entries only."""
+    key = BucketKey(rf.T0, 0, 0)  # B = 1: every crowd in bucket 0
+    crowds = ((rf.CHANNEL, rf.RECIPE, "c"), (rf.CHANNEL, rf.RECIPE, "d"))
+    payloads = pa.array([b"a", b"bb", b"ccc"])
+    group = sinks.ReleasedGroup(
+        key, 0, rf.T0 + rf.DAY_MS, crowds, (1, 2), payloads, np.zeros(3, np.int64)
+    )
+    table = sinks.CrowdTable(
+        key,
+        (
+            _crowd("c", "released", 2, 1),
+            _crowd("d", "released", 5, 2),
+            _crowd("w", "withheld", None, 0),
+        ),
+    )
+    output, private = tmp_path / "out", tmp_path / "out.private"
+    with beam.Pipeline(options=PipelineOptions(runner="FnApiRunner")) as pipeline:
+        groups = pipeline | "Groups" >> beam.Create([group, group])
+        _ = groups | sinks.WriteShuffledMessages(str(output), str(private))
+        tables = pipeline | "Tables" >> beam.Create([table, table])
+        _ = tables | sinks.WriteCrowdTables(str(output), str(private))
+    assert [p.name for p in (output / "messages").iterdir()] == [f"{rf.T0}-u0-b00000-g00000.avro"]
+    assert [p.name for p in (output / "crowds").iterdir()] == [f"{rf.T0}-u0-b00000.avro"]
+    messages = _read(output / "messages" / f"{rf.T0}-u0-b00000-g00000.avro")
+    assert [m["crowd_id"] for m in messages] == ["c", "d", "d"]
+    assert [m["payload"] for m in messages] == [b"a", b"bb", b"ccc"]
+    entries = sinks.read_index(str(private))
+    assert [entry["records"] for entry in entries] == [3, 3]
+    parameters = {"crowd_threshold": 2, "crowd_buckets": 1}
+    record = sinks.commit_record(0, [rf.RECIPE], parameters, entries)
+    assert "crowds" not in record and record["format"] == "esa-release/2"
+    assert (record["records_released"], record["crowds_released"]) == (3, 2)
+    assert (record["crowds_withheld"], record["respondents_released"]) == (1, 7)
+    assert all(set(entry) == {"path", "bytes", "records", "sha256"} for entry in record["files"])
+    rel.write_commit(str(output), record)
+    verified = rel.verify_release(str(output))  # crowd tables and their messages included
+    assert verified.records == 3
+    assert [crowd["crowd_id"] for crowd in iter_crowds(verified)] == ["c", "d", "w"]
+
+
+def _read(path: Path) -> list[dict]:
+    with open(path, "rb") as handle:
+        return list(fastavro.reader(handle))
+
+
+def test_metrics_add_up_in_records_with_presence_and_refuse_unknown_counts() -> None:
+    counts = {"read": 20, "released": 8, "deleted": 2, "withheld": 3, "presence": 5}
+    counts["rejected:crc_mismatch"] = 2
+    summary = metrics_summary(counts)
+    assert summary["adds_up"] and summary["accounted"] == 20 and summary["presence"] == 5
+    unknown = metrics_summary({**counts, "unknown_records:unreadable_file": 1})
+    assert not unknown["adds_up"] and unknown["chunks_of_unknown_records"] == {"unreadable_file": 1}
+    assert not metrics_summary(dict(counts, read=21))["adds_up"]
