@@ -491,7 +491,9 @@ def _run_server(
         pipeline.run().wait_until_finish()
     except Exception:
         changed = _commit_changed(releases)
-        if changed is not None:  # the workers refused it (transforms.analyzer.aggregate.read_pinned_commit)
+        if (
+            changed is not None
+        ):  # the workers refused it (transforms.analyzer.aggregate.read_pinned_commit)
             raise UsageError(f"refusing release: {changed} changed after it was verified") from None
         raise
     return _read_checkpoint(checkpoint)
