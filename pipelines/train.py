@@ -698,7 +698,7 @@ def train(
                 f"eps_c so far {row['epsilon_central_so_far']:.3f}, {info['reports']} reports "
                 f"({row['seconds']} s)")  # fmt: skip
     privacy = _guarantee(settings, smallest_crowd)
-    report = _privacy_report(privacy)
+    report = _privacy_report(privacy, settings)
     problem = _non_finite({"theta": theta, **{
         name: report[name] for name in ("epsilon_central", "epsilon_central_so_far",
                                         "epsilon_central_epoch")}})  # fmt: skip
@@ -750,13 +750,15 @@ def _guarantee(settings: dict[str, Any], respondents: int | None) -> LdpSgdGuara
     )  # fmt: skip
 
 
-def _privacy_report(privacy: LdpSgdGuarantee | None) -> dict[str, Any]:
+def _privacy_report(privacy: LdpSgdGuarantee | None, settings: dict[str, Any]) -> dict[str, Any]:
     if privacy is not None:
         return privacy.to_dict()
     return {  # no crowd was ever released: no report left a shuffler, the model is theta_0
-        "epsilon_central": 0.0, "epsilon_central_so_far": [], "epsilon_central_epoch": 0.0,
-        "delta": 0.0, "respondents": 0, "composition_bound": "nothing released",
-        "epoch_bound": "nothing released",
+        "epsilon_local_epoch": settings["epsilon"],
+        "reports_per_device": settings["reports_per_device"], "epochs": settings["epochs"],
+        "epsilon_central": 0.0, "epsilon_central_so_far": [0.0] * settings["epochs"],
+        "epsilon_central_epoch": 0.0, "delta": 0.0, "respondents": 0,
+        "composition_bound": "nothing released", "epoch_bound": "nothing released",
     }  # fmt: skip
 
 

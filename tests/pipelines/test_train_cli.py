@@ -167,3 +167,16 @@ def test_a_tiny_mnist_training_through_the_shufflers(tmp_path, capsys):
     assert metrics["settings"]["learning_rate_scale"] == 0.2  # the mnist defaults
     assert [row["reports_used"] for row in metrics["epochs"]] == [300, 300]
     assert metrics["privacy"]["respondents"] == 300 and metrics["adds_up"]
+
+
+def test_a_crowd_below_the_threshold_releases_nothing_and_costs_no_privacy(tmp_path):
+    output = tmp_path / "train"
+    argv = ["train", "--dataset", "synthetic:50", "--crowd-threshold", "100", "--epochs", "1",
+            "--grid", "none", "--unsealed", "--seed", "2", "--output", str(output), *FLAGS]  # fmt: skip
+    assert cli.main(argv) == 0
+    metrics = json.loads((output / "metrics.json").read_text())
+    (row,) = metrics["epochs"]
+    assert row["released_respondents_per_instance"] == [0] and row["reports_used"] == 0
+    assert metrics["privacy"]["epsilon_central"] == 0.0 and metrics["privacy"]["respondents"] == 0
+    with np.load(output / "model.npz") as stored:
+        assert not stored["theta"].any()  # theta_0: no report left a shuffler
