@@ -22,6 +22,10 @@ def test_the_report_is_written_from_its_runs(tmp_path, capsys):
     assert not re.search(r"\{[a-z_0-9]+\}", text)  # every placeholder filled
     for name in ("epoch", "epsilon", "devices"):
         assert (pictures / f"ldp-sgd-accuracy-vs-{name}.png").read_bytes()[:4] == b"\x89PNG"
+    # The numbers are kept beside the page, which is rewritten from them alone.
+    doc.unlink()
+    assert ldp_sgd.main(["--doc", str(doc), "--pictures", str(pictures), "--render-only"]) == 0
+    assert doc.read_text() == text
 
 
 def test_the_trend_is_a_least_squares_fit_in_one_over_root_n():
