@@ -12,7 +12,10 @@ setup(
     python_requires=">=3.11",
     # Namespace discovery also lists data-only directories (schemas/recipes) as packages, so
     # their files are declared package data and setuptools has nothing to warn about.
-    packages=find_namespace_packages(include=[f"{layer}*" for layer in LAYERS]),
+    # schemas/prio3 is a Rust crate with its own build (the Makefile installs it), not a package.
+    packages=find_namespace_packages(
+        include=[f"{layer}*" for layer in LAYERS], exclude=["schemas.prio3", "schemas.prio3.*"]
+    ),
     package_data={"schemas": ["*.avsc", "*.json"], "schemas.recipes": ["*.json"]},
     install_requires=[
         "apache-beam>=2.60",
@@ -31,6 +34,10 @@ setup(
         "dp-accounting",
         # RFC 9180 HPKE and X25519 for sealed reports: vetted crypto, never our own primitives.
         "cryptography>=46",
+        # esa collect and the simulated fleet's uploads: aiohttp is a maintained asyncio HTTP
+        # server and client in one package (one event loop holds thousands of slow connections
+        # without a thread each); TLS stays with the standard library's ssl.
+        "aiohttp>=3.9",
     ],
     extras_require={
         "images": ["scikit-image"],

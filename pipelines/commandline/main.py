@@ -24,11 +24,14 @@ COMMANDS = {
     "simulate": "pipelines.simulate",
     "shuffle": "pipelines.shuffle",
     "analyze": "pipelines.analyze",
+    "aggregate": "pipelines.aggregate",
+    "unshard": "pipelines.unshard",
     "run": "pipelines.run",
     "experiment": "pipelines.experiment",
     "train": "pipelines.train",
     "keys": "pipelines.commandline.keys",
     "analysis": "pipelines.interactive",
+    "collect": "pipelines.collect",
 }
 COMMAND_MODULES = list(dict.fromkeys(COMMANDS.values()))
 # command -> (module, class) of its options (validated before the handler runs); one module per
