@@ -477,7 +477,7 @@ def _aggregator_keys(output: Path) -> dict[str, Any]:
     """Throwaway keys of the two aggregators (valid for every event time) and their shared
     verify key, in OUTPUT/aggregators/keys."""
     from schemas.crypto.analyzer_keys import generate_key, write_key_pair
-    from schemas.crypto.signing_keys import generate_signing_key
+    from schemas.crypto.signing_keys import generate_signing_key, trust_shuffler_key
 
     directory = output / AGGREGATORS_DIR / "keys"
     public, rings = [], []
@@ -488,14 +488,11 @@ def _aggregator_keys(output: Path) -> dict[str, Any]:
     verify_key = write_verify_key(directory / "verify_key.json", generate_verify_key())
     # Each aggregator signs its aggregate.json; the analyzer requires both signatures.
     now_ms = int(time.time() * 1000)
-    signing = [
-        str(
-            write_key_pair(
-                generate_signing_key(j, valid_from_ms=now_ms - 60_000), directory / "signing"
-            )[0]
-        )
-        for j in range(2)
-    ]
+    signing = []
+    for j in range(2):
+        key = generate_signing_key(j, valid_from_ms=now_ms - 60_000)
+        signing.append(str(write_key_pair(key, directory / "signing")[0]))
+        trust_shuffler_key(directory / "signing", key.public)  # pinned: the analyzer trusts these
     return {
         "public": public,
         "rings": rings,

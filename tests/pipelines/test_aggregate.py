@@ -312,12 +312,13 @@ def test_command_line_refusals_are_one_line(world, aggregated, capsys):
 def test_signed_aggregate_records_are_required_when_the_keys_are_given(world, aggregated, tmp_path):
     from schemas.crypto.analyzer_keys import write_key_pair as write_pair
     from schemas.crypto.commit_signing import sign_commit
-    from schemas.crypto.signing_keys import generate_signing_key
+    from schemas.crypto.signing_keys import generate_signing_key, trust_shuffler_key
 
     outputs, _, _ = aggregated
     keys = [generate_signing_key(j, valid_from_ms=0) for j in range(2)]
     for key in keys:
         write_pair(key, tmp_path / "trusted")
+        trust_shuffler_key(tmp_path / "trusted", key.public)  # a folder trusts only pinned ids
     ring = str(world["root"] / "analyzer")
     records = [json.loads((o / aggregate.AGGREGATE_FILE).read_text()) for o in outputs]
 
