@@ -65,7 +65,11 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
+from apache_beam.options.pipeline_options import (
+    GoogleCloudOptions,
+    PipelineOptions,
+    StandardOptions,
+)
 
 from pipelines import keys as keys_cli
 from pipelines import pictures
@@ -117,6 +121,14 @@ def register(subparsers: Any) -> None:
 
 def _handle(args: argparse.Namespace, pipeline_args: list[str]) -> int:
     options = PipelineOptions(pipeline_args, **AnalyzeOptions.cli_values(args))
+    if options.view_as(StandardOptions).streaming:  # window by window, as they are committed
+        from pipelines import stream_analyze
+
+        summary = stream_analyze.run(options)
+        print(
+            f"windows analyzed: {summary.get('windows_analyzed', 0)}; results: {args.analyze_output}"
+        )
+        return 0
     summary = run(options)
     print(summary_table(summary))
     print(f"results: {summary['inputs']['output']}")

@@ -164,3 +164,177 @@ def test_streaming_shuffler_commits_each_window_as_it_closes(tmp_path: Path) -> 
             {key: count for key, count in batch_messages.items() if _ms(key[0]) == start}
         )
         assert _tables(window) == [t for t in batch_tables if t["window_start_ms"] == start]
+
+
+GRID = {
+    "name": "stream_grid",
+    "version": 1,
+    "channel": "stream_grid",
+    "randomizer": "one_hot_rappor",
+    "randomizer_params": {"domain_size": 64, "epsilon": 4.0},
+    "fragmentation": "attribute",
+    "epsilon_local": 4.0,
+    "epsilon_central_target": 4.0,
+    "delta": 1e-6,
+    "min_crowd_size": 50,
+    "query_class": "test",
+    "data_fields": ["value"],
+    "shuffler_instances": 2,
+    "window": "1d",
+}
+DAY0_2024, DAY1_2024 = "window=20240101T000000Z", "window=20240102T000000Z"
+
+
+def _simulation(tmp_path: Path) -> tuple[str, Path, dict[tuple[int, str], list[dict]]]:
+    """A two-day simulation (two instances, unsealed): its recipe, folder and records per
+    (instance, window)."""
+    recipe = tmp_path / "stream_grid.json"
+    recipe.write_text(json.dumps(GRID))
+    simulation = tmp_path / "sim"
+    _finish(
+        _esa(
+            "simulate",
+            "--recipe",
+            str(recipe),
+            "--population",
+            "uniform",
+            "--respondents",
+            "800",
+            "--rounds",
+            "2",
+            "--seed",
+            "5",
+            "--output",
+            str(simulation),
+        )  # fmt: skip
+    )
+    parts: dict[tuple[int, str], list[dict]] = {}
+    for instance in (0, 1):
+        for path in sorted((simulation / f"instance={instance}").glob("*.avro")):
+            for record in fastavro.reader(open(path, "rb")):
+                start = _ms(record["event_time"]) // DAY * DAY
+                record["event_time"] = _ms(record["event_time"])
+                parts.setdefault((instance, window_name(start)), []).append(record)
+    return str(recipe), simulation, parts
+
+
+def _histograms(table) -> list[dict]:
+    rows = table.drop_columns([c for c in table.column_names if c == "window"]).to_pylist()
+    return sorted(rows, key=lambda row: (str(row["window_start"]), row["crowd"], row["bucket"]))
+
+
+def test_streaming_analyzer_analyzes_each_window_once_all_instances_committed_it(
+    tmp_path: Path,
+) -> None:
+    import pyarrow.parquet as pq
+
+    recipe, simulation, parts = _simulation(tmp_path)
+    releases, analysis = tmp_path / "shuffled", tmp_path / "analysis"
+    inboxes = [tmp_path / f"in{u}" for u in (0, 1)]
+    for inbox in inboxes:
+        inbox.mkdir()
+    releases.mkdir()
+    analyzer = _esa(
+        "analyze", "--streaming", "--input", str(releases), "--output", str(analysis),
+        "--instances", "2", "--watch-interval", "1", "--watch-for", "35",
+        "--recipe", recipe, "--truth", str(simulation), "--no-pictures",
+    )  # fmt: skip
+    shufflers = [
+        _esa(
+            "shuffle",
+            "--streaming",
+            "--input",
+            str(inbox / "*.avro"),
+            "--output",
+            str(releases / f"instance={u}"),
+            "--instance",
+            str(u),
+            "--recipe",
+            recipe,
+            "--watch-interval",
+            "1",
+            "--watch-for",
+            "30",
+        )  # fmt: skip
+        for u, inbox in enumerate(inboxes)
+    ]
+    for u, shuffler in enumerate(shufflers):
+        _wait_for(
+            lambda u=u: (releases / f"instance={u}" / "_STREAM.json").exists(), "start", shuffler
+        )
+    for u, inbox in enumerate(inboxes):
+        _drop(inbox, "day0.avro", parts[(u, DAY0_2024)])
+    time.sleep(2)
+    for u, inbox in enumerate(inboxes):
+        _drop(inbox, "day1.avro", parts[(u, DAY1_2024)])
+    _wait_for(lambda: (analysis / "windows" / f"{DAY0_2024}.json").exists(), "day 0", analyzer)
+    assert all(process.poll() is None for process in [analyzer, *shufflers])
+    for shuffler in shufflers:
+        _finish(shuffler)
+    printed = _finish(analyzer)
+    lines = [line for line in printed.splitlines() if line.startswith("window=")]
+    assert [line.split()[0] for line in lines] == [DAY0_2024, DAY1_2024], printed
+    assert all("n=800" in line and "eps_c=" in line and "rmse=" in line for line in lines)
+    summary = json.loads((analysis / "summary.json").read_text())
+    assert summary["windows_analyzed"] == 2 and summary["windows_waiting"] == []
+    assert all(w["instances"] == [0, 1] and not w["missing_instances"] for w in summary["windows"])
+
+    # Batch: each instance's files shuffled once, analyzed once: the same histograms.
+    batch = tmp_path / "batch"
+    for u in (0, 1):
+        _finish(
+            _esa(
+                "shuffle",
+                "--input",
+                str(simulation / f"instance={u}" / "*.avro"),
+                "--output",
+                str(batch / f"instance={u}"),
+                "--instance",
+                str(u),
+                "--recipe",
+                recipe,
+            )  # fmt: skip
+        )
+    _finish(
+        _esa(
+            "analyze",
+            "--input",
+            str(batch),
+            "--output",
+            str(tmp_path / "batch-analysis"),
+            "--recipe",
+            recipe,
+            "--truth",
+            str(simulation),
+            "--no-pictures",
+        )  # fmt: skip
+    )
+    streamed = _histograms(pq.read_table(analysis / "histograms.parquet"))
+    assert len(streamed) == 2 * 64
+    assert streamed == _histograms(
+        pq.read_table(tmp_path / "batch-analysis" / "histograms.parquet")
+    )
+
+    # Started again on the same folders: every window is already analyzed, none twice.
+    again = _finish(
+        _esa(
+            "analyze",
+            "--streaming",
+            "--input",
+            str(releases),
+            "--output",
+            str(analysis),
+            "--instances",
+            "2",
+            "--watch-interval",
+            "1",
+            "--watch-for",
+            "1",
+            "--instance-timeout",
+            "1",
+            "--recipe",
+            recipe,
+            "--no-pictures",
+        )  # fmt: skip
+    )
+    assert not [line for line in again.splitlines() if line.startswith("window=")], again
