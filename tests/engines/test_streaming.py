@@ -338,3 +338,43 @@ def test_streaming_analyzer_analyzes_each_window_once_all_instances_committed_it
         )  # fmt: skip
     )
     assert not [line for line in again.splitlines() if line.startswith("window=")], again
+
+
+def test_a_killed_shuffler_restarts_from_its_input_files_and_commit_records(
+    tmp_path: Path,
+) -> None:
+    recipe, fields = rf.write_recipe(tmp_path, "stream_test", min_crowd_size=3)
+    inbox, output = tmp_path / "in", tmp_path / "shuffled" / "instance=0"
+    private = Path(f"{output}.private")
+    inbox.mkdir()
+    day1 = [
+        rf.crowd(4, 1, prefix=f"d1{part}", event_time=rf.T0 + DAY + 5, **fields) for part in "abc"
+    ]
+    shuffler = _shuffle(inbox, output, recipe, watch_for=120)
+    _wait_for(lambda: (output / "_STREAM.json").exists(), "progress record", shuffler)
+    _drop(inbox, "day0.avro", rf.crowd(5, 2, **fields))
+    _drop(inbox, "day1a.avro", day1[0])
+    _wait_for(lambda: (output / DAY0 / "_COMMIT.json").exists(), "day 0 commit", shuffler)
+    _drop(inbox, "day1b.avro", day1[1])
+    ingest = private / "stream" / "ingest"
+    _wait_for(lambda: len(list(ingest.glob("*.json"))) == 3, "day1b read", shuffler)
+    os.killpg(shuffler.pid, signal.SIGKILL)  # day 1 is open: staged, not committed
+    shuffler.communicate()
+    assert not (output / DAY1).exists()
+    commit = output / DAY0 / "_COMMIT.json"
+    committed_bytes, committed_at = commit.read_bytes(), commit.stat().st_mtime_ns
+    # While it is down: more of day 1, and rows of day 0, which was committed (late).
+    _drop(inbox, "day1c.avro", day1[2])
+    _drop(inbox, "late.avro", rf.crowd(3, 1, prefix="late", **fields))
+
+    _finish(_shuffle(inbox, output, recipe, watch_for=10))
+    assert commit.read_bytes() == committed_bytes and commit.stat().st_mtime_ns == committed_at
+    metrics = json.loads((private / "metrics.json").read_text())
+    assert metrics["adds_up"], metrics
+    assert metrics["windows_committed_before"] == 1 and metrics["windows_committed"] == 2
+    assert [line["window"] for line in metrics["committed_now"]] == [DAY1]
+    assert metrics["read"] == 10 + 12 + 3 and metrics["late_data"] == 3
+    # Day 1 from all three of its files (two read before the kill), each message once.
+    payloads = Counter(key[-1] for key in _messages(output / DAY1).elements())
+    assert payloads == Counter(record["payload"] for part in day1 for record in part)
+    assert sum(_messages(output / DAY0).values()) == 10
