@@ -284,6 +284,25 @@ class SimulateOptions(StageFlags, PipelineOptions):
             type=int,
         ),
         Flag(
+            "stream",
+            "Write the reports window after window in compressed real time (for streaming "
+            "shufflers): instance=<u>/reports-w<k>-c<j>.avro appear by atomic rename.",
+            default=False,
+            switch=True,
+        ),
+        Flag(
+            "windows",
+            "With --stream: the number of windows (the rounds). Default 2.",
+            default=2,
+            type=int,
+        ),
+        Flag(
+            "window_seconds",
+            "With --stream: wall-clock seconds per window of device time. Default 10.",
+            default=10.0,
+            type=float,
+        ),
+        Flag(
             "start",
             f"Start of window 0 (ISO 8601; UTC if no zone). Default {DEFAULT_START}.",
             default=DEFAULT_START,
@@ -351,6 +370,8 @@ class SimulateOptions(StageFlags, PipelineOptions):
             int_in("--respondents", value("respondents"), 1, MAX_RESPONDENTS),
             int_in("--seed", value("seed"), 0),
             int_in("--rounds", value("rounds"), 1, 2**31 - 1),
+            int_in("--windows", value("windows"), 1, 2**31 - 1),
+            positive_finite("--window-seconds", value("window_seconds")),
             positive_finite("--device-budget", value("device_budget"), allow_zero=True),
             int_in("--compression-level", value("compression_level"), -1, 9),
             int_in("--messages-per-shard", value("messages_per_shard"), 1),
@@ -547,6 +568,20 @@ class RunOptions(StageFlags, PipelineOptions):
             choices=POSTPROCESSING,
         ),
         Flag("overwrite", "Replace an existing --output directory.", default=False, switch=True),
+        Flag(
+            "stream",
+            "Live: devices write window after window, K streaming shufflers and the streaming "
+            "analyzer follow; one line per analyzed window (pipelines/stream_run.py).",
+            default=False,
+            switch=True,
+        ),
+        Flag("windows", "With --stream: windows of device time. Default 2.", default=2, type=int),
+        Flag(
+            "window_seconds",
+            "With --stream: wall-clock seconds per window. Default 10.",
+            default=10.0,
+            type=float,
+        ),
     ) + keys_cli.RUN_FLAGS  # --keys, --unsealed (sealed payloads), --unsigned (commits)
 
     def validate(self, validator: Any = None) -> list[str]:
@@ -559,4 +594,6 @@ class RunOptions(StageFlags, PipelineOptions):
             int_in("--crowd-threshold", value("crowd_threshold"), 1),
             deletion_errors(value("deletion_epsilon"), value("deletion_delta")),
             output_directory("--output", value("output")),
+            int_in("--windows", value("windows"), 1, 10_000),
+            positive_finite("--window-seconds", value("window_seconds")),
         )

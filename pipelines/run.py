@@ -74,6 +74,10 @@ def register(subparsers: Any) -> None:
 
 def _handle(args: argparse.Namespace, pipeline_args: list[str]) -> int:
     options = PipelineOptions(pipeline_args, **RunOptions.cli_values(args))
+    if args.run_stream:  # live: one line per window as it is analyzed
+        from pipelines import stream_run
+
+        return 0 if stream_run.run(options)["adds_up"] else 1
     result = run(options, pipeline_args, echo=True)
     return 0 if result["adds_up"] else 1
 

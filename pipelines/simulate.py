@@ -100,7 +100,12 @@ def _handle_recipes_list(args: argparse.Namespace) -> int:
 
 def _handle_simulate(args: argparse.Namespace, pipeline_args: list[str]) -> int:
     options = PipelineOptions(pipeline_args, **SimulateOptions.cli_values(args))
-    summary = run(options)
+    if args.simulate_stream:  # files appear window after window
+        from pipelines import stream_simulate
+
+        summary = stream_simulate.run(options)
+    else:
+        summary = run(options)
     print(json.dumps(summary, indent=2, sort_keys=True))
     return 0
 
