@@ -60,7 +60,7 @@ def window_rows(folder: Path, start_ms: int, window_ms: int) -> pa.Table | None:
     return pa.Table.from_batches(parts).sort_by("event_time")
 
 
-def _write_atomically(path: Path, rows: pa.Table) -> None:
+def write_atomically(path: Path, rows: pa.Table) -> None:
     batch = rows.combine_chunks().to_batches()[0] if rows.num_rows else None
     if batch is None:
         return
@@ -134,7 +134,7 @@ def replay(
                 bounds = np.linspace(0, table.num_rows, CHUNKS + 1).astype(int)
                 part = table.slice(bounds[chunk], bounds[chunk + 1] - bounds[chunk])
                 path = output / instance / f"reports-w{window:05d}-c{chunk}.avro"
-                _write_atomically(path, part)
+                write_atomically(path, part)
                 written.append({"path": str(path), "records": part.num_rows, "window": window})
         say(f"devices: window {window} ({window_start} ms) written")
     return written

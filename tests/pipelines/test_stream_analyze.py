@@ -194,3 +194,24 @@ def test_simulate_stream_writes_window_after_window(simulation, tmp_path: Path) 
             for r in fastavro.reader(open(path, "rb"))
         }
         assert days == {19723 + window}
+
+
+def test_streaming_without_prism_is_one_error_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("ESA_ENGINES_DIR", str(tmp_path / "no-engines"))
+    (tmp_path / "in").mkdir()
+    argv = ["shuffle", "--streaming", "--input", str(tmp_path / "in" / "*.avro"),
+            "--output", str(tmp_path / "out"), "--watch-for", "1"]  # fmt: skip
+    assert cli.main(argv) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith("esa shuffle: error: --streaming runs on Prism")
+    assert "make engines" in error[0]
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--allowed-lateness", "soon"), ("--allowed-lateness", "1.5h")]
+)
+def test_bad_allowed_lateness_is_refused(tmp_path: Path, capsys, flag: str, value: str) -> None:
+    argv = ["shuffle", "--streaming", "--input", str(tmp_path / "*.avro"),
+            "--output", str(tmp_path / "out"), flag, value]  # fmt: skip
+    assert cli.main(argv) == 2
+    assert "--allowed-lateness" in capsys.readouterr().err
