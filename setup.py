@@ -51,5 +51,5 @@ setup(
             "pynacl",
         ],
     },
-    entry_points={"console_scripts": ["esa=pipelines.cli:main"]},
+    entry_points={"console_scripts": ["esa=pipelines.commandline.main:main"]},
 )

@@ -35,7 +35,7 @@ from schemas.avro.crc32c import crc32c_many
 from schemas.payloads import encode_message_batch
 from schemas.recipes import load_recipe
 from simulators.shards import presence_payloads
-from transforms.analyze_core import payloads_subset
+from transforms.analyzer.arithmetic import payloads_subset
 
 INSTANCES = 2
 ROWS_PER_FILE = 1_000_000

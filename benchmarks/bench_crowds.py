@@ -18,7 +18,7 @@ Why memory used to grow with the crowds on FnApiRunner (measured by instrumentin
 buffers per stage, and with memray at the peak): a grouping's input is held decoded (Python
 objects) and its output encoded until the consuming stage ran, and RSS never shrinks, so whatever
 crosses a grouping per crowd counts with its copies. Both stages therefore work in crowd buckets
-(``schemas/crowd_buckets.py``): the shuffler's unit is the bucket of a window and instance
+(``schemas/release/crowd_buckets.py``): the shuffler's unit is the bucket of a window and instance
 (``--crowd-buckets``, 16 by default; one spill piece per bucket and batch, one message file per
 group of a bucket, one crowd table per bucket, release format ``esa-release/2``), the analyzer's
 the bucket of a kind and window (its accumulators, estimates and output rows cross groupings as
@@ -38,8 +38,8 @@ import numpy as np
 import pyarrow as pa
 
 from benchmarks.common import peak_rss_mb, run_child
-from pipelines import engines
-from pipelines.flink_cluster import FlinkCluster
+from pipelines.engines import runners
+from pipelines.engines.flink_cluster import FlinkCluster
 from schemas import SCHEMA_VERSION, schema_json
 from schemas.avro.container import encode_container
 from schemas.avro.crc32c import crc32c_many
@@ -151,8 +151,8 @@ def _stage(stage: dict, engine: str) -> dict:
     JobManager's and TaskManager's peak RSS beside the Python process's (driver + LOOPBACK worker)."""
     if engine == "fnapi":
         return run_child(_STAGES, {**stage, "flags": FNAPI})
-    with FlinkCluster(engines.flink_cluster_lib(), slots=2) as cluster:
-        flags = engines.runner_flags("flink_cluster", master=cluster.master)
+    with FlinkCluster(runners.flink_cluster_lib(), slots=2) as cluster:
+        flags = runners.runner_flags("flink_cluster", master=cluster.master)
         result = run_child(_STAGES, {**stage, "flags": flags})
         jobmanager, taskmanager = (process.pid for process in cluster.processes)
         result.update(
@@ -235,7 +235,7 @@ def run(quick: bool) -> list[dict]:
 def _flink_rows() -> list[dict]:
     """The same on a standalone Flink cluster at 1,000 vs 10,000 crowds (both modes: Flink's job
     submission makes each stage slow); a row per process whose peak RSS was measured."""
-    if engines.flink_cluster_lib() is None:
+    if runners.flink_cluster_lib() is None:
         return [{"benchmark": "crowds_flink", "metric": "peak_rss_mb",
                  "note": "not measured: no assembled Flink jars (make engines)"}]  # fmt: skip
     work = Path(tempfile.mkdtemp(prefix="bench-crowds-flink-"))

@@ -4,7 +4,7 @@
 recipe, population and seed on each engine, each run in its own child process: FnApiRunner (the
 baseline, the project's default DirectRunner mode), Prism through PrismRunner, and Flink through
 FlinkRunner with the job server ``make engines`` installed, on its embedded cluster and on a
-standalone cluster (JobManager + TaskManager with 2 slots, pipelines/flink_cluster.py). Rows:
+standalone cluster (JobManager + TaskManager with 2 slots, pipelines/engines/flink_cluster.py). Rows:
 the whole run's seconds and the shuffle stage's throughput (messages read per second; the
 shuffle's time includes each pipeline's start-up, which dominates at these sizes).
 
@@ -24,8 +24,8 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.common import run_child
-from pipelines import engines
-from pipelines.flink_cluster import FlinkCluster
+from pipelines.engines import runners
+from pipelines.engines.flink_cluster import FlinkCluster
 
 RECIPE = {
     "name": "bench_engines",
@@ -60,7 +60,7 @@ print(json.dumps({"code": code, "wall": wall, "seconds": run["seconds"],
 
 
 def _esa_run(work: Path, engine: str, respondents: int, extra: list[str], master: str) -> dict:
-    flags = engines.runner_flags(engine, master=master)
+    flags = runners.runner_flags(engine, master=master)
     recipe = work / "recipe.json"
     recipe.write_text(json.dumps(RECIPE))
     output = work / f"run-{engine}"
@@ -80,10 +80,10 @@ def _best(work: Path, engine: str, respondents: int, repeats: int, extra: list[s
 
 
 def _missing(engine: str) -> str | None:
-    if engine == "flink_cluster" and engines.flink_cluster_lib() is None:
+    if engine == "flink_cluster" and runners.flink_cluster_lib() is None:
         return "no assembled Flink jars for a standalone cluster (make engines)"
     try:
-        engines.runner_flags("flink" if engine == "flink_cluster" else engine)
+        runners.runner_flags("flink" if engine == "flink_cluster" else engine)
     except FileNotFoundError as missing:
         return str(missing)
     return None
@@ -113,7 +113,7 @@ def run(quick: bool) -> list[dict]:
                              "note": f"not measured: {missing}"})  # fmt: skip
                 continue
             if engine == "flink_cluster":
-                with FlinkCluster(engines.flink_cluster_lib(), slots=2) as cluster:
+                with FlinkCluster(runners.flink_cluster_lib(), slots=2) as cluster:
                     results[engine] = result = _best(
                         work, engine, respondents, repeats, [], cluster.master
                     )

@@ -24,8 +24,9 @@ import numpy as np
 import pyarrow as pa
 
 from benchmarks.common import RAW_READ_SCRIPT, run_child
-from schemas import SCHEMA_VERSION, parsed_schema, release, schema_json
-from schemas.crowd_buckets import (
+from schemas import SCHEMA_VERSION, parsed_schema, schema_json
+from schemas.release import commit
+from schemas.release.crowd_buckets import (
     DEFAULT_CROWD_BUCKETS,
     BucketKey,
     crowd_bucket,
@@ -33,7 +34,7 @@ from schemas.crowd_buckets import (
     crowd_table_path,
     message_file_path,
 )
-from transforms import avro_io
+from transforms.common import avro_io
 
 T0 = 1_704_067_200_000
 DAY_MS = 86_400_000
@@ -86,11 +87,11 @@ def write_release(directory: Path, crowds: int) -> list[str]:
         avro_io.write_avro(
             str(directory / crowd_table_path(key)), parsed_schema("released_crowd"), table
         )
-    paths = release.release_files(str(directory), ("messages", "crowds"))
-    files = [release.file_entry(str(directory), path) for path in paths]
-    release.write_commit(
+    paths = commit.release_files(str(directory), ("messages", "crowds"))
+    files = [commit.file_entry(str(directory), path) for path in paths]
+    commit.write_commit(
         str(directory),
-        {"format": release.RELEASE_FORMAT, "instance": 0, "recipes": ["r@1"],
+        {"format": commit.RELEASE_FORMAT, "instance": 0, "recipes": ["r@1"],
          "parameters": {"crowd_threshold": 2, "deletion_epsilon": None, "deletion_delta": None,
                         "window": "1d", "window_ms": DAY_MS,
                         "crowd_buckets": DEFAULT_CROWD_BUCKETS},

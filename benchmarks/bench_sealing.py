@@ -32,15 +32,16 @@ import pyarrow as pa
 
 from benchmarks.common import run_child
 from benchmarks.releases import DAY_MS, T0, commit_one_crowd
-from schemas import SCHEMA_VERSION, schema_json, sealing
+from schemas import SCHEMA_VERSION, schema_json
 from schemas.avro.crc32c import crc32c_many
-from schemas.keys import KeyRing, generate_key, write_key_pair
+from schemas.crypto import sealing
+from schemas.crypto.analyzer_keys import KeyRing, generate_key, write_key_pair
 from schemas.payloads import EncodedPayloads, encode_message_batch
 from schemas.recipes import load_recipe
 from simulators.reports import ReportBatch
 from simulators.sealing import DeviceSealing, recipe_pad_length
-from transforms import avro_io
-from transforms.sealed import ReleaseOpener
+from transforms.analyzer.opening import ReleaseOpener
+from transforms.common import avro_io
 
 INSTANCES = 2
 REPEATS = 3

@@ -1,6 +1,6 @@
 """Hand-made releases for the analyzer benchmarks: one day window, one released crowd per instance,
-laid out and committed as the shuffler would (``esa-release/2``: schemas/release.py,
-schemas/crowd_buckets.py)."""
+laid out and committed as the shuffler would (``esa-release/2``: schemas/release/commit.py,
+schemas/release/crowd_buckets.py)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,16 @@ import os
 from pathlib import Path
 from typing import Any
 
-from schemas import parsed_schema, release
-from schemas.crowd_buckets import (
+from schemas import parsed_schema
+from schemas.release import commit
+from schemas.release.crowd_buckets import (
     DEFAULT_CROWD_BUCKETS,
     BucketKey,
     crowd_bucket,
     crowd_table_path,
     message_file_path,
 )
-from transforms import avro_io
+from transforms.common import avro_io
 
 DAY_MS = 86_400_000
 T0 = 1_704_067_200_000
@@ -34,13 +35,13 @@ def commit_one_crowd(directory: Path, instance: int, recipe: Any, respondents: i
     every record as a message, with its crowd table."""
     bucket = crowd_bucket(recipe.channel, recipe.id, None, DEFAULT_CROWD_BUCKETS)
     key = BucketKey(T0, instance, bucket)
-    found = release.release_files(str(directory), ("messages",))
+    found = commit.release_files(str(directory), ("messages",))
     for group, relative in enumerate(found):
         os.replace(directory / relative, directory / message_file_path(key, group))
     for root, dirs, _ in os.walk(directory / "messages", topdown=False):
         for name in dirs:
             os.rmdir(os.path.join(root, name))  # the emptied old layout's directories
-    files = [release.file_entry(str(directory), p) for p in release.release_files(str(directory))]
+    files = [commit.file_entry(str(directory), p) for p in commit.release_files(str(directory))]
     records = sum(f["records"] for f in files)
     crowd = {"window_start": T0, "window_end": T0 + DAY_MS, "instance": instance,
              "channel": recipe.channel, "recipe_id": recipe.id, "crowd_id": None,
@@ -49,10 +50,10 @@ def commit_one_crowd(directory: Path, instance: int, recipe: Any, respondents: i
     (directory / "crowds").mkdir(exist_ok=True)
     table = crowd_table_path(key)
     avro_io.write_avro(str(directory / table), parsed_schema("released_crowd"), [crowd])
-    files.append(release.file_entry(str(directory), table))
-    release.write_commit(
+    files.append(commit.file_entry(str(directory), table))
+    commit.write_commit(
         str(directory),
-        {"format": release.RELEASE_FORMAT, "instance": instance, "recipes": [recipe.id],
+        {"format": commit.RELEASE_FORMAT, "instance": instance, "recipes": [recipe.id],
          "parameters": {"crowd_threshold": 100, "deletion_epsilon": None, "deletion_delta": None,
                         "window": "1d", "window_ms": DAY_MS,
                         "crowd_buckets": DEFAULT_CROWD_BUCKETS},

@@ -1,4 +1,4 @@
-"""``esa analyze``: the analyzer stage as a runnable pipeline (transforms/aggregate.py, analyze.py).
+"""``esa analyze``: the analyzer stage as a runnable pipeline (transforms/analyzer/aggregate.py, analyze.py).
 
     esa analyze --input shuffled/ --output analysis/ [--input ...] [--recipe NAME|FILE ...]
         [--truth simulation/] [--postprocessing none|clip_nonnegative|norm_sub]
@@ -9,7 +9,7 @@ Input: one committed release per shuffler instance, as ``esa shuffle`` writes it
 (``esa-release/2``: ``messages/<stem>-g<group>.avro``, one crowd table ``crowds/<stem>.avro`` per
 bucket of a window, and ``_COMMIT.json``). ``--input DIR`` is either a release or a directory of
 ``instance=<u>/`` releases. Every release is verified against its commit record first
-(``schemas.release.verify_release``): an uncommitted directory, a missing, unlisted (e.g. copied),
+(``schemas.release.commit.verify_release``): an uncommitted directory, a missing, unlisted (e.g. copied),
 truncated or altered file, any shuffler-private file (dead letters, manifests, metrics, spill),
 a crowd table that disagrees with its bucket, the threshold or the record's totals, and a release
 of the older format ``esa-release/1`` are refused with one line naming it (exit 2). Only the
@@ -17,10 +17,10 @@ committed files are read: workers take the file list from the commit record itse
 unless its SHA-256 is the one the driver verified, and the crowds from the crowd tables it
 commits, each checked against its committed SHA-256 (nothing per crowd or file is pickled into
 the job). Each crowd's messages in its bucket's files must match its crowd table
-(``pipelines.release_crowds``, one bucket at a time): a crowd read but not released, or a
+(``pipelines.release_counts``, one bucket at a time): a crowd read but not released, or a
 ``messages_released`` other than the records read, is refused too.
 With ``--shuffler-keys KEYS`` (the shufflers' public signing keys) every commit record must also
-carry a valid Ed25519 signature of its own instance's key (schemas/commit_signing.py): an
+carry a valid Ed25519 signature of its own instance's key (schemas/crypto/commit_signing.py): an
 unsigned record, an unknown, wrong-instance or expired key, and a record altered after signing
 are refused the same way. Without it the summary states that the commit records were not
 authenticated.
@@ -40,9 +40,9 @@ accuracy, JSON Lines), ``withheld.jsonl`` (notes on withheld crowds), ``summary.
 metrics, totals and the names of those two), ``dead_letter/part-*.avro`` and PNG pictures
 under ``pictures/`` (drawn per crowd inside the pipeline). The two tables are Parquet datasets:
 directories of ``part-SSSSS-of-NNNNN.parquet`` files, each holding whole crowd buckets
-(``transforms.analyze_core.buckets``), at most about a million rows and a thousand crowds per
+(``transforms.analyzer.arithmetic.buckets``), at most about a million rows and a thousand crowds per
 part; ``pyarrow.parquet.read_table(DIR/histograms.parquet)`` reads one as a table. The two JSON
-Lines datasets are split the same way (``transforms.analysis_reports.read_reports``).
+Lines datasets are split the same way (``transforms.analyzer.report_files.read_reports``).
 
 Other runners take the same flags plus their own (``--runner=FlinkRunner --flink_master=HOST:PORT``,
 or ``--runner=DataflowRunner --project P --region R --temp_location gs://... --setup_file
@@ -71,26 +71,24 @@ from apache_beam.options.pipeline_options import (
     StandardOptions,
 )
 
-from pipelines import keys as keys_cli
 from pipelines import pictures
-from pipelines.cli import UsageError
-from pipelines.options import AnalyzeOptions, temp_location_root, with_default_runner
-from pipelines.release_crowds import check_release_counts
-from schemas import SUPPORTED_SCHEMA_VERSIONS, release
-from schemas.crowd_buckets import CROWDS_DIR
+from pipelines.commandline import keys as keys_cli
+from pipelines.commandline.main import UsageError
+from pipelines.commandline.options import AnalyzeOptions, temp_location_root, with_default_runner
+from pipelines.release_counts import check_release_counts
+from schemas import SUPPORTED_SCHEMA_VERSIONS
+from schemas.crypto.signing_keys import ShufflerKeys
 from schemas.recipes import load_recipe, shipped_recipes
-from schemas.signing_keys import ShufflerKeys
-from transforms import analyze_core as core
-from transforms import atomic_files
-from transforms.aggregate import (
+from schemas.release import commit as release
+from schemas.release.crowd_buckets import CROWDS_DIR
+from transforms.analyzer import arithmetic
+from transforms.analyzer.aggregate import (
     AggregateReleases,
     pinned_crowd_table_records,
     pinned_crowd_tables,
     pinned_message_paths,
 )
-from transforms.analysis_reports import REPORTS_DIR, WITHHELD_DIR, read_reports
-from transforms.analysis_tables import SPILL_DIR, analysis_parts
-from transforms.analyze import (
+from transforms.analyzer.analyze import (
     HISTOGRAMS_FILE,
     LONGITUDINAL_FILE,
     SUMMARY_FILE,
@@ -99,7 +97,10 @@ from transforms.analyze import (
     TruthSource,
     WriteAnalysis,
 )
-from transforms.shuffle import WriteDeadLetters
+from transforms.analyzer.report_files import REPORTS_DIR, WITHHELD_DIR, read_reports
+from transforms.analyzer.tables import SPILL_DIR, analysis_parts
+from transforms.common import atomic_files
+from transforms.shuffler.shuffle import WriteDeadLetters
 
 __all__ = ["Release", "discover_releases", "register", "run", "summary_table"]
 
@@ -144,7 +145,7 @@ def _handle(args: argparse.Namespace, pipeline_args: list[str]) -> int:
 class Release:
     """One shuffler instance's verified release: its commit record (which lists no crowds),
     committed message files and every committed file's entry (``entries``: so that
-    ``schemas.release.iter_crowds(r)`` and ``crowd_table_paths(r)`` read its crowd tables, one
+    ``schemas.release.commit.iter_crowds(r)`` and ``crowd_table_paths(r)`` read its crowd tables, one
     at a time)."""
 
     instance: int
@@ -292,17 +293,17 @@ def commit_authentication(releases: Sequence[Release], shuffler_keys: str | None
     return f"authenticated: Ed25519 signatures verified with {shuffler_keys} ({signed})"
 
 
-def recipe_book(names: Sequence[str] | None) -> core.RecipeBook:
+def recipe_book(names: Sequence[str] | None) -> arithmetic.RecipeBook:
     """The recipes to accept: the named ones, or every shipped recipe."""
     if not names:
-        return core.RecipeBook(shipped_recipes())
+        return arithmetic.RecipeBook(shipped_recipes())
     recipes = []
     for name in names:
         try:
             recipes.append(load_recipe(name))
         except (OSError, ValueError) as error:
             raise UsageError(f"cannot load recipe {name!r}: {error}") from error
-    return core.RecipeBook(recipes)
+    return arithmetic.RecipeBook(recipes)
 
 
 def truth_sources(
@@ -438,7 +439,9 @@ def run(options: PipelineOptions) -> dict[str, Any]:
         batch_records=values.analyze_batch_records,
         dense_limit=values.analyze_dense_limit,
         key_ring=values.analyze_key_ring,  # a path: workers read the keys (sealed payloads)
-        buckets=core.analyzer_buckets(crowds),  # a bucket's size does not grow with the crowds
+        buckets=arithmetic.analyzer_buckets(
+            crowds
+        ),  # a bucket's size does not grow with the crowds
         read_crowds=pinned_crowd_table_records,
     )
     # The estimates' batches are spilled to files; the groupings into parts carry their paths.
@@ -453,7 +456,7 @@ def run(options: PipelineOptions) -> dict[str, Any]:
     _ = estimates.pictures | "DrawPictures" >> beam.ParDo(pictures.DrawPictures(output, book))
     try:
         pipeline.run().wait_until_finish()
-    finally:  # failed attempts' temporary part files (transforms/atomic_files.py)
+    finally:  # failed attempts' temporary part files (transforms/common/atomic_files.py)
         for table in (HISTOGRAMS_FILE, LONGITUDINAL_FILE, REPORTS_DIR, WITHHELD_DIR):
             atomic_files.remove_temporary(FileSystems.join(output, table))
         if _exists(spill_dir):  # the estimates' spilled batches
@@ -469,7 +472,7 @@ def run(options: PipelineOptions) -> dict[str, Any]:
 
 
 def _release_selection(
-    releases: Sequence[Release], book: core.RecipeBook, pictures_wanted: bool
+    releases: Sequence[Release], book: arithmetic.RecipeBook, pictures_wanted: bool
 ) -> tuple[frozenset, int, int]:
     """One pass over the releases' crowds: the crowd keys that get pictures
     (``pictures.pictured_crowds``: the first released crowds of known recipes in the summary's
@@ -480,18 +483,18 @@ def _release_selection(
     rows: dict[int, int] = {}
     crowds: dict[int, int] = {}
 
-    def released() -> Iterator[core.CrowdKey]:
+    def released() -> Iterator[arithmetic.CrowdKey]:
         for item in releases:
             for crowd in release.iter_crowds(item):  # one crowd table at a time
                 crowds[item.instance] = crowds.get(item.instance, 0) + 1
                 recipe = book.get(crowd["recipe_id"])
                 if crowd["status"] != "released" or recipe is None:
                     continue
-                key = core.crowd_key(recipe, crowd)
-                if key[0] == core.HISTOGRAM:
+                key = arithmetic.crowd_key(recipe, crowd)
+                if key[0] == arithmetic.HISTOGRAM:
                     if recipe.id not in sizes:
                         domain = recipe.build_randomizer().domain_size
-                        sizes[recipe.id] = min(domain, core.DENSE_LIMIT)
+                        sizes[recipe.id] = min(domain, arithmetic.DENSE_LIMIT)
                     rows[item.instance] = rows.get(item.instance, 0) + sizes[recipe.id]
                 yield key
 

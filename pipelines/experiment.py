@@ -29,7 +29,7 @@ from typing import Any
 from experiments.runner import run_experiment
 from experiments.scenarios import ExperimentConfig
 from experiments.tables import EXPERIMENT_TABLES
-from pipelines.cli import UsageError
+from pipelines.commandline.main import UsageError
 
 __all__ = ["register"]
 

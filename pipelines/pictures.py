@@ -22,7 +22,7 @@ from apache_beam.io.filesystems import FileSystems
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from transforms.analyze_core import HISTOGRAM, LONGITUDINAL, RecipeBook
+from transforms.analyzer.arithmetic import HISTOGRAM, LONGITUDINAL, RecipeBook
 
 # Domains up to this size are drawn bucket by bucket; larger ones as estimate-vs-truth scatter.
 MAX_BUCKETS_DRAWN = 64

@@ -47,12 +47,12 @@ from typing import Any
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines import analyze as analyze_pipeline
-from pipelines import engines
-from pipelines import keys as keys_cli
 from pipelines import shuffle as shuffle_pipeline
 from pipelines import simulate as simulate_pipeline
-from pipelines.cli import UsageError
-from pipelines.options import RunOptions
+from pipelines.commandline import keys as keys_cli
+from pipelines.commandline.main import UsageError
+from pipelines.commandline.options import RunOptions
+from pipelines.engines import runners
 from schemas.recipes import Recipe, load_recipe, recipe_from_dict
 
 __all__ = ["register", "run", "recipe_for_instances"]
@@ -201,7 +201,7 @@ def _run(
     recipe_path = output / "recipe.json"
     recipe_path.write_text(recipe.to_json())
     population = values.run_population or default_population(recipe)
-    flags = resources.enter_context(engines.one_job_server(flags))
+    flags = resources.enter_context(runners.one_job_server(flags))
     seconds: dict[str, float] = {}
     # Sealed by default: devices seal to the newest public key, the analyzer opens with the ring.
     keys = None if values.run_unsealed else keys_cli.run_keys(output, values.run_keys)

@@ -1,4 +1,4 @@
-"""``esa shuffle``: the shuffler stage as a runnable pipeline (transforms/shuffle.py).
+"""``esa shuffle``: the shuffler stage as a runnable pipeline (transforms/shuffler/shuffle.py).
 
     esa shuffle --input 'reports/*.avro' --output shuffled/ [--private-output shuffled.private]
         [--overwrite] [--crowd-threshold 100] [--deletion-epsilon 1.0 --deletion-delta 1e-6]
@@ -16,14 +16,14 @@ Each of the K shuffler instances is a separate run: ``--instance I`` on that ins
 serves every instance, keeping them apart in the crowd key.
 
 Output: the release ``--output DIR`` (``esa-release/2``) holds only, per crowd bucket of a window
-and instance (``--crowd-buckets B``, schemas/crowd_buckets.py: the unit of work, so memory and
+and instance (``--crowd-buckets B``, schemas/release/crowd_buckets.py: the unit of work, so memory and
 elements do not grow with the number of crowds), ``messages/<stem>-g<group>.avro`` (ShuffledMessage
 files grouped by crowd, deterministic names) and ``crowds/<stem>.avro`` (per crowd its status and
-the distinct respondents and messages released), and ``_COMMIT.json`` (schemas/release.py: every
+the distinct respondents and messages released), and ``_COMMIT.json`` (schemas/release/commit.py: every
 file with size, records and SHA-256; totals of records, crowds and respondents; the parameters the
 privacy report needs), written last and atomically from the run's index; with ``--signing-key KEY``
 (this instance's Ed25519 key, ``esa keys generate --shuffler-instance I``; needs ``--instance
-I``) the record carries the instance's signature (schemas/commit_signing.py), the key read on the
+I``) the record carries the instance's signature (schemas/crypto/commit_signing.py), the key read on the
 driver when the commit is written and never placed in the job graph. Everything shuffler-private
 goes to ``--private-output PDIR`` (default ``DIR.private``, a sibling): ``manifest/`` (one
 CrowdManifest per crowd, in a file per window and crowd bucket), ``dead_letter/*.avro``,
@@ -39,7 +39,7 @@ Other runners: Flink/Spark/Dataflow take the same flags plus their own (``--runn
 --flink_master=HOST:PORT``, or ``--runner=DataflowRunner --project P --region R
 --temp_location gs://... --setup_file ./setup.py``); DIR and PDIR must then be on a file
 system every worker and the driver reach as a local path (a shared mount): the driver checks,
-cleans and commits them with the local file API (schemas/release.py).
+cleans and commits them with the local file API (schemas/release/commit.py).
 """
 
 from __future__ import annotations
@@ -66,9 +66,9 @@ from apache_beam.options.pipeline_options import (
 )
 from apache_beam.utils.timestamp import Timestamp
 
-from pipelines import keys as keys_cli
-from pipelines.cli import UsageError
-from pipelines.options import (
+from pipelines.commandline import keys as keys_cli
+from pipelines.commandline.main import UsageError
+from pipelines.commandline.options import (
     ShuffleOptions,
     add_stage_arguments,
     stage_option_values,
@@ -76,12 +76,12 @@ from pipelines.options import (
     with_default_runner,
 )
 from schemas import SUPPORTED_SCHEMA_VERSIONS
-from schemas import release as release_format
-from schemas.crowd_buckets import CROWDS_DIR, MESSAGES_DIR
-from transforms import atomic_files, shuffle_spill
-from transforms import shuffle as shuffle_transforms
-from transforms import shuffle_core as core
-from transforms import shuffle_sinks as sinks
+from schemas.release import commit as release_format
+from schemas.release.crowd_buckets import CROWDS_DIR, MESSAGES_DIR
+from transforms.common import atomic_files
+from transforms.shuffler import report_rows, spill
+from transforms.shuffler import shuffle as shuffle_transforms
+from transforms.shuffler import sinks as sinks
 
 
 def register(subparsers: Any) -> None:
@@ -112,11 +112,11 @@ def _handle(args: argparse.Namespace, pipeline_args: list[str]) -> int:
     return 1
 
 
-def _routes(recipe_names: list[str] | None, window_ms: int) -> dict[str, core.RecipeRoute]:
+def _routes(recipe_names: list[str] | None, window_ms: int) -> dict[str, report_rows.RecipeRoute]:
     from schemas import recipes
 
     if not recipe_names:
-        return core.routes_from_recipes(recipes.shipped_recipes(), window_ms)
+        return report_rows.routes_from_recipes(recipes.shipped_recipes(), window_ms)
     loaded = {}
     for name in recipe_names:
         try:
@@ -124,23 +124,23 @@ def _routes(recipe_names: list[str] | None, window_ms: int) -> dict[str, core.Re
         except (OSError, ValueError) as error:
             raise UsageError(f"cannot load recipe {name!r}: {error}") from error
         loaded[recipe.id] = recipe
-    return core.routes_from_recipes(loaded, window_ms)
+    return report_rows.routes_from_recipes(loaded, window_ms)
 
 
 def shuffle_config(
     options: ShuffleOptions,
     streaming: bool,
-    routes: Mapping[str, core.RecipeRoute] | None = None,
+    routes: Mapping[str, report_rows.RecipeRoute] | None = None,
 ) -> shuffle_transforms.ShuffleConfig:
     """The ShuffleConfig an options object describes (``routes`` overrides ``--recipe``)."""
     epsilon, delta = options.deletion_epsilon, options.deletion_delta
     if (epsilon is None) != (delta is None):
         raise UsageError("--deletion-epsilon and --deletion-delta go together")
-    deletion = None if epsilon is None else core.DeletionParameters(epsilon, delta)
+    deletion = None if epsilon is None else report_rows.DeletionParameters(epsilon, delta)
     if options.instance is not None and options.instance < 0:
         raise UsageError(f"--instance must be >= 0, got {options.instance}")
-    window_ms = core.parse_duration_ms(options.window)
-    rules = core.ValidationRules(
+    window_ms = report_rows.parse_duration_ms(options.window)
+    rules = report_rows.ValidationRules(
         routes=dict(routes) if routes is not None else _routes(options.recipe, window_ms),
         supported_versions=frozenset(SUPPORTED_SCHEMA_VERSIONS),
         instance=options.instance,
@@ -150,7 +150,7 @@ def shuffle_config(
         rules=rules,
         crowd_threshold=options.crowd_threshold,
         deletion=deletion,
-        window=core.WindowSpec(period_ms=window_ms),
+        window=report_rows.WindowSpec(period_ms=window_ms),
         streaming=streaming,
         batch_records=options.batch_records,
         messages_per_shard=options.messages_per_shard,
@@ -212,7 +212,7 @@ def remove_stale_spill(spill_root: str) -> list[str]:
         if match and match["host"] == _host_tag() and int(match["pid"]) != os.getpid():
             if _alive(int(match["pid"])):
                 continue
-        shuffle_spill.remove_spill(os.path.join(spill_root, name))
+        spill.remove_spill(os.path.join(spill_root, name))
         removed.append(name)
     if not os.listdir(spill_root):
         os.rmdir(spill_root)
@@ -316,7 +316,7 @@ def commit_release(
 
 
 def run(
-    options: PipelineOptions, routes: Mapping[str, core.RecipeRoute] | None = None
+    options: PipelineOptions, routes: Mapping[str, report_rows.RecipeRoute] | None = None
 ) -> dict[str, Any]:
     """Run the shuffler pipeline and commit its release; returns the metrics summary (also in
     PDIR/metrics.json)."""
@@ -369,8 +369,8 @@ def run(
         result = pipeline.run()
         result.wait_until_finish()
     finally:
-        shuffle_spill.remove_spill(spill_dir)
-        # Failed attempts' temporary files (transforms/atomic_files.py), before any commit.
+        spill.remove_spill(spill_dir)
+        # Failed attempts' temporary files (transforms/common/atomic_files.py), before any commit.
         atomic_files.remove_temporary(output)
         atomic_files.remove_temporary(private)
         if FileSystems.get_scheme(spill_root) is None:

@@ -17,7 +17,7 @@ can run alone on its own directory), ``truth.parquet`` (true counts per window a
 devices that reported: window, window_start, bucket, count; absent buckets are 0; longitudinal
 bucket 1 counts users in state True) and ``simulation.json`` (recipe, population, respondents,
 seed, refusals, messages per instance, codec, files), and, written last, the commit record
-``_COMMIT.json`` (format "esa-reports/1", ``schemas/release.py``: every file with its size,
+``_COMMIT.json`` (format "esa-reports/1", ``schemas/release/commit.py``: every file with its size,
 record count and SHA-256). Everything is first written to a hidden temporary sibling
 ``.DIR.tmp-<random>``, committed there and only then renamed to DIR, so DIR appears complete
 with its ``_COMMIT.json`` or not at all, and is removed on failure (a killed run leaves nothing
@@ -48,15 +48,16 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines import keys as keys_cli
-from pipelines.cli import UsageError
-from pipelines.options import SimulateOptions, parse_start_ms, with_default_runner
-from schemas import SCHEMA_VERSION, release
+from pipelines.commandline import keys as keys_cli
+from pipelines.commandline.main import UsageError
+from pipelines.commandline.options import SimulateOptions, parse_start_ms, with_default_runner
+from schemas import SCHEMA_VERSION
 from schemas.recipes import load_recipe, recipe_names, shipped_recipes
+from schemas.release import commit
 from simulators.plan import ShardSummary, SimulationPlan
 from simulators.sealing import sealing_metadata
 from simulators.shards import ShardContext, shard_file_name
-from transforms.encode import CombineShardSummaries, WriteReportShards
+from transforms.devices.encode import CombineShardSummaries, WriteReportShards
 
 __all__ = ["register", "run", "plan_from_options"]
 
@@ -186,13 +187,13 @@ def commit_outputs(directory: Path, summary: dict[str, Any]) -> str:
     names = sorted(
         str(path.relative_to(directory))
         for path in directory.rglob("*")
-        if path.is_file() and path.name != release.COMMIT_FILE
+        if path.is_file() and path.name != commit.COMMIT_FILE
     )
-    files = [release.file_entry(str(directory), name) for name in names]
-    return release.write_commit(
+    files = [commit.file_entry(str(directory), name) for name in names]
+    return commit.write_commit(
         str(directory),
         {
-            "format": release.REPORTS_FORMAT,
+            "format": commit.REPORTS_FORMAT,
             "recipe_id": summary.get("recipe_id"),
             "shuffler_instances": summary.get("shuffler_instances"),
             "seed": summary.get("seed"),
@@ -240,7 +241,7 @@ class _WriteOutputs(beam.DoFn):
             presence_per_instance=summary.presence.tolist(),
             messages=int(summary.messages.sum()),
             presence_messages=int(summary.presence.sum()),
-            # sealed cover messages the devices added (transforms/sealed.py); 0 when unsealed
+            # sealed cover messages the devices added (transforms/analyzer/opening.py); 0 when unsealed
             chaff_per_instance=summary.chaff.tolist(),
             chaff_messages=int(summary.chaff.sum()),
             files=[
@@ -312,7 +313,7 @@ def run(options: PipelineOptions) -> dict[str, Any]:
         # Committed before the rename: a run killed at any point leaves DIR committed or absent.
         commit_outputs(staging, summary)
         if output.exists():
-            (output / release.COMMIT_FILE).unlink(missing_ok=True)  # uncommit first
+            (output / commit.COMMIT_FILE).unlink(missing_ok=True)  # uncommit first
             shutil.rmtree(output)
         os.replace(staging, output)
     except BaseException:

@@ -10,7 +10,7 @@ Each epoch t = 1..T is three kinds of Beam pipeline on the same runner flags:
 
 1. devices (Algorithm 4): every device computes the gradient of the cross-entropy of its example
    at theta_t, clips it to --clip-norm and sends a 16-byte PRG seed and a sign, sealed to the
-   analyzer's key (``transforms/sealed.py``; ``--unsealed`` sends them in the clear), to one of K
+   analyzer's key (``transforms/analyzer/opening.py``; ``--unsealed`` sends them in the clear), to one of K
    shuffler instances: ``OUTPUT/epochs/epoch=<t>/reports/instance=<u>/*.avro``;
 2. one shuffler run per instance, as ``esa run`` calls them (threshold, randomized deletion,
    strip, permute), on the epoch's own channel: ``.../shuffled/instance=<u>/``, its commit record
@@ -49,14 +49,14 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines import engines
-from pipelines import keys as keys_cli
 from pipelines import shuffle as shuffle_pipeline
-from pipelines.cli import UsageError
-from pipelines.options import with_default_runner
+from pipelines.commandline import keys as keys_cli
+from pipelines.commandline.main import UsageError
+from pipelines.commandline.options import with_default_runner
+from pipelines.engines import runners
 from privacy.accounting.ldp_sgd import ldp_sgd_guarantee
-from schemas import release as release_format
 from schemas.ldp_sgd import SgdChannel
+from schemas.release import commit as release_format
 from simulators.sgd_data import (
     DeviceData,
     accuracy,
@@ -65,9 +65,9 @@ from simulators.sgd_data import (
     train_reference,
 )
 from simulators.sgd_devices import EpochPlan, reference_training
-from transforms import shuffle_core
-from transforms.combiners import SumCounts
-from transforms.train import AggregateEpoch, EpochUpdate, WriteEpochReports
+from transforms.common.combiners import SumCounts
+from transforms.shuffler import report_rows
+from transforms.training.epochs import AggregateEpoch, EpochUpdate, WriteEpochReports
 
 __all__ = ["register", "train", "run_epoch", "DEFAULT_GRID"]
 
@@ -237,7 +237,7 @@ def _run_devices(
             theta,
             str(reports_dir),
             _BASE_MS + plan.epoch * _DAY_MS,
-            settings.get("public_key_json"),  # sealed payloads (transforms/sealed.py)
+            settings.get("public_key_json"),  # sealed payloads (transforms/analyzer/opening.py)
         )  # fmt: skip
         | "Count" >> beam.CombineGlobally(SumCounts())
         | "Save" >> beam.Map(lambda counts: counts_path.write_text(json.dumps(counts)))
@@ -251,7 +251,7 @@ def _run_shufflers(
 ) -> dict[int, dict[str, Any]]:
     """One shuffler run per instance on this epoch's reports, the way ``esa run`` calls them."""
     routes = {
-        channel.recipe_id: shuffle_core.RecipeRoute(
+        channel.recipe_id: report_rows.RecipeRoute(
             channel=channel.channel,
             shuffler_instances=settings["instances"],
             min_crowd_size=channel.min_crowd_size,
@@ -417,7 +417,7 @@ def train(
     smallest_crowd = data.devices
     adds_up = True
     # On Flink, one job server serves every epoch's pipelines (engines.one_job_server).
-    with engines.one_job_server(flags) as shared_flags:
+    with runners.one_job_server(flags) as shared_flags:
         for epoch in range(1, epochs + 1):
             began = time.monotonic()
             theta, info = run_epoch(shared_flags, data, settings, epoch, theta, output)

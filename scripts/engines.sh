@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make engines`: installs the real engines the engine tests and benchmarks run on, from the
-# package registries only (pipelines/engines.py says where each goes and how a pipeline selects it):
+# package registries only (pipelines/engines/runners.py says where each goes and how a pipeline selects it):
 #   - Prism, Beam's portable runner in Go: `go install` of its command at the SDK's release tag,
 #     from the Go module proxy.
 #   - Beam's Flink job server: Beam's published job server jar for the installed SDK when Maven
@@ -10,7 +10,7 @@
 #     dependencies ($FLINK_RUNNER below), plus a launcher jar whose manifest names that main
 #     class, the dependency jars (Class-Path) and the module openings Flink needs on Java 17
 #     (Add-Opens). The same jars start a standalone Flink JobManager and TaskManager
-#     (pipelines/flink_cluster.py). Optional: when Maven serves neither, this says so and goes on
+#     (pipelines/engines/flink_cluster.py). Optional: when Maven serves neither, this says so and goes on
 #     (the Flink tests then skip with that reason).
 # Idempotent and cached: what is already installed is skipped; downloads and build caches stay in
 # $ESA_ENGINES_DIR (default .engines/, ignored by git).
@@ -120,7 +120,7 @@ POM
             && mvn -B -q "-Dmaven.repo.local=$DIR/m2" dependency:copy \
                 "-Dartifact=org.slf4j:slf4j-simple:$slf4j:jar" "-DoutputDirectory=$assembled_dir.tmp/logging" \
                 >>"$log" 2>&1 \
-            && "$PY" -m pipelines.flink_cluster launcher "$assembled_dir.tmp" \
+            && "$PY" -m pipelines.engines.flink_cluster launcher "$assembled_dir.tmp" \
                 "beam-runners-flink-$runner_flink-job-server-$runner_beam.jar"; then
             rm -rf "$assembled_dir" && mv "$assembled_dir.tmp" "$assembled_dir"
             say "flink job server assembled in $(($(date +%s) - started)) s: $assembled"

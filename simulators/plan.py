@@ -4,7 +4,7 @@ A simulation is a small, picklable :class:`SimulationPlan` (recipe JSON, populat
 fleet settings) cut into :class:`ShardSpec` descriptors (shard index, respondent range, a
 ``numpy.random.SeedSequence`` child of the master seed); each shard's counts come back as a
 :class:`ShardSummary` (true counts summed sparsely, never held per respondent). The per-shard work
-is ``simulators.shards``; the Beam shell is ``transforms.encode``.
+is ``simulators.shards``; the Beam shell is ``transforms.devices.encode``.
 """
 
 from __future__ import annotations

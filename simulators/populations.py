@@ -15,7 +15,7 @@ its seed, without ever holding the whole population:
 Spec grammar: ``KIND[:VARIANT][,KEY=VALUE]...``, for example ``uniform``, ``zipf,exponent=1.2``,
 ``heavy-hitters,heavy=100``, ``image:horse``, ``image:disc,size=32x32``, ``longitudinal,changes=1``.
 ``values:PATH`` reads each respondent's value, in respondent order, from a 1-D integer ``.npy``
-file (what devices answered to an interactive query, e.g. ``pipelines/analysis.py``).
+file (what devices answered to an interactive query, e.g. ``pipelines/interactive.py``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Sealing on the device, on whole batches (``schemas.sealing``; pure: no Beam).
+"""Sealing on the device, on whole batches (``schemas.crypto.sealing``; pure: no Beam).
 
 Device side, :class:`DeviceSealing` turns a ``ReportBatch`` of plaintext payloads into one with
 sealed payloads: every non-empty payload padded to the recipe's one length and sealed to the
@@ -7,14 +7,14 @@ left alone; chaff added at the recipe's ``chaff_rate``, anchored on the presence
 per device, recipe window and instance, whatever the device's data): per presence message
 ``floor(rate)`` cover messages plus one more with probability ``rate - floor(rate)``, at most
 ``Recipe.chaff_allowance``, which the shuffler's per-origin cap adds
-(``transforms/release_core.py``), each with its own event time drawn uniformly in the window
+(``transforms/shuffler/decide.py``), each with its own event time drawn uniformly in the window
 like a data message's and the recipe's one sealed length; rows permuted so that
 position in the batch says nothing about which rows are chaff. CRC32C is recomputed over the
 sealed bytes (what the shuffler checks and forwards).
 
 The chaff a batch got is what it holds beyond the fleet's data and presence messages
 (``simulators.plan.ShardSummary.add_chaff``); the Beam shell counts it. The analyzer side
-(opening) is ``transforms.sealed``.
+(opening) is ``transforms.analyzer.opening``.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 
 from privacy.rng import secure_generator
-from schemas import sealing
 from schemas.avro.crc32c import crc32c_many
-from schemas.keys import SUITE_NAME, PublicKeyInfo
+from schemas.crypto import sealing
+from schemas.crypto.analyzer_keys import SUITE_NAME, PublicKeyInfo
 from schemas.payloads import EncodedPayloads, payload_limits
 from schemas.recipes import Recipe
 
@@ -147,7 +147,7 @@ def sealing_for(
 def sealing_metadata(recipe: Recipe, device: DeviceSealing | None) -> dict[str, Any] | None:
     """What simulation.json states about sealing: suite, key id, lengths and the chaff sent
     (rate per device, crowd and instance; the count is ``ShardSummary.chaff``, summed as the
-    ``chaff_messages`` counter by ``transforms.encode``)."""
+    ``chaff_messages`` counter by ``transforms.devices.encode``)."""
     if device is None:
         return None
     return {

@@ -5,7 +5,7 @@ A worker rebuilds recipe, population and fleet once from a ``simulators.plan.Sim
 device fleet (``simulators.fleet``: verify, charge, randomize, fragment, presence, pick instances,
 stamp origin and event time), seals the payloads when the plan carries the analyzer's public key
 (``simulators.sealing``) and turns each chunk into one ``simulators.reports.ReportBatch`` per
-shuffler instance (:func:`simulate_shard`). ``transforms.encode`` runs it in Beam and writes the
+shuffler instance (:func:`simulate_shard`). ``transforms.devices.encode`` runs it in Beam and writes the
 files.
 """
 

@@ -1,9 +1,9 @@
-"""Hand-built ``esa-release/2`` releases for tests (schemas/release.py, schemas/crowd_buckets.py).
+"""Hand-built ``esa-release/2`` releases for tests (schemas/release/commit.py, schemas/release/crowd_buckets.py).
 
 :func:`write_release` writes a valid release from crowd dicts (the keys of
-``schemas.release_crowds.CROWD_FIELDS``; ``instance`` and ``messages_released`` may be left out)
+``schemas.release.crowd_tables.CROWD_FIELDS``; ``instance`` and ``messages_released`` may be left out)
 and each crowd's messages: real Avro message files in crowd buckets, real crowd tables and a
-commit record written by ``schemas.release.write_commit`` (signed when given a key).
+commit record written by ``schemas.release.commit.write_commit`` (signed when given a key).
 :func:`recommit` re-states the committed files' sizes, records and SHA-256 after a test edited
 them (so that what is tested is the content check, not the SHA-256), optionally changing the
 record, and writes it without any check.
@@ -19,9 +19,11 @@ from typing import Any
 
 import fastavro
 
-from schemas import crc32c, parsed_schema, release
-from schemas.commit_signing import sign_commit
-from schemas.crowd_buckets import (
+from schemas import crc32c, parsed_schema
+from schemas.crypto.commit_signing import sign_commit
+from schemas.crypto.signing_keys import SigningKey
+from schemas.release import commit
+from schemas.release.crowd_buckets import (
     DEFAULT_CROWD_BUCKETS,
     BucketKey,
     crowd_bucket,
@@ -29,8 +31,7 @@ from schemas.crowd_buckets import (
     crowd_table_path,
     message_file_path,
 )
-from schemas.release_crowds import read_crowd_table
-from schemas.signing_keys import SigningKey
+from schemas.release.crowd_tables import read_crowd_table
 
 DAY_MS = 86_400_000
 T0 = 1_704_067_200_000  # 2024-01-01
@@ -150,12 +151,12 @@ def write_release(
             rows = [row for _, crowd_rows in members for row in crowd_rows[group::groups]]
             if rows:
                 write_avro(root / message_file_path(key, group), "shuffled_message", rows)
-    paths = release.release_files(str(root), ("messages", "crowds"))
-    files = [release.file_entry(str(root), path) for path in paths]
+    paths = commit.release_files(str(root), ("messages", "crowds"))
+    files = [commit.file_entry(str(root), path) for path in paths]
     every = [m[0] for members in stems.values() for m in members]
     released = [c for c in every if c["status"] == "released"]
     record = {
-        "format": release.RELEASE_FORMAT,
+        "format": commit.RELEASE_FORMAT,
         "instance": instance,
         "recipes": sorted({c["recipe_id"] for c in every}),
         "parameters": params,
@@ -165,8 +166,8 @@ def write_release(
         "crowds_withheld": len(every) - len(released),
         "respondents_released": sum(c["respondents_released"] for c in released),
     }
-    release.write_commit(str(root), record, signing_key)
-    return release.read_commit(str(root))
+    commit.write_commit(str(root), record, signing_key)
+    return commit.read_commit(str(root))
 
 
 def recommit(
@@ -179,9 +180,9 @@ def recommit(
     with ``totals``, its totals from the files and crowd tables: a consistent lie), apply
     ``change``, sign with ``signing_key`` (or drop the signature) and write it unchecked."""
     root = Path(directory)
-    record = release.read_commit(str(root))
+    record = commit.read_commit(str(root))
     record.pop("signature", None)
-    paths = release.release_files(str(root), ("messages", "crowds"))
+    paths = commit.release_files(str(root), ("messages", "crowds"))
     record["files"] = [_entry(root, path) for path in paths]
     if totals:
         crowds = [
@@ -200,13 +201,13 @@ def recommit(
         change(record)
     if signing_key is not None:
         record = sign_commit(record, signing_key)
-    (root / release.COMMIT_FILE).write_text(json.dumps(record, indent=1, sort_keys=True))
+    (root / commit.COMMIT_FILE).write_text(json.dumps(record, indent=1, sort_keys=True))
     return record
 
 
 def _entry(root: Path, path: str) -> dict[str, Any]:
     """A file's commit entry; an unreadable Avro file is stated as 0 records."""
     try:
-        return release.file_entry(str(root), path)
+        return commit.file_entry(str(root), path)
     except ValueError:
-        return release.file_entry(str(root), path, records=0)
+        return commit.file_entry(str(root), path, records=0)

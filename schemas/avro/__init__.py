@@ -10,5 +10,5 @@
 - :mod:`~schemas.avro.reader`: container files -> column batches and unreadable chunks;
 - :mod:`~schemas.avro.crc32c`: CRC32C of many byte strings at once.
 
-Files on Beam filesystems: :mod:`transforms.avro_io`.
+Files on Beam filesystems: :mod:`transforms.common.avro_io`.
 """

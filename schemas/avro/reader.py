@@ -45,7 +45,7 @@ from schemas.avro.schema import (
     resolution_problem,
     strip_logical_types,
 )
-from schemas.records import dead_letter
+from schemas.dead_letters import dead_letter
 
 __all__ = [
     "DEFAULT_BATCH_RECORDS",

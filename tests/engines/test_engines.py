@@ -1,9 +1,9 @@
 """simulate -> shuffle -> analyze on real engines gives what FnApiRunner gives for the same seed.
 
-Engines come from ``make engines`` (scripts/engines.sh; pipelines/engines.py): Prism, Beam's Go
+Engines come from ``make engines`` (scripts/engines.sh; pipelines/engines/runners.py): Prism, Beam's Go
 portable runner, and Flink through Beam's FlinkRunner with the Flink job server assembled from
 Maven Central, on the job server's embedded Flink cluster and on a standalone Flink cluster (a
-JobManager and a TaskManager started here, pipelines/flink_cluster.py). An engine that is not
+JobManager and a TaskManager started here, pipelines/engines/flink_cluster.py). An engine that is not
 installed skips with the reason.
 
 What is compared, and why it can be compared exactly: the simulation is a function of its seed, so
@@ -30,9 +30,10 @@ import fastavro
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import cli, engines
-from pipelines.flink_cluster import free_port
-from transforms.analysis_reports import read_reports
+from pipelines.commandline import main as cli
+from pipelines.engines import runners
+from pipelines.engines.flink_cluster import free_port
+from transforms.analyzer.report_files import read_reports
 
 # Flink with LOOPBACK workers: when a job ends, the job server hangs up on the SDK worker's data
 # channel and its reader threads end with CANCELLED ("Multiplexer hanging up") after the results
@@ -84,13 +85,13 @@ def _esa_run(root: Path, name: str, flags: list[str]) -> Path:
 
 def _flags(engine: str, request) -> list[str]:
     try:
-        engines.runner_flags(engine if engine != "flink_cluster" else "flink")
+        runners.runner_flags(engine if engine != "flink_cluster" else "flink")
     except FileNotFoundError as missing:
         pytest.skip(str(missing))
     if engine == "flink_cluster":
         cluster = request.getfixturevalue("flink_cluster")
-        return engines.runner_flags(engine, master=cluster.master)
-    return engines.runner_flags(engine)
+        return runners.runner_flags(engine, master=cluster.master)
+    return runners.runner_flags(engine)
 
 
 def _records(root: Path, pattern: str) -> list[tuple]:
@@ -121,7 +122,7 @@ def _summary(output: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> Path:
-    return _esa_run(tmp_path_factory.mktemp("engines"), "fnapi", engines.runner_flags("fnapi"))
+    return _esa_run(tmp_path_factory.mktemp("engines"), "fnapi", runners.runner_flags("fnapi"))
 
 
 @pytest.mark.parametrize("engine", ["prism", "flink", "flink_cluster"])
@@ -147,9 +148,9 @@ def test_pipeline_on_engine_matches_fnapi(engine, request):
 
 def test_analyze_on_a_standing_prism_job_server_matches_fnapi(request, tmp_path):
     """``prism`` started on its own (as on a server), jobs submitted with PortableRunner."""
-    binary = engines.prism_binary()
+    binary = runners.prism_binary()
     if binary is None:
-        pytest.skip(f"no Prism binary for Beam {engines.BEAM_VERSION}: run `make engines`")
+        pytest.skip(f"no Prism binary for Beam {runners.BEAM_VERSION}: run `make engines`")
     reference = request.getfixturevalue("reference")
     port = free_port()
     server = subprocess.Popen(

@@ -1,5 +1,5 @@
 """Retries on a real engine: the standalone Flink cluster restarts the job region whose task
-failed (fixed-delay restart strategy, pipelines/flink_cluster.py), and the release and the
+failed (fixed-delay restart strategy, pipelines/engines/flink_cluster.py), and the release and the
 analysis still come out exactly as an uninjected FnApiRunner run's.
 
 The faults are those of tests/pipelines/test_retries.py: the first attempt at some of the files
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines import engines
+from pipelines.engines import runners
 from tests.pipelines.test_retries import (
     FNAPI,
     _analyze,
@@ -31,7 +31,7 @@ pytestmark = [
 
 
 def _cluster_flags(flink_cluster) -> list[str]:
-    return engines.runner_flags("flink_cluster", master=flink_cluster.master)
+    return runners.runner_flags("flink_cluster", master=flink_cluster.master)
 
 
 def test_flink_restarts_leave_exactly_the_uninjected_release_and_analysis(

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from schemas import release as rel
-from schemas.release_crowds import iter_crowds
+from schemas.release import commit as rel
+from schemas.release.crowd_tables import iter_crowds
 
 
 def verify(output: Any) -> rel.VerifiedRelease:

@@ -11,7 +11,7 @@ import fastavro
 import google_crc32c
 import pytest
 
-from pipelines.cli import main
+from pipelines.commandline.main import main
 from simulators.text_corpus import CorpusUnavailable, fortune_files
 
 try:

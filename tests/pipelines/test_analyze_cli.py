@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 
 from pipelines import analyze as analyze_pipeline
-from pipelines.cli import main
+from pipelines.commandline.main import main
 from privacy.rng import seeded_generator
-from schemas import release
 from schemas.payloads import CENSUS, encode_payloads
 from schemas.recipes import load_recipe
-from schemas.release_crowds import read_crowd_table
+from schemas.release import commit
+from schemas.release.crowd_tables import read_crowd_table
 from tests import release_fixtures as fx
-from transforms.analysis_reports import read_reports
+from transforms.analyzer.report_files import read_reports
 
 T0 = 1_704_067_200_000  # 2024-01-01
 DAY = 86_400_000
@@ -126,8 +126,8 @@ def _message_file(root: Path, instance: int) -> Path:
 
 
 def _break_uncommitted(root: Path) -> Path:
-    (root / "instance=1" / release.COMMIT_FILE).unlink()
-    return root / "instance=1" / release.COMMIT_FILE
+    (root / "instance=1" / commit.COMMIT_FILE).unlink()
+    return root / "instance=1" / commit.COMMIT_FILE
 
 
 def _break_missing(root: Path) -> Path:
@@ -171,13 +171,13 @@ def _private(name: str, directory: bool = False):
 
 
 def _break_commit(root: Path) -> Path:
-    path = root / "instance=1" / release.COMMIT_FILE
+    path = root / "instance=1" / commit.COMMIT_FILE
     path.write_text(path.read_text()[:-40])
     return path
 
 
 def _break_deletion(root: Path) -> Path:
-    path = root / "instance=1" / release.COMMIT_FILE
+    path = root / "instance=1" / commit.COMMIT_FILE
     record = json.loads(path.read_text())
     del record["parameters"]["deletion_epsilon"]
     path.write_text(json.dumps(record))
@@ -185,7 +185,7 @@ def _break_deletion(root: Path) -> Path:
 
 
 def _break_instance(root: Path) -> Path:
-    path = root / "instance=0" / release.COMMIT_FILE
+    path = root / "instance=0" / commit.COMMIT_FILE
     record = json.loads(path.read_text())
     record["instance"] = None
     path.write_text(json.dumps(record))
@@ -249,10 +249,10 @@ def test_a_simulation_is_not_a_release(tmp_path, recipe_path):
     directory = tmp_path / "simulation"
     directory.mkdir()
     (directory / "simulation.json").write_text("{}")
-    release.write_commit(
+    commit.write_commit(
         str(directory),
-        {"format": release.REPORTS_FORMAT,
-         "files": [release.file_entry(str(directory), "simulation.json")]},
+        {"format": commit.REPORTS_FORMAT,
+         "files": [commit.file_entry(str(directory), "simulation.json")]},
     )  # fmt: skip
     code, _, err = _analyze("--input", str(directory), "--output", str(tmp_path / "o"),
                             "--recipe", recipe_path)  # fmt: skip
@@ -262,7 +262,7 @@ def test_a_simulation_is_not_a_release(tmp_path, recipe_path):
 def test_spilled_estimates_live_under_the_temp_location_and_are_removed(
     releases, recipe_path, tmp_path, monkeypatch
 ):
-    from transforms import analyze as analyze_transforms
+    from transforms.analyzer import analyze as analyze_transforms
 
     written: list[str] = []
     spill = analyze_transforms.spill_batch

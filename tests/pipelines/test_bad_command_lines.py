@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.cli import COMMANDS, main
+from pipelines.commandline.main import COMMANDS, main
 
 TOO_BIG = str(2**63)
 
@@ -140,7 +140,7 @@ def test_the_installed_command_refuses_a_misspelled_flag_quietly(places):
     # A real process: what a user sees, including what Beam logs while it is imported.
     argv = ["shuffle", "--input", places["input"], "--output", places["out"]]
     completed = subprocess.run(
-        [sys.executable, "-m", "pipelines.cli", *argv, "--crowd-treshold", "100000"],
+        [sys.executable, "-m", "pipelines.commandline.main", *argv, "--crowd-treshold", "100000"],
         capture_output=True,
         text=True,
         timeout=120,

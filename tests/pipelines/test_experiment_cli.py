@@ -12,7 +12,7 @@ from experiments import check
 from experiments.lab import ExperimentLab
 from experiments.scenarios import ExperimentConfig
 from experiments.tables import EXPERIMENT_TABLES
-from pipelines import cli
+from pipelines.commandline import main as cli
 
 EXPECTED_TABLES = {
     "heavy-hitters": ["table_01_heavy_hitters"],

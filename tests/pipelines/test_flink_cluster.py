@@ -8,8 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import engines
-from pipelines.flink_cluster import ADD_OPENS, JOB_SERVER_MAIN, FlinkCluster, _main, write_launcher
+from pipelines.engines import runners
+from pipelines.engines.flink_cluster import (
+    ADD_OPENS,
+    JOB_SERVER_MAIN,
+    FlinkCluster,
+    _main,
+    write_launcher,
+)
 
 
 def _jar(path: Path, *entries: str) -> None:
@@ -77,10 +83,10 @@ def test_runner_flags_for_the_cluster_need_its_master(tmp_path, monkeypatch):
     (assembled / "lib").mkdir(parents=True)
     jar = assembled / "beam-runners-flink-1.19-job-server-2.62.0.jar"
     jar.write_bytes(b"")
-    assert engines.flink_job_server_jar() == jar
-    assert engines.flink_cluster_lib() == assembled / "lib"
-    flags = engines.runner_flags("flink_cluster", parallelism=2, master="localhost:8081")
+    assert runners.flink_job_server_jar() == jar
+    assert runners.flink_cluster_lib() == assembled / "lib"
+    flags = runners.runner_flags("flink_cluster", parallelism=2, master="localhost:8081")
     assert "--flink_master=localhost:8081" in flags and f"--flink_job_server_jar={jar}" in flags
-    assert "--flink_master=[local]" in engines.runner_flags("flink")
+    assert "--flink_master=[local]" in runners.runner_flags("flink")
     with pytest.raises(ValueError, match="master"):
-        engines.runner_flags("flink_cluster")
+        runners.runner_flags("flink_cluster")

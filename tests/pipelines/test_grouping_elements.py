@@ -2,7 +2,7 @@
 memory flat in the number of crowds): the shuffle and analyze pipelines run on FnApiRunner at
 two crowd counts, and Beam's own element counters say how many elements went into every
 GroupByKey (CoGroupByKey, Reshuffle and combiners expand to GroupByKeys). With crowd buckets
-(schemas/crowd_buckets.py) these are per bucket, shard, part or file: the same at 4x the crowds
+(schemas/release/crowd_buckets.py) these are per bucket, shard, part or file: the same at 4x the crowds
 once every bucket of every window holds crowds. One element per crowd anywhere fails the test, and
 so does a transform that gathers a whole PCollection into one element (ToList/ToDict/ToSet)."""
 

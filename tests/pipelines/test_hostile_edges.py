@@ -10,10 +10,10 @@ from pathlib import Path
 import fastavro
 import pytest
 
-from pipelines import cli
-from schemas import release as rel
+from pipelines.commandline import main as cli
+from schemas.release import commit as rel
 from tests.transforms import report_factory as rf
-from transforms.shuffle_core import MAX_EVENT_TIME_MS, latest_event_time_ms
+from transforms.shuffler.report_rows import MAX_EVENT_TIME_MS, latest_event_time_ms
 
 DAY_MS = 86_400_000
 LAST_DAY_MS = (MAX_EVENT_TIME_MS // DAY_MS) * DAY_MS  # 9999-12-31T00:00Z

@@ -1,4 +1,4 @@
-"""pipelines/options.py: one Flag table per stage, defaults from the config dataclasses, Beam's own
+"""pipelines/commandline/options.py: one Flag table per stage, defaults from the config dataclasses, Beam's own
 flags told apart from everything else, validate() in Beam's convention."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import argparse
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines.options import (
+from pipelines.commandline.options import (
     AnalyzeOptions,
     RunOptions,
     ShuffleOptions,
@@ -17,9 +17,9 @@ from pipelines.options import (
     unknown_beam_flags,
 )
 from simulators.plan import SimulationPlan
-from transforms.analyze import AnalysisConfig
-from transforms.shuffle import ShuffleConfig
-from transforms.shuffle_core import WindowSpec, parse_duration_ms
+from transforms.analyzer.analyze import AnalysisConfig
+from transforms.shuffler.report_rows import WindowSpec, parse_duration_ms
+from transforms.shuffler.shuffle import ShuffleConfig
 
 STAGES = (ShuffleOptions, SimulateOptions, AnalyzeOptions, RunOptions)
 

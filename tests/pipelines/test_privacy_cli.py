@@ -1,4 +1,4 @@
-"""Tests of ``esa privacy`` through pipelines.cli.main and the installed script."""
+"""Tests of ``esa privacy`` through pipelines.commandline.main.main and the installed script."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import cli
+from pipelines.commandline import main as cli
 from privacy import accounting as acc
 
 

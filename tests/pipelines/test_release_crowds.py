@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import cli
-from pipelines.release_crowds import count_crowd_messages, release_stems
-from schemas import release as rel
-from schemas.release_crowds import read_crowd_table
+from pipelines.commandline import main as cli
+from pipelines.release_counts import count_crowd_messages, release_stems
+from schemas.release import commit as rel
+from schemas.release.crowd_tables import read_crowd_table
 from tests import release_fixtures as fx
 from tests.transforms import report_factory as rf
 

@@ -29,8 +29,8 @@ from pipelines import analyze as analyze_pipeline
 from pipelines import shuffle as shuffle_pipeline
 from pipelines import simulate as simulate_pipeline
 from tests.pipelines import shuffled
-from transforms import atomic_files
-from transforms.analysis_tables import SPILL_DIR
+from transforms.analyzer.tables import SPILL_DIR
+from transforms.common import atomic_files
 
 pytestmark = pytest.mark.slow
 

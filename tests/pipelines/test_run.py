@@ -23,14 +23,14 @@ import pyarrow.parquet as pq
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines import cli
 from pipelines import run as run_pipeline
 from pipelines import shuffle as shuffle_pipeline
 from pipelines import simulate as simulate_pipeline
+from pipelines.commandline import main as cli
 from privacy.rng import seeded_generator
 from schemas import SCHEMA_DIR, crc32c, schema_json
 from schemas.recipes import load_recipe, recipe_names
-from transforms.analysis_reports import read_reports
+from transforms.analyzer.report_files import read_reports
 
 pytestmark = pytest.mark.slow
 

@@ -21,15 +21,17 @@ import pytest
 from apache_beam.internal import pickler
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines import cli
-from schemas import crc32c, release, sealing
-from schemas.keys import KeyRing
+from pipelines.commandline import main as cli
+from schemas import crc32c
+from schemas.crypto import sealing
+from schemas.crypto.analyzer_keys import KeyRing
 from schemas.recipes import load_recipe
+from schemas.release import commit as release
 from simulators.sealing import recipe_pad_length
-from transforms import avro_io
-from transforms.aggregate import DecodeReleaseFile
-from transforms.analyze_core import RecipeBook
-from transforms.sealed import ReleaseOpener
+from transforms.analyzer.aggregate import DecodeReleaseFile
+from transforms.analyzer.arithmetic import RecipeBook
+from transforms.analyzer.opening import ReleaseOpener
+from transforms.common import avro_io
 
 pytestmark = pytest.mark.slow
 

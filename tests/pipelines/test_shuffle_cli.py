@@ -12,13 +12,13 @@ from pathlib import Path
 import fastavro
 import pytest
 
-from pipelines import cli
-from schemas import release as rel
-from schemas.crowd_buckets import DEFAULT_CROWD_BUCKETS
+from pipelines.commandline import main as cli
 from schemas.recipes import load_recipe
+from schemas.release import commit as rel
+from schemas.release.crowd_buckets import DEFAULT_CROWD_BUCKETS
 from tests.pipelines import shuffled
 from tests.transforms import report_factory as rf
-from transforms import release_core
+from transforms.shuffler import decide
 
 
 @pytest.fixture
@@ -185,7 +185,7 @@ def test_one_origin_moves_respondents_released_by_at_most_one(tmp_path: Path) ->
     assert rejected["duplicate_presence"] == 5_000 - 1
     cap = 10_000 // 2 - rejected["over_origin_cap"]
     # The recipe's cap for instance 0 (weight 1/4): the 1e-12 tail of k-RAPPOR's set bits.
-    assert cap == release_core.recipe_origin_caps(load_recipe(recipe))[0]
+    assert cap == decide.recipe_origin_caps(load_recipe(recipe))[0]
     assert crowd["messages_released"] == metrics["released"] == 60 + cap
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import fastavro
 import pytest
 
-from schemas import release as rel
+from schemas.release import commit as rel
 from tests.pipelines import shuffled
 from tests.transforms import report_factory as rf
 
@@ -42,7 +42,7 @@ def _inputs(tmp_path: Path) -> tuple[str, str]:
 
 
 def _command(recipe: str, pattern: str, output: Path, *extra: str) -> list[str]:
-    # The installed console script (``python -m pipelines.cli`` would load the CLI module twice).
+    # The installed console script (``python -m pipelines.commandline.main`` would load the CLI module twice).
     return [
         str(Path(sys.executable).with_name("esa")),
         "shuffle",

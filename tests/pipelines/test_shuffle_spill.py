@@ -1,4 +1,4 @@
-"""The shuffler's spill (transforms/shuffle_spill.py) on a real run: it lives under the runner's
+"""The shuffler's spill (transforms/shuffler/spill.py) on a real run: it lives under the runner's
 ``--temp_location`` when one is given, is removed by the pipeline on success and on failure, and
 no spill file ever holds a plaintext origin (only the keyed origin hash) beside a payload."""
 
@@ -12,8 +12,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines import shuffle as shuffle_pipeline
 from tests.transforms import report_factory as rf
-from transforms import atomic_files
-from transforms import shuffle_spill as spill
+from transforms.common import atomic_files
+from transforms.shuffler import spill as spill
 
 ORIGIN_TAG = b"plaintext-origin-"
 RESPONDENTS, MESSAGES = 30, 3

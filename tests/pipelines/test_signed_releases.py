@@ -14,11 +14,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines import cli
-from schemas import commit_signing as cs
-from schemas import release as rel
-from schemas import signing_keys as sk
-from schemas.release_crowds import read_crowd_table
+from pipelines.commandline import main as cli
+from schemas.crypto import commit_signing as cs
+from schemas.crypto import signing_keys as sk
+from schemas.release import commit as rel
+from schemas.release.crowd_tables import read_crowd_table
 from tests import release_fixtures as fx
 from tests.pipelines.test_run import _recipe
 

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from scipy import stats
 
-from pipelines.cli import main
+from pipelines.commandline.main import main
 from schemas import crc32c
 from schemas.avro.crc32c import crc32c_many
 from schemas.payloads import EncodedPayloads, decode_payloads
@@ -196,12 +196,12 @@ def test_existing_output_is_kept_and_a_failed_run_leaves_nothing(tmp_path, capsy
     assert main(["simulate", "--output", str(output), "--respondents", "50", FAST_RUNNER]) == 2
     assert "pass --overwrite" in capsys.readouterr().err and (output / "keep.txt").exists()
 
-    import transforms.encode
+    import transforms.devices.encode
 
     def broken_shard(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(transforms.encode, "write_shard", broken_shard)
+    monkeypatch.setattr(transforms.devices.encode, "write_shard", broken_shard)
     with pytest.raises(Exception, match="disk full"):
         main(["simulate", "--output", str(tmp_path / "new"), "--respondents", "50", FAST_RUNNER])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from schemas import release
+from schemas.release import commit as release
 
 pytestmark = pytest.mark.slow
 
@@ -21,9 +21,9 @@ FLAGS = ["--runner=FnApiRunner", "--seed", "5", "--messages-per-shard", "200000"
 
 
 def _esa(*args: str) -> list[str]:
-    # As the ``esa`` console script does (``python -m pipelines.cli`` would load a second copy
-    # of pipelines.cli as __main__, whose UsageError the subcommands do not raise).
-    entry = "import sys; from pipelines.cli import main; sys.exit(main(sys.argv[1:]))"
+    # As the ``esa`` console script does (``python -m pipelines.commandline.main`` would load a second copy
+    # of pipelines.commandline.main as __main__, whose UsageError the subcommands do not raise).
+    entry = "import sys; from pipelines.commandline.main import main; sys.exit(main(sys.argv[1:]))"
     return [sys.executable, "-c", entry, *args]
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import fastavro
 
-from pipelines.cli import main
-from transforms.avro_io import ColumnBatch, read_avro_batches
+from pipelines.commandline.main import main
+from transforms.common.avro_io import ColumnBatch, read_avro_batches
 
 
 def _simulate(tmp_path: Path, codec: str) -> Path:

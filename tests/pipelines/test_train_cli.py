@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from pipelines import cli
+from pipelines.commandline import main as cli
 from simulators.sgd_data import load_device_data
 from simulators.sgd_devices import EpochPlan, reference_training
 

@@ -10,7 +10,7 @@ from concurrent import futures
 import grpc
 import pytest
 
-from pipelines import engines
+from pipelines.engines import runners
 
 _METHOD = "/esa.test.Data/Stream"
 
@@ -39,9 +39,9 @@ def _rpc_error(code: grpc.StatusCode, details: str) -> grpc.RpcError:
         server.stop(None)
 
 
-def _raise_in_reader_thread(error: BaseException, name: str = engines._READER_THREAD) -> None:
+def _raise_in_reader_thread(error: BaseException, name: str = runners._READER_THREAD) -> None:
     def read() -> None:
-        logging.getLogger(engines._DATA_PLANE_LOGGER).error(
+        logging.getLogger(runners._DATA_PLANE_LOGGER).error(
             "Failed to read inputs in the data plane.", exc_info=error
         )
         raise error
@@ -52,24 +52,24 @@ def _raise_in_reader_thread(error: BaseException, name: str = engines._READER_TH
 
 
 def test_only_the_job_end_hangup_is_recognised() -> None:
-    assert engines.is_worker_hangup(_rpc_error(grpc.StatusCode.CANCELLED, engines._HANGUP))
-    assert not engines.is_worker_hangup(_rpc_error(grpc.StatusCode.CANCELLED, "other"))
-    assert not engines.is_worker_hangup(_rpc_error(grpc.StatusCode.UNAVAILABLE, engines._HANGUP))
-    assert not engines.is_worker_hangup(RuntimeError(engines._HANGUP))
-    assert not engines.is_worker_hangup(None)
+    assert runners.is_worker_hangup(_rpc_error(grpc.StatusCode.CANCELLED, runners._HANGUP))
+    assert not runners.is_worker_hangup(_rpc_error(grpc.StatusCode.CANCELLED, "other"))
+    assert not runners.is_worker_hangup(_rpc_error(grpc.StatusCode.UNAVAILABLE, runners._HANGUP))
+    assert not runners.is_worker_hangup(RuntimeError(runners._HANGUP))
+    assert not runners.is_worker_hangup(None)
 
 
 def test_hangup_is_dropped_and_other_errors_still_reported(capsys, caplog) -> None:
     seen: list[BaseException] = []
     original = threading.excepthook
     threading.excepthook = lambda args: seen.append(args.exc_value)
-    engines._installed.clear()
+    runners._installed.clear()
     try:
-        engines.quiet_worker_hangups()
-        engines.quiet_worker_hangups()  # idempotent: one hook, one filter
-        hangup = _rpc_error(grpc.StatusCode.CANCELLED, engines._HANGUP)
+        runners.quiet_worker_hangups()
+        runners.quiet_worker_hangups()  # idempotent: one hook, one filter
+        hangup = _rpc_error(grpc.StatusCode.CANCELLED, runners._HANGUP)
         failure = _rpc_error(grpc.StatusCode.UNAVAILABLE, "connection refused")
-        with caplog.at_level(logging.ERROR, logger=engines._DATA_PLANE_LOGGER):
+        with caplog.at_level(logging.ERROR, logger=runners._DATA_PLANE_LOGGER):
             _raise_in_reader_thread(hangup)
             _raise_in_reader_thread(failure)
             _raise_in_reader_thread(hangup, name="another-thread")
@@ -78,6 +78,6 @@ def test_hangup_is_dropped_and_other_errors_still_reported(capsys, caplog) -> No
         assert [record.exc_info[1] for record in caplog.records] == [failure]
     finally:
         threading.excepthook = original
-        for installed in list(logging.getLogger(engines._DATA_PLANE_LOGGER).filters):
-            logging.getLogger(engines._DATA_PLANE_LOGGER).removeFilter(installed)
-        engines._installed.clear()
+        for installed in list(logging.getLogger(runners._DATA_PLANE_LOGGER).filters):
+            logging.getLogger(runners._DATA_PLANE_LOGGER).removeFilter(installed)
+        runners._installed.clear()

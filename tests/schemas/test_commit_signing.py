@@ -1,4 +1,4 @@
-"""Signed commit records (schemas/commit_signing.py, schemas/signing_keys.py): the ways a party
+"""Signed commit records (schemas/crypto/commit_signing.py, schemas/crypto/signing_keys.py): the ways a party
 who can write release storage but holds no shuffler key might make a record lie."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from schemas import commit_signing as cs
-from schemas import signing_keys as sk
-from schemas.keys import KeyError_, generate_key, write_key_pair
+from schemas.crypto import commit_signing as cs
+from schemas.crypto import signing_keys as sk
+from schemas.crypto.analyzer_keys import KeyError_, generate_key, write_key_pair
 
 NOW_MS = 1_800_000_000_000  # 2027-01-15: every key below is valid then
 DAY_MS = 86_400_000

@@ -1,4 +1,4 @@
-"""Crowd buckets (schemas/crowd_buckets.py): stable, uniform placement and the file layout."""
+"""Crowd buckets (schemas/release/crowd_buckets.py): stable, uniform placement and the file layout."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from schemas import crowd_buckets as cb
+from schemas.release import crowd_buckets as cb
 
 
 def test_bucket_is_the_digest_prefix_modulo_buckets() -> None:

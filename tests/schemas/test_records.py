@@ -9,7 +9,7 @@ import fastavro
 import pytest
 
 import schemas
-from schemas import records
+from schemas import dead_letters
 
 
 def report(**overrides) -> dict:
@@ -31,7 +31,7 @@ def report(**overrides) -> dict:
 
 
 def test_dead_letters_fit_their_schema_and_keep_the_record() -> None:
-    letter = records.dead_letter(
+    letter = dead_letters.dead_letter(
         "shuffle.validate", "crc_mismatch", "bad crc", "reports.avro@123", original_record=report()
     )
     buffer = io.BytesIO()
@@ -42,4 +42,4 @@ def test_dead_letters_fit_their_schema_and_keep_the_record() -> None:
     kept = json.loads(letter["original_record"])
     assert kept["origin"] == "device-17" and kept["payload"] == "Ago="  # base64 of b"\x02\x0a"
     with pytest.raises(ValueError, match="reason"):
-        records.dead_letter("stage", "", "", "")
+        dead_letters.dead_letter("stage", "", "", "")

@@ -1,4 +1,4 @@
-"""Commit records and release verification (schemas/release.py): every way a directory can lie
+"""Commit records and release verification (schemas/release/commit.py): every way a directory can lie
 about its files. The crowd tables of esa-release/2 are tested in test_release_crowds.py."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from schemas import release as rel
+from schemas.release import commit as rel
 from tests import release_fixtures as fx
 
 # Crowd "c" (8 messages in two groups) and the withheld crowd "small", both in bucket 0 of 1.

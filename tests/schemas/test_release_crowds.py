@@ -1,4 +1,4 @@
-"""Crowd tables of esa-release/2 (schemas/release_crowds.py through schemas/release.py): the
+"""Crowd tables of esa-release/2 (schemas/release/crowd_tables.py through schemas/release/commit.py): the
 reader API, and every way a table can lie while its SHA-256 matches the commit record (each
 hostile table below is re-committed, so what refuses it is the content check)."""
 
@@ -9,9 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from schemas import release as rel
-from schemas import release_crowds as rc
-from schemas.crowd_buckets import BucketKey, crowd_bucket, crowd_table_path, message_file_path
+from schemas.release import commit as rel
+from schemas.release import crowd_tables as rc
+from schemas.release.crowd_buckets import (
+    BucketKey,
+    crowd_bucket,
+    crowd_table_path,
+    message_file_path,
+)
 from tests import release_fixtures as fx
 
 BUCKETS = 4

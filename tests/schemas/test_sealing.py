@@ -1,4 +1,4 @@
-"""Sealed payloads (schemas/sealing.py) and analyzer keys (schemas/keys.py): pure, no Beam."""
+"""Sealed payloads (schemas/crypto/sealing.py) and analyzer keys (schemas/crypto/analyzer_keys.py): pure, no Beam."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric import x25519
 from cryptography.hazmat.primitives.hpke import AEAD, KDF, KEM, Suite
 
-from schemas import sealing
-from schemas.keys import (
+from schemas.crypto import sealing
+from schemas.crypto.analyzer_keys import (
     KeyError_,
     KeyRing,
     PrivateKeyInfo,

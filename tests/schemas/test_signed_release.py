@@ -1,4 +1,4 @@
-"""Signed release commit records on disk (schemas/release.py with schemas/commit_signing.py)."""
+"""Signed release commit records on disk (schemas/release/commit.py with schemas/crypto/commit_signing.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from schemas import release as rel
-from schemas import release_crowds as rc
-from schemas import signing_keys as sk
+from schemas.crypto import signing_keys as sk
+from schemas.release import commit as rel
+from schemas.release import crowd_tables as rc
 from tests import release_fixtures as fx
 from tests.schemas.test_release import TABLE, _release
 

@@ -11,7 +11,7 @@ from privacy.randomizers import build_randomizer
 from schemas import crc32c
 from schemas.payloads import CENSUS, encode_payloads
 from schemas.recipes import Recipe, recipe_from_dict
-from transforms.analyze_core import MESSAGE_COLUMNS, RecipeBook
+from transforms.analyzer.arithmetic import MESSAGE_COLUMNS, RecipeBook
 
 DAY = 86_400_000
 T0 = 1_704_067_200_000  # 2024-01-01
@@ -75,7 +75,7 @@ def message_batch(rows: list[tuple]) -> pa.RecordBatch:
 
 
 def commit_crowd(start: int, channel: str, respondents: int | None, crowd_id=None) -> dict:
-    """One crowd of a commit record (schemas/release.py format)."""
+    """One crowd of a commit record (schemas/release/commit.py format)."""
     return {
         "window_start_ms": start,
         "window_end_ms": start + DAY,

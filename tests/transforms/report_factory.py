@@ -13,7 +13,7 @@ import numpy as np
 
 from schemas import SCHEMA_VERSION, crc32c, parsed_schema
 from schemas.recipes import RECIPE_DIR
-from transforms.shuffle_core import RecipeRoute, ValidationRules
+from transforms.shuffler.report_rows import RecipeRoute, ValidationRules
 
 DAY_MS = 86_400_000
 T0 = 1_700_006_400_000  # a window start (midnight UTC) for 1-day windows

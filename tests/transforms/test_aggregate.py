@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 
 from schemas import parsed_schema
-from schemas.release import sha256_of
-from transforms.aggregate import (
+from schemas.release.commit import sha256_of
+from transforms.analyzer.aggregate import (
     CombineBucket,
     metrics_summary,
     pinned_crowd_table_records,
     pinned_crowd_tables,
 )
-from transforms.analyze_core import CrowdAccumulator, CrowdBucket, LongitudinalAccumulator
-from transforms.avro_io import write_avro
-from transforms.combiners import SumCounts
+from transforms.analyzer.arithmetic import CrowdAccumulator, CrowdBucket, LongitudinalAccumulator
+from transforms.common.avro_io import write_avro
+from transforms.common.combiners import SumCounts
 
 KEY = ("histogram", 0, 1000, "grid", "grid@1", None)
 

@@ -19,9 +19,15 @@ from privacy.rng import seeded_generator
 from schemas import SUPPORTED_SCHEMA_VERSIONS, crc32c, parsed_schema
 from schemas.payloads import CENSUS, encode_payloads
 from schemas.recipes import recipe_from_dict
-from transforms import analyze_core as core
-from transforms.aggregate import AggregateReleases, CombineBucket, SumCounts, metrics_summary
-from transforms.analysis_reports import (
+from transforms.analyzer import arithmetic
+from transforms.analyzer.aggregate import (
+    AggregateReleases,
+    CombineBucket,
+    SumCounts,
+    metrics_summary,
+)
+from transforms.analyzer.analyze import AnalysisConfig, EstimateBuckets, TruthSource, WriteAnalysis
+from transforms.analyzer.report_files import (
     json_line,
     json_ready,
     pack_lines,
@@ -30,7 +36,7 @@ from transforms.analysis_reports import (
     report_order,
     write_json_part,
 )
-from transforms.analysis_tables import (
+from transforms.analyzer.tables import (
     WriteTableBatches,
     concat_compact,
     histogram_schema,
@@ -38,13 +44,7 @@ from transforms.analysis_tables import (
     table_parts,
     write_part,
 )
-from transforms.analyze import (
-    AnalysisConfig,
-    EstimateBuckets,
-    TruthSource,
-    WriteAnalysis,
-)
-from transforms.atomic_files import TEMPORARY_DIR
+from transforms.common.atomic_files import TEMPORARY_DIR
 
 DAY = 86_400_000
 T0 = 1_704_067_200_000
@@ -65,12 +65,12 @@ RECIPE = recipe_from_dict(
         "shuffler_instances": 2,
     }
 )
-BOOK = core.RecipeBook([RECIPE])
-KEY = (core.HISTOGRAM, T0, T0 + DAY, "grid", "grid@1", None)
+BOOK = arithmetic.RecipeBook([RECIPE])
+KEY = (arithmetic.HISTOGRAM, T0, T0 + DAY, "grid", "grid@1", None)
 
 
 def _accumulator(buckets, respondents):
-    accumulator = core.CrowdAccumulator.empty(8)
+    accumulator = arithmetic.CrowdAccumulator.empty(8)
     accumulator.add_messages(np.asarray(buckets))
     for instance, count in respondents.items():
         accumulator.set_respondents(instance, count)
@@ -87,9 +87,9 @@ def test_combine_bucket_three_ways_agree():
     # single-element accumulators and merges after compact + pickling must agree.
     other = (*KEY[:5], "other")
     parts = [
-        core.CrowdBucket({KEY: _accumulator([1, 2], {0: 4})}),
-        core.CrowdBucket({KEY: _accumulator([2], {1: 4}), other: _accumulator([3], {0: 1})}),
-        core.CrowdBucket({KEY: _accumulator([7, 7], {})}),
+        arithmetic.CrowdBucket({KEY: _accumulator([1, 2], {0: 4})}),
+        arithmetic.CrowdBucket({KEY: _accumulator([2], {1: 4}), other: _accumulator([3], {0: 1})}),
+        arithmetic.CrowdBucket({KEY: _accumulator([7, 7], {})}),
     ]
     combine = CombineBucket()
 
@@ -244,7 +244,7 @@ def test_estimate_and_write_analysis(release_files, tmp_path, spill):
         assert spilled.keys() == {"histogram", "report", "note"}
         assert (
             spilled["report"]
-            == f"{core.HISTOGRAM}-{T0}-{T0 + DAY}-b{core.bucket_key(KEY)[3]:05d}-00000"
+            == f"{arithmetic.HISTOGRAM}-{T0}-{T0 + DAY}-b{arithmetic.bucket_key(KEY)[3]:05d}-00000"
         )
     table = pq.read_table(output / "histograms.parquet")
     assert table.schema == histogram_schema(config)
@@ -298,7 +298,7 @@ def test_batched_parts_hold_exactly_the_sorted_records(tmp_path):
     """Lines and tables cross the grouping into parts in compressed batches; the parts written
     from batches of any batching equal the records sorted, as one by one."""
     reports = [
-        {"kind": core.HISTOGRAM, "channel": "c", "recipe_id": "r@1", "crowd_id": f"k{i % 7}",
+        {"kind": arithmetic.HISTOGRAM, "channel": "c", "recipe_id": "r@1", "crowd_id": f"k{i % 7}",
          "window_start": T0 + (i // 7) * DAY, "estimate": [0.5 * i, np.float64(i)]}
         for i in range(40)
     ]  # fmt: skip
@@ -341,8 +341,8 @@ def test_json_lines_written_directly_equal_those_of_json_ready():
 def test_cached_privacy_reports_equal_fresh_ones_and_are_copies():
     recipe = BOOK.get("grid@1")
     for respondents, deletion in [({0: 400, 1: 400}, None), ({1: 30, 0: 25}, {0: (0.5, 1e-9)})]:
-        fresh = core.privacy_summary(recipe, respondents, deletion)
-        first = core.cached_privacy_summary(recipe, respondents, deletion)
+        fresh = arithmetic.privacy_summary(recipe, respondents, deletion)
+        first = arithmetic.cached_privacy_summary(recipe, respondents, deletion)
         assert first == fresh
         first["notes"].append("changed by a caller")
-        assert core.cached_privacy_summary(recipe, respondents, deletion) == fresh
+        assert arithmetic.cached_privacy_summary(recipe, respondents, deletion) == fresh

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from privacy.rng import seeded_generator
-from transforms.analyze_core import (
+from transforms.analyzer.arithmetic import (
     BucketCounts,
     CrowdAccumulator,
     effective_respondents,
@@ -66,9 +66,9 @@ def test_sequential_adds_per_batch_merges_and_compaction_agree(dense_limit, sign
 
 
 def test_sparse_accumulator_compacts_and_holds_huge_domains(monkeypatch):
-    import transforms.analyze_core as core
+    from transforms.analyzer import arithmetic
 
-    monkeypatch.setattr(core, "SPARSE_PENDING_LIMIT", 16)  # force many compactions
+    monkeypatch.setattr(arithmetic, "SPARSE_PENDING_LIMIT", 16)  # force many compactions
     domain = 1 << 40  # far too big to hold densely
     rng = seeded_generator(2)
     counts = BucketCounts(domain)

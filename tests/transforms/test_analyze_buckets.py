@@ -13,47 +13,53 @@ from privacy.rng import seeded_generator
 from schemas import schema_json
 from schemas.avro.container import encode_container
 from schemas.avro.crc32c import crc32c_many
-from schemas.crowd_buckets import crowd_bucket
 from schemas.payloads import encode_payloads
+from schemas.release.crowd_buckets import crowd_bucket
 from tests.transforms.analyzer_messages import BOOK, DAY, ONE_HOT, T0, TREE, commit_crowd
-from transforms import analyze_core as core
-from transforms.aggregate import CombineBucket, DecodeReleaseFile
+from transforms.analyzer import arithmetic
+from transforms.analyzer.aggregate import CombineBucket, DecodeReleaseFile
 
 
-def _key(day: int, crowd_id: str | None, recipe=ONE_HOT) -> core.CrowdKey:
-    return (core.HISTOGRAM, T0 + day * DAY, T0 + (day + 1) * DAY, recipe.channel, recipe.id,
+def _key(day: int, crowd_id: str | None, recipe=ONE_HOT) -> arithmetic.CrowdKey:
+    return (arithmetic.HISTOGRAM, T0 + day * DAY, T0 + (day + 1) * DAY, recipe.channel, recipe.id,
             crowd_id)  # fmt: skip
 
 
 def test_bucket_key_is_the_crowd_bucket_of_its_crowd_in_every_window():
     first, later = _key(0, "a"), _key(5, "a")
     bucket = crowd_bucket(ONE_HOT.channel, ONE_HOT.id, "a", 16)
-    assert core.bucket_key(first, 16) == (core.HISTOGRAM, T0, T0 + DAY, bucket)
-    assert core.bucket_key(later, 16)[3] == bucket  # window is in the key, not in the hash
-    buckets = {core.bucket_key(_key(0, f"c{i}"), 16)[3] for i in range(200)}
+    assert arithmetic.bucket_key(first, 16) == (arithmetic.HISTOGRAM, T0, T0 + DAY, bucket)
+    assert arithmetic.bucket_key(later, 16)[3] == bucket  # window is in the key, not in the hash
+    buckets = {arithmetic.bucket_key(_key(0, f"c{i}"), 16)[3] for i in range(200)}
     assert buckets == set(range(16))  # 200 crowds reach every bucket (P(miss) < 16 (15/16)^200)
 
 
 def test_the_analyzer_has_more_buckets_with_more_crowds_so_none_grows():
-    assert core.analyzer_buckets(0) == core.analyzer_buckets(16_000) == core.ANALYZER_BUCKETS
-    assert core.analyzer_buckets(16_001) == 17  # at most CROWDS_PER_BUCKET crowds each
-    assert core.analyzer_buckets(100_000) == 100 and core.analyzer_buckets(10**9) == 65536
-    assert core.analyzer_buckets(2_500, crowds_per_bucket=100) == 25
+    assert (
+        arithmetic.analyzer_buckets(0)
+        == arithmetic.analyzer_buckets(16_000)
+        == arithmetic.ANALYZER_BUCKETS
+    )
+    assert arithmetic.analyzer_buckets(16_001) == 17  # at most CROWDS_PER_BUCKET crowds each
+    assert (
+        arithmetic.analyzer_buckets(100_000) == 100 and arithmetic.analyzer_buckets(10**9) == 65536
+    )
+    assert arithmetic.analyzer_buckets(2_500, crowds_per_bucket=100) == 25
     # A bucket of one window holds about crowds / buckets crowds: 100 buckets of 100,000 crowds
     # in one window, none with more than a few standard deviations above 1,000.
-    keys = [(core.HISTOGRAM, 0, DAY, "c", "r@1", f"k{i}") for i in range(100_000)]
-    sizes = np.bincount([core.bucket_key(key, 100)[3] for key in keys], minlength=100)
+    keys = [(arithmetic.HISTOGRAM, 0, DAY, "c", "r@1", f"k{i}") for i in range(100_000)]
+    sizes = np.bincount([arithmetic.bucket_key(key, 100)[3] for key in keys], minlength=100)
     assert sizes.max() < 1_000 + 5 * np.sqrt(1_000)  # ~3e-7 per bucket under the SHA-256 hash
 
 
 def test_a_bucket_pickles_as_one_blob_and_merges_without_touching_its_inputs():
-    first = core.CrowdAccumulator.empty(16)
+    first = arithmetic.CrowdAccumulator.empty(16)
     first.add_messages(np.array([1, 1, 3]))
-    second = core.CrowdAccumulator.empty(16)
+    second = arithmetic.CrowdAccumulator.empty(16)
     second.set_respondents(0, 9)
     withheld = (T0, T0 + DAY, "onehot", "onehot@1", "b", 1)
-    left = core.CrowdBucket({_key(0, "a"): first})
-    right = core.CrowdBucket({_key(0, "a"): second, _key(0, None): second}, [withheld])
+    left = arithmetic.CrowdBucket({_key(0, "a"): first})
+    right = arithmetic.CrowdBucket({_key(0, "a"): second, _key(0, None): second}, [withheld])
     state = left.__getstate__()
     assert isinstance(state, bytes)  # one compressed blob, not objects per crowd
     restored = pickle.loads(pickle.dumps(left))
@@ -77,29 +83,29 @@ def test_commit_buckets_hold_released_counts_and_withheld_records_in_their_bucke
         (0, {**commit_crowd(T0, "unknown", None), "recipe_id": "nope@1"}),
         (0, {**commit_crowd(T0, "unknown", 5), "recipe_id": "nope@1"}),  # released, unknown
     ]
-    buckets = core.commit_buckets(crowds, BOOK, 4)
+    buckets = arithmetic.commit_buckets(crowds, BOOK, 4)
     crowd_a = _key(0, "a")
-    released = buckets[core.bucket_key(crowd_a, 4)].crowds[crowd_a]
+    released = buckets[arithmetic.bucket_key(crowd_a, 4)].crowds[crowd_a]
     assert released.respondents == {0: 40, 1: 30} and released.messages == 0
     assert not released.counts.is_dense  # travels empty; densified when extracted
-    tree_key = (core.LONGITUDINAL, 0, DAY, "tree", TREE.id, None)
-    assert buckets[core.bucket_key(tree_key, 4)].crowds[tree_key].respondents == {(T0, 0): 25}
+    tree_key = (arithmetic.LONGITUDINAL, 0, DAY, "tree", TREE.id, None)
+    assert buckets[arithmetic.bucket_key(tree_key, 4)].crowds[tree_key].respondents == {(T0, 0): 25}
     withheld = sorted(r for b in buckets.values() for r in b.withheld)
     assert withheld == sorted([
         (T0 + DAY, T0 + 2 * DAY, "onehot", "onehot@1", "a", 1),
         (T0, T0 + DAY, "tree", "tree@1", "z", 0),
         (T0, T0 + DAY, "unknown", "nope@1", None, 0),
     ])  # fmt: skip
-    tree_unit = core.bucket_key((core.LONGITUDINAL, 0, DAY, "tree", TREE.id, "z"), 4)
+    tree_unit = arithmetic.bucket_key((arithmetic.LONGITUDINAL, 0, DAY, "tree", TREE.id, "z"), 4)
     assert buckets[tree_unit].withheld == [(T0, T0 + DAY, "tree", "tree@1", "z", 0)]
     assert sum(len(b) for b in buckets.values()) == 2  # unknown recipes add no accumulator
     combine = CombineBucket()
     extracted = combine.extract_output(
-        combine.add_input(None, buckets[core.bucket_key(crowd_a, 4)])
+        combine.add_input(None, buckets[arithmetic.bucket_key(crowd_a, 4)])
     )
     assert extracted.crowds[crowd_a].counts.is_dense  # a small domain, counted densely
     with pytest.raises(ValueError, match="respondents_released"):
-        core.commit_buckets([(0, commit_crowd(T0, "onehot", -1))], BOOK, 4)
+        arithmetic.commit_buckets([(0, commit_crowd(T0, "onehot", -1))], BOOK, 4)
 
 
 def test_a_message_file_of_many_crowds_adds_up_per_crowd_in_bucket_elements(tmp_path):
@@ -138,7 +144,7 @@ def test_a_message_file_of_many_crowds_adds_up_per_crowd_in_bucket_elements(tmp_
     seen = {}
     for unit, bucket in merged.items():
         for key, accumulator in combine.extract_output(bucket).items():
-            assert core.bucket_key(key, 4) == unit
+            assert arithmetic.bucket_key(key, 4) == unit
             seen[key] = accumulator.counts.dense()
     assert len(seen) == len(crowds)
     for index, (day, crowd_id) in enumerate(crowds):
@@ -152,10 +158,10 @@ def test_buckets_added_lazily_stay_packed_and_equal_eager_merges():
     rng = seeded_generator(4)
     parts = []
     for index in range(60):
-        accumulator = core.CrowdAccumulator.empty(16)
+        accumulator = arithmetic.CrowdAccumulator.empty(16)
         accumulator.add_messages(rng.integers(0, 16, size=5))
-        parts.append(core.CrowdBucket({_key(index % 3, f"c{index % 25}"): accumulator}))
-    lazy, eager = core.CrowdBucket(), core.CrowdBucket()
+        parts.append(arithmetic.CrowdBucket({_key(index % 3, f"c{index % 25}"): accumulator}))
+    lazy, eager = arithmetic.CrowdBucket(), arithmetic.CrowdBucket()
     for part in parts:
         lazy.add(part)
         eager.merge(part)

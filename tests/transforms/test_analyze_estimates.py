@@ -9,7 +9,7 @@ from privacy.accounting import BOUND_DESCRIPTIONS
 from privacy.rng import seeded_generator
 from schemas.recipes import load_recipe
 from tests.transforms.analyzer_messages import DAY, ONE_HOT, T0, TREE, recipe_of
-from transforms.analyze_core import (
+from transforms.analyzer.arithmetic import (
     HISTOGRAM,
     CrowdAccumulator,
     estimate_histogram,

@@ -20,7 +20,7 @@ from tests.transforms.analyzer_messages import (
     commit_crowd,
     message_batch,
 )
-from transforms.analyze_core import (
+from transforms.analyzer.arithmetic import (
     HISTOGRAM,
     LONGITUDINAL,
     TREE_NODE_MISMATCH,

@@ -19,7 +19,7 @@ from simulators.fleet import format_origins, origin_ids
 from simulators.plan import ShardSummary, SimulationPlan
 from simulators.reports import ReportBatch, encode_report_records
 from simulators.shards import ShardContext, shard_file_name, simulate_shard
-from transforms.encode import CombineShardSummaries, EncodeReports, write_shard
+from transforms.devices.encode import CombineShardSummaries, EncodeReports, write_shard
 
 
 def random_batch(n: int, seed: int, crowd_id: str | None = None, instance: int = 2) -> ReportBatch:

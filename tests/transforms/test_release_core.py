@@ -1,4 +1,4 @@
-"""Release decisions (transforms/release_core.py): pure, seeded, checked against their laws.
+"""Release decisions (transforms/shuffler/decide.py): pure, seeded, checked against their laws.
 
 Statistical tests use fixed seeds; each chi-square or rank test rejects at p < 1e-5, so a correct
 implementation fails one check with probability about 1e-5 (stated per test where it differs).
@@ -21,25 +21,25 @@ from privacy.randomizers import (
     ReportFragmented,
 )
 from schemas.recipes import shipped_recipes
-from transforms import release_core as core
-from transforms import shuffle_params
+from transforms.shuffler import decide
+from transforms.shuffler import params as shuffle_params
 
 P_FAIL = 1e-5
 
 
 def test_crowd_threshold_is_the_largest_demand() -> None:
-    assert core.crowd_threshold(100, 0, 20) == 100
-    assert core.crowd_threshold(10, 50, 20) == 50
-    assert core.crowd_threshold(10, 5, 500) == 500
-    assert core.crowd_threshold(0, 0, 0) == 1
+    assert decide.crowd_threshold(100, 0, 20) == 100
+    assert decide.crowd_threshold(10, 50, 20) == 50
+    assert decide.crowd_threshold(10, 5, 500) == 500
+    assert decide.crowd_threshold(0, 0, 0) == 1
 
 
 def test_split_bits_follow_crowd_size() -> None:
-    assert core.split_bits(0, 100) == 0
-    assert core.split_bits(100, 100) == 0
-    assert core.split_bits(101, 100) == 1
-    assert core.split_bits(1000, 100) == 4
-    assert core.split_bits(10**12, 1, max_bits=16) == 16
+    assert decide.split_bits(0, 100) == 0
+    assert decide.split_bits(100, 100) == 0
+    assert decide.split_bits(101, 100) == 1
+    assert decide.split_bits(1000, 100) == 4
+    assert decide.split_bits(10**12, 1, max_bits=16) == 16
 
 
 # ---------------------------------------------------------------------------------------------
@@ -48,16 +48,16 @@ def test_split_bits_follow_crowd_size() -> None:
 
 
 def test_below_threshold_is_withheld_without_noise() -> None:
-    decision = core.decide_crowd(
+    decision = decide.decide_crowd(
         9, 10, shuffle_params.DeletionParameters(1.0, 1e-6), seeded_random_source(5)
     )
-    assert decision.status == core.WITHHELD and decision.withheld_reason == core.BELOW_THRESHOLD
+    assert decision.status == decide.WITHHELD and decision.withheld_reason == decide.BELOW_THRESHOLD
     assert decision.respondents_kept == 0 and decision.respondents_deleted == 0
 
 
 def test_without_deletion_every_respondent_is_kept() -> None:
-    decision = core.decide_crowd(10, 10, None, seeded_random_source(5))
-    assert decision.status == core.RELEASED and decision.respondents_kept == 10
+    decision = decide.decide_crowd(10, 10, None, seeded_random_source(5))
+    assert decision.status == decide.RELEASED and decision.respondents_kept == 10
 
 
 @pytest.mark.parametrize(
@@ -74,13 +74,13 @@ def test_released_respondents_follow_algorithm_3(
     draws = 20_000
     kept = np.array(
         [
-            (d.respondents_kept if d.status == core.RELEASED else -1)
+            (d.respondents_kept if d.status == decide.RELEASED else -1)
             for d in (
-                core.decide_crowd(respondents, threshold, params, source) for _ in range(draws)
+                decide.decide_crowd(respondents, threshold, params, source) for _ in range(draws)
             )
         ]
     )
-    pmf, withheld = core.released_respondents_pmf(respondents, threshold, params)
+    pmf, withheld = decide.released_respondents_pmf(respondents, threshold, params)
     assert math.isclose(pmf.sum() + withheld, 1.0)
     # Cells: withheld, then released counts, pooled so every expected count is >= 5.
     values = np.arange(respondents + 1)
@@ -104,7 +104,7 @@ def test_released_respondents_follow_algorithm_3(
 
 def test_deletion_aborts_with_probability_below_half_delta() -> None:
     params = shuffle_params.DeletionParameters(1.0, 0.2)
-    pmf, withheld = core.released_respondents_pmf(1000, 1, params)
+    pmf, withheld = decide.released_respondents_pmf(1000, 1, params)
     assert withheld <= 0.2 / 2  # Theorem V.1: abort probability <= delta_cr / 2
 
 
@@ -115,14 +115,14 @@ def test_uniform_subset_is_uniform() -> None:
         index = {subset: position for position, subset in enumerate(subsets)}
         counts = np.zeros(len(subsets))
         for _ in range(6000):
-            chosen = core.uniform_subset(population, size, source)
+            chosen = decide.uniform_subset(population, size, source)
             assert len(set(chosen.tolist())) == size and list(chosen) == sorted(chosen)
             counts[index[tuple(chosen.tolist())]] += 1
         assert stats.chisquare(counts).pvalue > P_FAIL
-    assert core.uniform_subset(10, 0, source).size == 0
-    assert core.uniform_subset(10, 10, source).tolist() == list(range(10))
+    assert decide.uniform_subset(10, 0, source).size == 0
+    assert decide.uniform_subset(10, 10, source).tolist() == list(range(10))
     with pytest.raises(ValueError):
-        core.uniform_subset(3, 4, source)
+        decide.uniform_subset(3, 4, source)
 
 
 def test_split_deletions_is_multivariate_hypergeometric() -> None:
@@ -132,7 +132,7 @@ def test_split_deletions_is_multivariate_hypergeometric() -> None:
     draws = 6000
     outcomes: dict[tuple[int, ...], int] = {}
     for _ in range(draws):
-        split = core.split_deletions(shards, deleted, source)
+        split = decide.split_deletions(shards, deleted, source)
         assert split.sum() == deleted and np.all(split <= shards)
         outcomes[tuple(split.tolist())] = outcomes.get(tuple(split.tolist()), 0) + 1
     total = math.comb(int(shards.sum()), deleted)
@@ -153,7 +153,7 @@ def test_split_deletions_is_multivariate_hypergeometric() -> None:
 def test_kept_rows_remove_whole_respondents() -> None:
     source = seeded_random_source(9)
     codes = np.array([0, 1, 1, 2, 2, 2, 3, 0, 4])
-    kept = core.kept_rows(codes, distinct=5, deleted=2, source=source)
+    kept = decide.kept_rows(codes, distinct=5, deleted=2, source=source)
     removed = set(codes[~kept].tolist())
     assert len(removed) == 2
     assert not set(codes[kept].tolist()) & removed
@@ -161,36 +161,36 @@ def test_kept_rows_remove_whole_respondents() -> None:
 
 def test_merged_buckets_are_uniform_groups() -> None:
     source = seeded_random_source(11)
-    buckets = core.assign_groups(40_000, 16, source)
-    groups = core.group_of_bucket(buckets, bucket_bits=4, group_bits=2)
+    buckets = decide.assign_groups(40_000, 16, source)
+    groups = decide.group_of_bucket(buckets, bucket_bits=4, group_bits=2)
     assert set(groups.tolist()) == {0, 1, 2, 3}
     assert np.array_equal(groups, buckets // 4)
     assert stats.chisquare(np.bincount(groups, minlength=4)).pvalue > P_FAIL
     with pytest.raises(ValueError):
-        core.group_of_bucket(buckets, bucket_bits=2, group_bits=3)
+        decide.group_of_bucket(buckets, bucket_bits=2, group_bits=3)
 
 
 def test_groups_and_order_are_uniform() -> None:
     source = seeded_random_source(10)
-    groups = core.assign_groups(40_000, 8, source)
+    groups = decide.assign_groups(40_000, 8, source)
     assert stats.chisquare(np.bincount(groups, minlength=8)).pvalue > P_FAIL
     # Position of element 0 under the release order is uniform over 10 slots.
     positions = np.array(
-        [np.flatnonzero(core.release_order(10, source) == 0)[0] for _ in range(5000)]
+        [np.flatnonzero(decide.release_order(10, source) == 0)[0] for _ in range(5000)]
     )
     assert stats.chisquare(np.bincount(positions, minlength=10)).pvalue > P_FAIL
     # No rank correlation between arrival order and release order.
-    order = core.release_order(5000, source)
+    order = decide.release_order(5000, source)
     rho = stats.spearmanr(np.arange(5000), order).statistic
     assert abs(rho) < 4.5 / math.sqrt(5000 - 1)  # 4.5 sigma: ~7e-6 per check
 
 
 def test_complete_groups_merges_buckets_by_released_count() -> None:
     # 8 buckets; 30 released messages at 10 per file -> 4 groups of 2 contiguous buckets each.
-    groups = core.complete_groups([0, 1, 2, 3, 5, 6, 7], 3, 30, 10)
+    groups = decide.complete_groups([0, 1, 2, 3, 5, 6, 7], 3, 30, 10)
     assert groups == {0: [0, 1], 1: [2, 3], 2: [4], 3: [5, 6]}
-    assert core.complete_groups([0, 7], 3, 5, 10) == {0: [0, 1]}  # few messages: one group
-    assert core.complete_groups([], 3, 0, 10) == {}
+    assert decide.complete_groups([0, 7], 3, 5, 10) == {0: [0, 1]}  # few messages: one group
+    assert decide.complete_groups([], 3, 0, 10) == {}
 
 
 def test_deleted_respondents_are_uniform_over_the_crowd() -> None:
@@ -202,9 +202,9 @@ def test_deleted_respondents_are_uniform_over_the_crowd() -> None:
     deleted, draws = 3, 8000
     hits = np.zeros(int(shards.sum()))
     for _ in range(draws):
-        per_shard = core.split_deletions(shards, deleted, source)
+        per_shard = decide.split_deletions(shards, deleted, source)
         for shard, (size, count) in enumerate(zip(shards, per_shard, strict=True)):
-            kept = core.kept_rows(np.arange(size), int(size), int(count), source)
+            kept = decide.kept_rows(np.arange(size), int(size), int(count), source)
             hits[starts[shard] + np.flatnonzero(~kept)] += 1
     assert hits.sum() == deleted * draws
     assert stats.chisquare(hits).pvalue > P_FAIL
@@ -214,7 +214,7 @@ def test_release_order_is_a_uniform_permutation() -> None:
     source = seeded_random_source(13)
     counts = dict.fromkeys(itertools.permutations(range(4)), 0)
     for _ in range(12_000):
-        counts[tuple(core.release_order(4, source).tolist())] += 1
+        counts[tuple(decide.release_order(4, source).tolist())] += 1
     assert stats.chisquare(list(counts.values())).pvalue > P_FAIL
 
 
@@ -226,32 +226,32 @@ def test_release_order_is_a_uniform_permutation() -> None:
 def test_screening_counts_one_presence_and_caps_data_per_origin() -> None:
     hashes = np.array([7, 7, 7, 7, 7, 3, 3, 9], dtype=np.uint64)
     presence = np.array([True, False, True, False, False, False, True, True])
-    codes = core.screen_origin_messages(hashes, presence, cap=2)
+    codes = decide.screen_origin_messages(hashes, presence, cap=2)
     assert codes.tolist() == [
-        core.PRESENCE,
-        core.DATA,
-        core.DUPLICATE_PRESENCE,
-        core.DATA,
-        core.OVER_ORIGIN_CAP,  # origin 7's third data message
-        core.DATA,
-        core.PRESENCE,
-        core.PRESENCE,
+        decide.PRESENCE,
+        decide.DATA,
+        decide.DUPLICATE_PRESENCE,
+        decide.DATA,
+        decide.OVER_ORIGIN_CAP,  # origin 7's third data message
+        decide.DATA,
+        decide.PRESENCE,
+        decide.PRESENCE,
     ]
-    uncapped = core.screen_origin_messages(hashes, presence, cap=None)
-    assert np.count_nonzero(uncapped == core.OVER_ORIGIN_CAP) == 0
+    uncapped = decide.screen_origin_messages(hashes, presence, cap=None)
+    assert np.count_nonzero(uncapped == decide.OVER_ORIGIN_CAP) == 0
     # Deterministic: the same rows screen the same way (a shard is read twice).
-    assert np.array_equal(codes, core.screen_origin_messages(hashes, presence, cap=2))
+    assert np.array_equal(codes, decide.screen_origin_messages(hashes, presence, cap=2))
 
 
 def test_one_origin_flooding_keeps_at_most_one_presence_and_cap_data() -> None:
     rng = np.random.default_rng(14)
     hashes = np.concatenate((np.full(10_000, 1, np.uint64), np.arange(2, 22, dtype=np.uint64)))
     presence = np.concatenate((rng.random(10_000) < 0.5, np.zeros(20, bool)))
-    codes = core.screen_origin_messages(hashes, presence, cap=3)
+    codes = decide.screen_origin_messages(hashes, presence, cap=3)
     flooder = codes[:10_000]
-    assert np.count_nonzero(flooder == core.PRESENCE) == 1
-    assert np.count_nonzero(flooder == core.DATA) == 3
-    assert np.all(codes[10_000:] == core.DATA)
+    assert np.count_nonzero(flooder == decide.PRESENCE) == 1
+    assert np.count_nonzero(flooder == decide.DATA) == 3
+    assert np.all(codes[10_000:] == decide.DATA)
 
 
 def _tail(m: int, n1: int, p1: float, n2: int, p2: float) -> float:
@@ -267,7 +267,7 @@ def _tail(m: int, n1: int, p1: float, n2: int, p2: float) -> float:
 )
 def test_cap_is_the_smallest_count_with_tail_below_the_bound(n1, p1, n2, p2) -> None:
     tail = 1e-9
-    m = core._two_binomial_quantile(n1, p1, n2, p2, tail)
+    m = decide._two_binomial_quantile(n1, p1, n2, p2, tail)
     assert _tail(m, n1, p1, n2, p2) <= tail * (1 + 1e-6)
     if m > 0:
         assert _tail(m - 1, n1, p1, n2, p2) > tail
@@ -275,27 +275,27 @@ def test_cap_is_the_smallest_count_with_tail_below_the_bound(n1, p1, n2, p2) -> 
 
 def test_caps_of_each_randomizer_family() -> None:
     # Binary randomized response and the longitudinal client send at most one message per report.
-    assert core.max_messages_per_respondent(BinaryRandomizedResponse(1.0), 1.0) == 1
-    assert core.max_messages_per_respondent(LongitudinalClient(16, 2, 2.0), 0.25, reports=3) == 3
+    assert decide.max_messages_per_respondent(BinaryRandomizedResponse(1.0), 1.0) == 1
+    assert decide.max_messages_per_respondent(LongitudinalClient(16, 2, 2.0), 0.25, reports=3) == 3
     # k-RAPPOR over 4,096 cells at eps 4.45, a quarter of the messages to this instance: about
     # 0.25 * 4095 / (1 + e^4.45) = 11.9 expected; the 1e-12 cap sits well above it.
     rappor = OneHotRappor(4096, 4.45)
-    cap = core.max_messages_per_respondent(rappor, 0.25)
+    cap = decide.max_messages_per_respondent(rappor, 0.25)
     mean = 0.25 * rappor.expected_messages_per_respondent()
     assert mean + 5 * math.sqrt(mean) < cap < mean + 15 * math.sqrt(mean)
-    assert core.max_messages_per_respondent(rappor, 1.0) > cap
+    assert decide.max_messages_per_respondent(rappor, 1.0) > cap
     # Report fragmentation sends tau re-randomized fragments of every set bit.
     fragmented = ReportFragmented(6.0, 1.5, 4, 4096)
     per_instance = 0.25 * fragmented.expected_messages_per_respondent()
-    fragmented_cap = core.max_messages_per_respondent(fragmented, 0.25)
+    fragmented_cap = decide.max_messages_per_respondent(fragmented, 0.25)
     assert per_instance < fragmented_cap < 1.5 * per_instance
     with pytest.raises(ValueError):
-        core.max_messages_per_respondent(rappor, 1.5)
+        decide.max_messages_per_respondent(rappor, 1.5)
 
 
 def test_every_shipped_recipe_has_caps_for_its_instances() -> None:
     for recipe in shipped_recipes().values():
-        caps = core.recipe_origin_caps(recipe)
+        caps = decide.recipe_origin_caps(recipe)
         assert len(caps) == recipe.shuffler_instances and all(cap >= 1 for cap in caps)
         route = shuffle_params.routes_from_recipes({recipe.id: recipe})[recipe.id]
         assert (
@@ -303,8 +303,10 @@ def test_every_shipped_recipe_has_caps_for_its_instances() -> None:
         )
     # A shuffler window of 7 daily recipe windows lets a device report 7 times into one crowd.
     recipe = shipped_recipes()["image_grid_onehot@1"]
-    assert core.recipe_origin_caps(recipe, 7 * 86_400_000)[0] > core.recipe_origin_caps(recipe)[0]
-    assert core.reports_per_crowd(7 * 86_400_000, 86_400_000) == 7
-    assert core.reports_per_crowd(86_400_000, 86_400_000) == 1
-    assert core.reports_per_crowd(3_600_000, 86_400_000) == 1
-    assert core.reports_per_crowd(int(1.5 * 86_400_000), 86_400_000) == 3
+    assert (
+        decide.recipe_origin_caps(recipe, 7 * 86_400_000)[0] > decide.recipe_origin_caps(recipe)[0]
+    )
+    assert decide.reports_per_crowd(7 * 86_400_000, 86_400_000) == 7
+    assert decide.reports_per_crowd(86_400_000, 86_400_000) == 1
+    assert decide.reports_per_crowd(3_600_000, 86_400_000) == 1
+    assert decide.reports_per_crowd(int(1.5 * 86_400_000), 86_400_000) == 3

@@ -1,4 +1,4 @@
-"""Device sealing and analyzer opening of whole batches (simulators/sealing.py, transforms/sealed.py), without Beam."""
+"""Device sealing and analyzer opening of whole batches (simulators/sealing.py, transforms/analyzer/opening.py), without Beam."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from schemas import sealing
 from schemas.avro.crc32c import crc32c_many
-from schemas.keys import KeyRing, generate_key
+from schemas.crypto import sealing
+from schemas.crypto.analyzer_keys import KeyRing, generate_key
 from schemas.payloads import EncodedPayloads
 from schemas.recipes import RecipeError, load_recipe, recipe_from_dict
 from simulators.reports import ReportBatch
 from simulators.sealing import DeviceSealing, recipe_pad_length
-from transforms import release_core
-from transforms.sealed import ReleaseOpener
+from transforms.analyzer.opening import ReleaseOpener
+from transforms.shuffler import decide
 
 DAY = 86_400_000
 _KEY = generate_key()
@@ -126,11 +126,11 @@ def test_without_a_key_ring_sealed_payloads_are_refused_and_clear_ones_pass():
 @pytest.mark.parametrize("rate", [0.25, 2.0])
 def test_the_shuffler_cap_allows_a_device_its_chaff(rate):
     """A device at the recipe's data cap that also sends its full chaff allowance is never
-    dead-lettered over_origin_cap (transforms/release_core.py adds Recipe.chaff_allowance); the
+    dead-lettered over_origin_cap (transforms/shuffler/decide.py adds Recipe.chaff_allowance); the
     cap of the same recipe without chaff would cut exactly the allowance."""
     recipe, plain = _recipe(rate), _recipe(0.0)
-    [cap] = set(release_core.recipe_origin_caps(recipe))
-    [plain_cap] = set(release_core.recipe_origin_caps(plain))
+    [cap] = set(decide.recipe_origin_caps(recipe))
+    [plain_cap] = set(decide.recipe_origin_caps(plain))
     assert cap == plain_cap + recipe.chaff_allowance
     data_cap = plain_cap  # every data message the chaff-free cap allows
     batch = _batch(recipe, [bytes([2, 2 * b]) for b in range(data_cap)], devices=1, presence=True)
@@ -140,7 +140,7 @@ def test_the_shuffler_cap_allows_a_device_its_chaff(rate):
     assert len(sealed) == data_cap + 1 + recipe.chaff_allowance
     hashes = np.zeros(len(sealed), dtype=np.uint64)  # one origin
     presence = sealed.payloads.lengths == 0
-    codes = release_core.screen_origin_messages(hashes, presence, cap)
-    assert int((codes == release_core.OVER_ORIGIN_CAP).sum()) == 0
-    codes = release_core.screen_origin_messages(hashes, presence, plain_cap)
-    assert int((codes == release_core.OVER_ORIGIN_CAP).sum()) == recipe.chaff_allowance
+    codes = decide.screen_origin_messages(hashes, presence, cap)
+    assert int((codes == decide.OVER_ORIGIN_CAP).sum()) == 0
+    codes = decide.screen_origin_messages(hashes, presence, plain_cap)
+    assert int((codes == decide.OVER_ORIGIN_CAP).sum()) == recipe.chaff_allowance

@@ -1,4 +1,4 @@
-"""The shuffler's Beam transforms end to end on small inputs (transforms/shuffle.py)."""
+"""The shuffler's Beam transforms end to end on small inputs (transforms/shuffler/shuffle.py)."""
 
 from __future__ import annotations
 
@@ -19,12 +19,12 @@ from apache_beam.testing.test_stream import TestStream as BeamTestStream
 from scipy import stats
 
 from schemas import parsed_schema, schema_json
-from schemas.crowd_buckets import crowd_bucket, crowd_order, parse_release_path
+from schemas.release.crowd_buckets import crowd_bucket, crowd_order, parse_release_path
 from tests.transforms import report_factory as rf
-from transforms import release_core as decide
-from transforms import shuffle as sh
-from transforms import shuffle_core as core
-from transforms import shuffle_sinks as sinks
+from transforms.shuffler import decide as decide
+from transforms.shuffler import report_rows
+from transforms.shuffler import shuffle as sh
+from transforms.shuffler import sinks as sinks
 
 SHUFFLED_FIELDS = {field["name"] for field in schema_json("shuffled_message")["fields"]}
 # Reasons of the read stage: one dead letter holds all records of a chunk.
@@ -290,7 +290,7 @@ def test_deletion_drops_whole_respondents_and_the_manifest_says_so(tmp_path: Pat
     # below the threshold after deletion (Z < -225 at scale 2) with probability < 1e-45: the test
     # asserts the release. The withheld branches are checked exactly in test_release_core.py.
     config = _config(
-        deletion=core.DeletionParameters(1.0, 1e-9), messages_per_shard=100, crowd_buckets=1
+        deletion=report_rows.DeletionParameters(1.0, 1e-9), messages_per_shard=100, crowd_buckets=1
     )
     release = _run(tmp_path, [path], config)
     assert release.metrics["adds_up"] and len(release.manifests) == 2
@@ -409,7 +409,7 @@ def test_streaming_windows_with_watermark_and_late_data(tmp_path: Path) -> None:
     release = _collect(output, private, True, result)
 
     assert release.metrics["adds_up"] and release.metrics["read"] == 19
-    assert release.metrics["rejected_by_reason"] == {core.LATE_DATA: 3}
+    assert release.metrics["rejected_by_reason"] == {report_rows.LATE_DATA: 3}
     # Late letters point to their input records; the spill never held plaintext origins.
     late = [json.loads(letter["original_record"]) for letter in release.dead_letters]
     assert all("origin" not in record and len(record["origin_hash"]) == 16 for record in late)
@@ -429,8 +429,10 @@ def test_presence_messages_count_respondents_and_are_never_released(tmp_path: Pa
     presence_only = [rf.report(f"quiet-{i}", b"") for i in range(6)]  # nothing else to send
     repeated = [rf.report("data-0", b"") for _ in range(3)]  # duplicate_presence
     census = [rf.report("old-device", b"census-payload"), rf.report("old-device", b"v")]
-    routes = dict(rf.ROUTES, **{rf.RECIPE: core.RecipeRoute(rf.CHANNEL, 2, origin_caps=(1, 1))})
-    rules = core.ValidationRules(routes, frozenset({1}))
+    routes = dict(
+        rf.ROUTES, **{rf.RECIPE: report_rows.RecipeRoute(rf.CHANNEL, 2, origin_caps=(1, 1))}
+    )
+    rules = report_rows.ValidationRules(routes, frozenset({1}))
     path = rf.write_reports(
         tmp_path / "r.avro", data + presence + presence_only + repeated + census
     )

@@ -1,4 +1,4 @@
-"""Pure shuffler row work (transforms/shuffle_core.py, shuffle_params.py), without a pipeline."""
+"""Pure shuffler row work (transforms/shuffler/report_rows.py, shuffle_params.py), without a pipeline."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from scipy import stats
 from privacy.noise import seeded_random_source
 from schemas.avro.reader import read_container_bytes
 from tests.transforms import report_factory as rf
-from transforms import shuffle_core as core
+from transforms.shuffler import report_rows
 
 # Chi-square and rank tests below reject at p < 1e-5: ~1e-5 false failures per check.
 P_FAIL = 1e-5
@@ -24,8 +24,8 @@ def _batch(records: list[dict]) -> pa.RecordBatch:
 
 
 def _reasons(records: list[dict], instance: int | None = None) -> list[str]:
-    codes = core.validate_reports(_batch(records), rf.rules(instance))
-    return [core.REASONS[code] or "valid" for code in codes]
+    codes = report_rows.validate_reports(_batch(records), rf.rules(instance))
+    return [report_rows.REASONS[code] or "valid" for code in codes]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -38,36 +38,36 @@ def _reasons(records: list[dict], instance: int | None = None) -> list[str]:
     [("1d", 86_400_000), ("6h", 21_600_000), ("30m", 1_800_000), ("90s", 90_000), ("500ms", 500)],
 )
 def test_parse_duration(text: str, expected: int) -> None:
-    assert core.parse_duration_ms(text) == expected
+    assert report_rows.parse_duration_ms(text) == expected
 
 
 @pytest.mark.parametrize("text", ["", "1", "0d", "-1d", "1w", "d1", "1.5h"])
 def test_parse_duration_rejects(text: str) -> None:
     with pytest.raises(ValueError, match="duration"):
-        core.parse_duration_ms(text)
+        report_rows.parse_duration_ms(text)
 
 
 def test_parameter_validation_names_the_field() -> None:
     with pytest.raises(ValueError, match="period_ms"):
-        core.WindowSpec(period_ms=0)
+        report_rows.WindowSpec(period_ms=0)
     with pytest.raises(ValueError, match="offset_ms"):
-        core.WindowSpec(period_ms=10, offset_ms=10)
+        report_rows.WindowSpec(period_ms=10, offset_ms=10)
     with pytest.raises(ValueError, match="shuffler_instances"):
-        core.RecipeRoute("c", 0)
+        report_rows.RecipeRoute("c", 0)
     with pytest.raises(ValueError, match="channel"):
-        core.RecipeRoute("", 1)
+        report_rows.RecipeRoute("", 1)
     with pytest.raises(ValueError, match="epsilon"):
-        core.DeletionParameters(0.0, 1e-6)
+        report_rows.DeletionParameters(0.0, 1e-6)
     with pytest.raises(ValueError, match="delta"):
-        core.DeletionParameters(1.0, 1.0)
+        report_rows.DeletionParameters(1.0, 1.0)
     with pytest.raises(ValueError, match="instance"):
-        core.ValidationRules(rf.ROUTES, frozenset({1}), instance=-1)
+        report_rows.ValidationRules(rf.ROUTES, frozenset({1}), instance=-1)
     with pytest.raises(ValueError, match="routes"):
-        core.ValidationRules({}, frozenset({1}))
+        report_rows.ValidationRules({}, frozenset({1}))
 
 
 def test_deletion_parameters_follow_algorithm_3() -> None:
-    params = core.DeletionParameters(0.5, 1e-6)
+    params = report_rows.DeletionParameters(0.5, 1e-6)
     assert params.scale == 4  # 2 / eps_cr
     assert params.offset == math.ceil(4 * math.log(2 / 1e-6))
 
@@ -127,24 +127,25 @@ def test_first_failing_check_wins() -> None:
 
 def test_wrong_schema_rejects_the_whole_batch() -> None:
     batch = pa.RecordBatch.from_pydict({"schema_version": [1, 1], "origin": ["a", "b"]})
-    assert core.schema_problem(batch.schema) == "field 'shuffler_instance' is missing"
+    assert report_rows.schema_problem(batch.schema) == "field 'shuffler_instance' is missing"
     assert (
-        core.validate_reports(batch, rf.rules()).tolist() == [core.REASON_CODE["wrong_schema"]] * 2
+        report_rows.validate_reports(batch, rf.rules()).tolist()
+        == [report_rows.REASON_CODE["wrong_schema"]] * 2
     )
     typed = _batch([rf.report("a")]).set_column(1, "shuffler_instance", pa.array(["zero"]))
-    assert "shuffler_instance" in core.schema_problem(typed.schema)
+    assert "shuffler_instance" in report_rows.schema_problem(typed.schema)
 
 
 def test_extra_fields_are_accepted() -> None:
     batch = _batch([rf.report("a")]).append_column("extra", pa.array([1.5]))
-    assert core.validate_reports(batch, rf.rules()).tolist() == [core.VALID]
+    assert report_rows.validate_reports(batch, rf.rules()).tolist() == [report_rows.VALID]
 
 
 def test_rejection_detail_explains() -> None:
     record = rf.report("a", crc=1)
-    assert "computed" in core.rejection_detail("crc_mismatch", record, rf.rules())
+    assert "computed" in report_rows.rejection_detail("crc_mismatch", record, rf.rules())
     record = rf.report("a", instance=5)
-    assert "[0, 2)" in core.rejection_detail("instance_out_of_range", record, rf.rules())
+    assert "[0, 2)" in report_rows.rejection_detail("instance_out_of_range", record, rf.rules())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -153,28 +154,39 @@ def test_rejection_detail_explains() -> None:
 
 
 def test_window_starts() -> None:
-    spec = core.WindowSpec(period_ms=1000, offset_ms=100)
+    spec = report_rows.WindowSpec(period_ms=1000, offset_ms=100)
     times = np.array([100, 1099, 1100, 99, 0, 5_000_000_123])
-    assert core.window_starts(times, spec).tolist() == [100, 100, 1100, -900, -900, 5_000_000_100]
+    assert report_rows.window_starts(times, spec).tolist() == [
+        100,
+        100,
+        1100,
+        -900,
+        -900,
+        5_000_000_100,
+    ]
 
 
 def test_origin_hash_is_keyed_and_deterministic() -> None:
     origins = pa.array([f"device-{i}" for i in range(1000)] + ["device-5", ""])
-    key = core.new_origin_hash_key(seeded_random_source(1))
-    hashes = core.origin_hashes(origins, key)
+    key = report_rows.new_origin_hash_key(seeded_random_source(1))
+    hashes = report_rows.origin_hashes(origins, key)
     assert hashes.dtype == np.uint64
     assert hashes[5] == hashes[1000]
     assert len(np.unique(hashes[:1000])) == 1000
     # Slices (non-zero Arrow offsets) hash the same values.
-    assert np.array_equal(core.origin_hashes(origins.slice(3, 10), key), hashes[3:13])
-    other = core.origin_hashes(origins, core.new_origin_hash_key(seeded_random_source(2)))
+    assert np.array_equal(report_rows.origin_hashes(origins.slice(3, 10), key), hashes[3:13])
+    other = report_rows.origin_hashes(
+        origins, report_rows.new_origin_hash_key(seeded_random_source(2))
+    )
     assert not np.array_equal(other, hashes)
 
 
 def test_origin_hash_spreads_shards_uniformly() -> None:
     # Similar origins (a common prefix) must not crowd into a few shards.
     origins = pa.array([f"user-{i:08d}" for i in range(32_000)])
-    hashes = core.origin_hashes(origins, core.new_origin_hash_key(seeded_random_source(3)))
+    hashes = report_rows.origin_hashes(
+        origins, report_rows.new_origin_hash_key(seeded_random_source(3))
+    )
     shards = (hashes >> np.uint64(60)).astype(np.int64)
     observed = np.bincount(shards, minlength=16)
     assert stats.chisquare(observed).pvalue > P_FAIL
@@ -182,13 +194,13 @@ def test_origin_hash_spreads_shards_uniformly() -> None:
 
 def test_shard_row_ranges_partition_sorted_rows() -> None:
     hashes = np.sort(
-        core.origin_hashes(
+        report_rows.origin_hashes(
             pa.array([str(i) for i in range(500)]),
-            core.new_origin_hash_key(seeded_random_source(4)),
+            report_rows.new_origin_hash_key(seeded_random_source(4)),
         )
     )
     for bits in (0, 1, 3):
-        ranges = [core.shard_row_range(hashes, shard, bits) for shard in range(1 << bits)]
+        ranges = [report_rows.shard_row_range(hashes, shard, bits) for shard in range(1 << bits)]
         assert ranges[0][0] == 0 and ranges[-1][1] == len(hashes)
         assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
         for shard, (begin, end) in enumerate(ranges):
@@ -200,7 +212,7 @@ def test_group_rows_groups_equal_keys() -> None:
     channel = pa.array(["a", "b", "a", "a", "b", "c"])
     crowd = pa.array([None, "x", None, "y", "x", None])
     tiebreak = np.array([5, 4, 3, 2, 1, 0], dtype=np.uint64)
-    order, starts = core.group_rows([channel, crowd], tiebreak)
+    order, starts = report_rows.group_rows([channel, crowd], tiebreak)
     groups = [order[a:b].tolist() for a, b in itertools.pairwise(starts)]
     assert sorted(sorted(g) for g in groups) == [[0, 2], [1, 4], [3], [5]]
     for group in groups:
@@ -218,8 +230,8 @@ def test_group_rows_by_hash_matches_group_rows_with_a_tiebreak() -> None:
     ]
     hashes = rng.integers(0, 2**63, rows).astype(np.uint64) << np.uint64(1)
     hashes[:50] = hashes[50:100]  # equal hashes too
-    expected_order, expected_starts = core.group_rows(keys, tiebreak=hashes)
-    order, starts = core.group_rows_by_hash(keys, hashes)
+    expected_order, expected_starts = report_rows.group_rows(keys, tiebreak=hashes)
+    order, starts = report_rows.group_rows_by_hash(keys, hashes)
     assert starts.tolist() == expected_starts.tolist()
     assert hashes[order].tolist() == hashes[expected_order].tolist()
     for begin, end in itertools.pairwise(starts):
@@ -227,4 +239,4 @@ def test_group_rows_by_hash_matches_group_rows_with_a_tiebreak() -> None:
 
 
 def test_count_distinct() -> None:
-    assert core.count_distinct(pa.array(["a", "b", "a", "a", "c"])) == 3
+    assert report_rows.count_distinct(pa.array(["a", "b", "a", "a", "c"])) == 3

@@ -13,11 +13,11 @@ import pytest
 
 from privacy.noise import seeded_random_source
 from tests.transforms import report_factory as rf
-from transforms import release_core as decide
-from transforms import shuffle as sh
-from transforms import shuffle_core as core
-from transforms import shuffle_spill as spill
-from transforms import shuffle_steps as steps
+from transforms.shuffler import decide as decide
+from transforms.shuffler import report_rows
+from transforms.shuffler import shuffle as sh
+from transforms.shuffler import spill as spill
+from transforms.shuffler import steps as steps
 
 TEXTS = [
     spill.crowd_text("ch", "r@1", None),
@@ -37,7 +37,7 @@ def test_packed_texts_come_back_in_order(texts: list[str]) -> None:
 
 
 def test_a_draft_row_gives_back_every_kind_of_decision_and_its_manifest() -> None:
-    deletion = core.DeletionParameters(1.0, 1e-3)
+    deletion = report_rows.DeletionParameters(1.0, 1e-3)
     source = seeded_random_source(5)
     decisions = [decide.decide_crowd(n, 3, deletion, source) for n in range(0, 60)]
     decisions += [

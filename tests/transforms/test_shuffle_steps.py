@@ -13,18 +13,18 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from schemas import release as rel
 from schemas.avro.reader import read_container_bytes
-from schemas.crowd_buckets import BucketKey, crowd_bucket
-from schemas.release_crowds import iter_crowds
+from schemas.release import commit as rel
+from schemas.release.crowd_buckets import BucketKey, crowd_bucket
+from schemas.release.crowd_tables import iter_crowds
 from tests.transforms import report_factory as rf
-from transforms import avro_io
-from transforms import release_core as decide
-from transforms import shuffle_core as core
-from transforms import shuffle_sinks as sinks
-from transforms import shuffle_spill as spill
-from transforms import shuffle_steps as steps
-from transforms.shuffle_config import metrics_summary
+from transforms.common import avro_io
+from transforms.shuffler import decide as decide
+from transforms.shuffler import report_rows
+from transforms.shuffler import sinks as sinks
+from transforms.shuffler import spill as spill
+from transforms.shuffler import steps as steps
+from transforms.shuffler.config import metrics_summary
 
 KEY = np.arange(1, 67, dtype=np.uint64) | np.uint64(1)
 
@@ -41,7 +41,7 @@ def test_bucket_rows_sort_by_bucket_and_hash_name_crowds_and_drop_the_origin() -
         + rf.crowd(3, 1, prefix="c", crowd_id="y", instance=1)
     )
     item = _item(records)
-    one = steps.bucket_rows(item.columns, core.WindowSpec(), KEY, 1)
+    one = steps.bucket_rows(item.columns, report_rows.WindowSpec(), KEY, 1)
     assert one.rows.schema == spill.REPORT_SPILL_SCHEMA
     assert "origin" not in one.rows.schema.names  # the spill never holds a plaintext origin
     # One bucket per (window, instance): the crowds of instance 0 share one.
@@ -53,12 +53,12 @@ def test_bucket_rows_sort_by_bucket_and_hash_name_crowds_and_drop_the_origin() -
     # Each spilled row still knows its input record and crowd and hashes its own origin.
     index = one.rows.column("record_index").to_numpy()
     origins = pa.array([records[i]["origin"] for i in index])
-    assert np.array_equal(hashes, core.origin_hashes(origins, KEY))
+    assert np.array_equal(hashes, report_rows.origin_hashes(origins, KEY))
     assert one.rows.column("payload").to_pylist() == [records[i]["payload"] for i in index]
     crowds = [spill.crowd_of_text(text) for text in one.rows.column("crowd").to_pylist()]
     assert crowds == [(rf.CHANNEL, rf.RECIPE, records[i]["crowd_id"]) for i in index]
     # Many buckets: every crowd in the bucket its digest names, rows grouped by bucket.
-    many = steps.bucket_rows(item.columns, core.WindowSpec(), KEY, 1000)
+    many = steps.bucket_rows(item.columns, report_rows.WindowSpec(), KEY, 1000)
     expected = {
         (r["shuffler_instance"], crowd_bucket(rf.CHANNEL, rf.RECIPE, r["crowd_id"], 1000))
         for r in records
@@ -74,14 +74,14 @@ def test_bucket_rows_sort_by_bucket_and_hash_name_crowds_and_drop_the_origin() -
 def test_screening_caps_each_origin_per_crowd_by_its_recipe() -> None:
     """One origin in two crowds of a bucket: each crowd applies its own recipe's cap."""
     routes = dict(rf.ROUTES)
-    routes[rf.RECIPE] = core.RecipeRoute(rf.CHANNEL, 2, origin_caps=(2, 2))
-    routes[rf.OTHER_RECIPE] = core.RecipeRoute(rf.CHANNEL, 2, origin_caps=(1, 1))
-    rules = core.ValidationRules(routes, frozenset({1}))
+    routes[rf.RECIPE] = report_rows.RecipeRoute(rf.CHANNEL, 2, origin_caps=(2, 2))
+    routes[rf.OTHER_RECIPE] = report_rows.RecipeRoute(rf.CHANNEL, 2, origin_caps=(1, 1))
+    rules = report_rows.ValidationRules(routes, frozenset({1}))
     records = [rf.report("o", f"p{i}".encode()) for i in range(4)] + [
         rf.report("o", f"q{i}".encode(), recipe_id=rf.OTHER_RECIPE) for i in range(3)
     ]
     records.append(rf.report("o", b""))  # a presence message of the first crowd
-    keyed = steps.bucket_rows(_item(records).columns, core.WindowSpec(), KEY, 1)
+    keyed = steps.bucket_rows(_item(records).columns, report_rows.WindowSpec(), KEY, 1)
     screened = steps.screen(pa.Table.from_batches([keyed.rows]), rules, 0)
     assert screened.texts == sorted(screened.texts) and len(screened.texts) == 2
     codes = Counter(
@@ -103,13 +103,13 @@ def test_screening_caps_each_origin_per_crowd_by_its_recipe() -> None:
 
 def test_rejected_and_spilled_dead_letters_say_where_the_record_is() -> None:
     item = _item([rf.report("a"), rf.report("b", crc=5), rf.report("c", recipe_id="no@1")], 10)
-    reasons = core.validate_reports(item.columns, rf.rules())
+    reasons = report_rows.validate_reports(item.columns, rf.rules())
     letters = steps.rejected_dead_letters(item, reasons, rf.rules())
     assert [(letter["reason"], letter["source"]) for letter in letters] == [
         ("crc_mismatch", "in.avro#record=11"),
         ("unknown_recipe", "in.avro#record=12"),
     ]
-    keyed = steps.bucket_rows(item.columns, core.WindowSpec(), KEY, 4)
+    keyed = steps.bucket_rows(item.columns, report_rows.WindowSpec(), KEY, 4)
     rows = keyed.rows.append_column(spill.PIECE_INDEX, pa.array([0, 0, 0]))
     spilled = steps.spilled_dead_letters(keyed.keys[0], rows, ["in.avro"], "s", "late_data", "d")
     record = json.loads(spilled[0]["original_record"])

@@ -15,8 +15,8 @@ from schemas.avro.crc32c import crc32c_many
 from schemas.ldp_sgd import SgdChannel, encode_sgd_payloads
 from simulators.sgd_data import load_device_data
 from simulators.sgd_devices import EpochPlan, reference_epoch
-from transforms.avro_io import ColumnBatch, read_avro_batches
-from transforms.train import (
+from transforms.common.avro_io import ColumnBatch, read_avro_batches
+from transforms.training.epochs import (
     AggregateEpoch,
     DirectionSum,
     SumDirections,
@@ -114,10 +114,10 @@ def test_device_reports_through_the_server_match_the_numpy_epoch(tmp_path):
 
 def test_rejected_messages_become_dead_letters(tmp_path):
     from schemas import DEAD_LETTER, SHUFFLED_MESSAGE, parsed_schema, schema_json
-    from schemas.records import dead_letter
-    from transforms.avro_io import read_avro_batches as read_batches
-    from transforms.avro_io import write_avro, write_avro_columns
-    from transforms.train import dead_letter_file_name
+    from schemas.dead_letters import dead_letter
+    from transforms.common.avro_io import read_avro_batches as read_batches
+    from transforms.common.avro_io import write_avro, write_avro_columns
+    from transforms.training.epochs import dead_letter_file_name
 
     data = load_device_data("synthetic:300", seed=2)
     channel = _channel(data)
@@ -183,7 +183,7 @@ def test_rejected_messages_become_dead_letters(tmp_path):
 
 
 def test_a_file_that_is_no_avro_breaks_the_balance_and_is_dead_lettered(tmp_path):
-    from transforms.train import _DecodeFileFn, _update, dead_letter_file_name
+    from transforms.training.epochs import _DecodeFileFn, _update, dead_letter_file_name
 
     data = load_device_data("synthetic:300", seed=2)
     randomizer = EpochPlan(1, 1.5, 1.0, data.dimension).randomizer
@@ -203,10 +203,10 @@ def test_a_file_that_is_no_avro_breaks_the_balance_and_is_dead_lettered(tmp_path
 def test_sealed_epoch_reports_open_to_the_same_update_and_tampering_is_rejected(tmp_path):
     import fastavro
 
-    from schemas import sealing
-    from schemas.keys import generate_key, write_key_pair
-    from transforms.avro_io import write_avro_columns
-    from transforms.train import SGD_PAD_LENGTH
+    from schemas.crypto import sealing
+    from schemas.crypto.analyzer_keys import generate_key, write_key_pair
+    from transforms.common.avro_io import write_avro_columns
+    from transforms.training.epochs import SGD_PAD_LENGTH
 
     key = generate_key()
     write_key_pair(key, tmp_path / "keys")

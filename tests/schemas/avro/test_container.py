@@ -18,9 +18,9 @@ from schemas import crc32c, parsed_schema, schema_json
 from schemas.avro import varint
 from schemas.avro.container import ByteStream, ContainerWriter, encode_container, header_bytes
 from schemas.avro.encode import encode_rows
-from schemas.records import dead_letter
+from schemas.dead_letters import dead_letter
 from tests.schemas.avro.hostile import corpus
-from transforms import avro_io
+from transforms.common import avro_io
 
 REPORT = schema_json("report")
 EDGES = [0, 1, -1, 63, 64, -64, -65, 2**31 - 1, -(2**31), 2**62, -(2**63), 2**63 - 1]

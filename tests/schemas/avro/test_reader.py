@@ -13,9 +13,9 @@ import pytest
 from schemas import parsed_schema, schema_json
 from schemas.avro import container, reader
 from schemas.avro.reader import ColumnBatch, UnreadableChunk, read_container_bytes
-from schemas.records import dead_letter
+from schemas.dead_letters import dead_letter
 from tests.schemas.avro.hostile import corpus
-from transforms import avro_io
+from transforms.common import avro_io
 
 REPORT = schema_json("report")
 

@@ -1,0 +1,273 @@
+"""``esa keys generate``: key pairs (the analyzer's for sealed reports, the shufflers' for signed
+commit records) and the flags that take them.
+
+::
+
+    esa keys generate --output DIR [--valid-from ISO] [--valid-until ISO] [--key-id HEX16]
+        [--shuffler-instance U]
+
+writes ``DIR/<key id>.private.json`` (mode 0600: the analyzer's key ring) and
+``DIR/<key id>.public.json`` (what devices are given: ``esa simulate --public-key``). Formats and
+the key ring: ``schemas/crypto/analyzer_keys.py``; the envelope: ``schemas/crypto/sealing.py``.
+
+With ``--shuffler-instance U`` it writes shuffler instance U's Ed25519 signing key pair instead
+(``schemas/crypto/signing_keys.py``): the private file for ``esa shuffle --instance U --signing-key``,
+the public file for ``esa analyze --shuffler-keys`` (a file or a directory of them), which then
+refuses any release whose commit record is unsigned or not signed by its instance's key
+(``schemas/crypto/commit_signing.py``).
+
+The flag definitions below are shared by the stage options (``pipelines/commandline/options.py``): they carry
+PATHS only. Key bytes never enter pipeline options or the pickled job graph; the analyzer's
+workers read the private keys from the path in ``DoFn.setup`` (``transforms/analyzer/opening.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from pipelines.commandline.flags import Flag
+from pipelines.commandline.main import UsageError
+from schemas.crypto import signing_keys
+from schemas.crypto.analyzer_keys import (
+    PUBLIC_SUFFIX,
+    KeyError_,
+    KeyRing,
+    PublicKeyInfo,
+    generate_key,
+    load_public_key,
+    parse_time_ms,
+    write_key_pair,
+)
+
+DEFAULT_VALIDITY_DAYS = 365
+SIGNING_KEYS_DIR = "shuffler_keys"  # esa run's throwaway signing keys, one pair per instance
+
+# Appended to the stages' FLAGS in pipelines/commandline/options.py.
+SIMULATE_FLAGS: tuple[Flag, ...] = (
+    Flag(
+        "public_key",
+        "The analyzer's public key file (esa keys generate): seal every payload for it (RFC 9180 "
+        "HPKE, padded to one length per recipe, plus the recipe's chaff). Default: payloads in "
+        "the clear.",
+    ),
+)
+ANALYZE_FLAGS: tuple[Flag, ...] = (
+    Flag(
+        "key_ring",
+        "Private key file or directory of *.private.json keys (current and previous) to open "
+        "sealed payloads with; read on the workers. Default: payloads in the clear.",
+    ),
+    Flag(
+        "shuffler_keys",
+        "The shufflers' public signing keys (esa keys generate --shuffler-instance U): a file or "
+        "a directory of *.public.json. Every release's commit record must carry a valid "
+        "signature of its instance's key, or the release is refused. Default: commit records "
+        "are read unauthenticated (and the summary says so).",
+    ),
+)
+SHUFFLE_FLAGS: tuple[Flag, ...] = (
+    Flag(
+        "signing_key",
+        "This instance's private signing key file (esa keys generate --shuffler-instance I; "
+        "needs --instance I): sign the commit record with it (Ed25519). Read on the driver when "
+        "the commit is written. Default: an unsigned commit record.",
+    ),
+)
+RUN_FLAGS: tuple[Flag, ...] = (
+    Flag(
+        "keys",
+        "Directory with the analyzer's key pair(s) (esa keys generate): devices seal to its "
+        "newest public key, the analyzer opens with all its private keys. Default: a throwaway "
+        "key pair generated into OUTPUT/keys.",
+    ),
+    Flag(
+        "unsealed",
+        "Send payloads in the clear (no sealing, no chaff).",
+        default=False,
+        switch=True,
+    ),
+    Flag(
+        "unsigned",
+        "Leave the shufflers' commit records unsigned (the analyzer then reads them "
+        "unauthenticated). Default: a throwaway signing key per instance in "
+        f"OUTPUT/{SIGNING_KEYS_DIR}, the analyzer requiring their signatures.",
+        default=False,
+        switch=True,
+    ),
+)
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "keys", help="Analyzer key pairs for sealed reports; shuffler commit-signing keys."
+    )
+    actions = parser.add_subparsers(dest="keys_action", required=True, metavar="ACTION")
+    generate = actions.add_parser(
+        "generate",
+        help="Write a new key pair with id and validity (--shuffler-instance: a signing key).",
+    )
+    generate.add_argument("--output", required=True, help="Directory for the two key files.")
+    generate.add_argument(
+        "--valid-from",
+        default=None,
+        help="Start of validity (ISO date/time, UTC unless stated). Default: today 00:00 UTC.",
+    )
+    generate.add_argument(
+        "--valid-until",
+        default=None,
+        help=f"End of validity (exclusive). Default: {DEFAULT_VALIDITY_DAYS} days after the start.",
+    )
+    generate.add_argument(
+        "--key-id", default=None, help="16 hex digits. Default: from SHA-256 of the public key."
+    )
+    generate.add_argument(
+        "--shuffler-instance",
+        type=int,
+        default=None,
+        metavar="U",
+        help="Write shuffler instance U's Ed25519 commit-signing key pair instead of an "
+        "analyzer sealing key pair.",
+    )
+    generate.set_defaults(handler=_handle_generate)
+
+
+def _handle_generate(args: argparse.Namespace) -> int:
+    paths = generate_keys(
+        args.output, args.valid_from, args.valid_until, args.key_id, args.shuffler_instance
+    )
+    for path in paths:
+        print(path)
+    return 0
+
+
+def generate_keys(
+    output: str,
+    valid_from: str | None = None,
+    valid_until: str | None = None,
+    key_id: str | None = None,
+    shuffler_instance: int | None = None,
+) -> tuple[Path, Path]:
+    """Generate and write one key pair (an analyzer sealing pair, or with ``shuffler_instance``
+    that instance's signing pair); ``UsageError`` (one line) on bad input."""
+    try:
+        if valid_from is None:
+            start = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+            valid_from = start.isoformat()
+        start_ms = parse_time_ms(valid_from)
+        if valid_until is None:
+            end = datetime.fromtimestamp(start_ms / 1000, UTC) + timedelta(DEFAULT_VALIDITY_DAYS)
+            valid_until = end.isoformat()
+        until_ms, key_id = parse_time_ms(valid_until), key_id.lower() if key_id else None
+        if shuffler_instance is not None:
+            signing = signing_keys.generate_signing_key(
+                shuffler_instance, start_ms, until_ms, key_id
+            )
+            return write_key_pair(signing, output)
+        return write_key_pair(generate_key(start_ms, until_ms, key_id), output)
+    except (KeyError_, OSError) as error:
+        raise UsageError(str(error)) from error
+
+
+def public_key_json(path: str | None) -> str | None:
+    """The public key file's JSON for a simulation plan (None without a path)."""
+    if path is None:
+        return None
+    try:
+        return load_public_key(path).to_json()
+    except KeyError_ as error:
+        raise UsageError(str(error)) from error
+
+
+def check_key_ring(path: str | None) -> None:
+    """Fail early (one line) when the analyzer's key ring cannot be loaded."""
+    if path is None:
+        return
+    try:
+        KeyRing.load(path)
+    except KeyError_ as error:
+        raise UsageError(str(error)) from error
+
+
+def newest_public_key(directory: str | Path) -> Path:
+    """The public key file with the latest validity start in ``directory``."""
+    files = sorted(Path(directory).glob(f"*{PUBLIC_SUFFIX}"))
+    if not files:
+        raise UsageError(f"keys {directory}: no *{PUBLIC_SUFFIX} file")
+    try:
+        keyed = [(PublicKeyInfo.from_json(f.read_text(), str(f)).valid_from_ms, f) for f in files]
+    except KeyError_ as error:
+        raise UsageError(str(error)) from error
+    return max(keyed)[1]
+
+
+def run_keys(output: Path, keys: str | None) -> Path:
+    """``esa run``'s key directory: the given one, or a throwaway pair in OUTPUT/keys valid for
+    every event time (the simulation's windows lie in the past)."""
+    if keys is not None:
+        return Path(keys)
+    directory = output / "keys"
+    try:
+        write_key_pair(generate_key(), directory)
+    except KeyError_ as error:
+        raise UsageError(str(error)) from error
+    return directory
+
+
+def check_signing_key(path: str | None, instance: int | None) -> None:
+    """Fail early (one line) when ``esa shuffle --signing-key`` cannot sign this run's commit:
+    unreadable, another instance's, or not valid now (the commit is signed at the end)."""
+    if path is None:
+        return
+    from schemas.crypto.commit_signing import SignatureError, sign_commit
+
+    key = load_signing_key(path)
+    if instance is None:
+        raise UsageError(
+            f"--signing-key {path} signs shuffler instance {key.public.instance}'s commits: "
+            f"give --instance {key.public.instance}"
+        )
+    try:
+        sign_commit({"instance": instance}, key)  # the same checks as at commit time
+    except SignatureError as error:
+        raise UsageError(f"--signing-key {path}: {error}") from None
+
+
+def load_signing_key(path: str) -> signing_keys.SigningKey:
+    """A shuffler's private signing key (UsageError, one line)."""
+    try:
+        return signing_keys.load_signing_key(path)
+    except KeyError_ as error:
+        raise UsageError(str(error)) from error
+
+
+def load_shuffler_keys(path: str | None) -> signing_keys.ShufflerKeys | None:
+    """``esa analyze --shuffler-keys`` (None without a path; UsageError, one line)."""
+    if path is None:
+        return None
+    try:
+        return signing_keys.load_shuffler_keys(path)
+    except KeyError_ as error:
+        raise UsageError(str(error)) from error
+
+
+def run_signing_keys(output: Path, instances: int) -> dict[int, Path]:
+    """``esa run``'s throwaway signing keys: one pair per shuffler instance in
+    ``OUTPUT/shuffler_keys`` (replacing an earlier run's), valid from now on; returns each
+    instance's private key file. The analyzer is given the directory (it reads the public
+    halves only)."""
+    directory = output / SIGNING_KEYS_DIR
+    if directory.is_dir():
+        for stale in directory.glob("*.json"):
+            stale.unlink()
+    now_ms = int(datetime.now(UTC).timestamp() * 1000)
+    private_files = {}
+    try:
+        for instance in range(instances):
+            key = signing_keys.generate_signing_key(instance, valid_from_ms=now_ms - 60_000)
+            private_files[instance] = write_key_pair(key, directory)[0]
+    except KeyError_ as error:
+        raise UsageError(str(error)) from error
+    return private_files

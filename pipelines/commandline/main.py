@@ -1,0 +1,124 @@
+"""The ``esa`` command line.
+
+Each subcommand lives in its own module that exposes ``register(subparsers)``; the module's
+handler returns a process exit code. Every error the user can fix (a flag nobody knows, a bad
+value, an unknown recipe, unreadable input, an output that cannot be written) is printed as ONE
+line, ``esa <command>: error: <what>``, with exit status 2, before any work starts: argparse's
+errors, the stage options' ``validate()`` (pipelines/commandline/options.py) and ``UsageError`` raised by a
+handler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import NoReturn
+
+# command -> module under pipelines/ that registers it. Only the module of the command being run is
+# imported, so `esa privacy ...` does not pay for importing Beam.
+COMMANDS = {
+    "privacy": "pipelines.commandline.privacy",
+    "recipes": "pipelines.simulate",
+    "simulate": "pipelines.simulate",
+    "shuffle": "pipelines.shuffle",
+    "analyze": "pipelines.analyze",
+    "run": "pipelines.run",
+    "experiment": "pipelines.experiment",
+    "train": "pipelines.train",
+    "keys": "pipelines.commandline.keys",
+    "analysis": "pipelines.interactive",
+}
+COMMAND_MODULES = list(dict.fromkeys(COMMANDS.values()))
+# command -> its options class in pipelines/commandline/options.py (validated before the handler runs).
+STAGE_OPTIONS = {
+    "simulate": "SimulateOptions",
+    "shuffle": "ShuffleOptions",
+    "analyze": "AnalyzeOptions",
+    "run": "RunOptions",
+}
+USAGE_ERROR_STATUS = 2
+
+
+class UsageError(Exception):
+    """A problem with the user's input: printed as one line, exit status 2."""
+
+
+class EsaArgumentParser(argparse.ArgumentParser):
+    """argparse with one-line errors (``<prog>: error: <message>``, exit 2) and no abbreviated
+    flags (``--crowd`` is not ``--crowd-threshold``)."""
+
+    def __init__(self, *args, allow_abbrev: bool = False, **kwargs) -> None:
+        super().__init__(*args, allow_abbrev=allow_abbrev, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE_ERROR_STATUS, f"{self.prog}: error: {message.splitlines()[0]}\n")
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser for ``command`` alone, or for every command when it is unknown or None."""
+    parser = EsaArgumentParser(
+        prog="esa",
+        description="Encode-Shuffle-Analyze telemetry with shuffled differential privacy.",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    modules = [COMMANDS[command]] if command in COMMANDS else COMMAND_MODULES
+    for module_name in modules:
+        importlib.import_module(module_name).register(subparsers)
+    return parser
+
+
+def _fail(command: str, message: str) -> int:
+    print(
+        f"esa {command}: error: {message.splitlines()[0] if message else 'failed'}", file=sys.stderr
+    )
+    return USAGE_ERROR_STATUS
+
+
+def _check_stage_flags(command: str, args: argparse.Namespace, extra: list[str]) -> str | None:
+    """The first problem with a stage's flags: one unknown to the stage and to Beam, or one
+    its options class refuses."""
+    from apache_beam.options.pipeline_options import DirectOptions
+
+    from pipelines.commandline import options as stage_options
+
+    unknown = stage_options.unknown_beam_flags(extra)
+    if unknown:
+        return f"unrecognized arguments: {' '.join(unknown)}"
+    class_name = STAGE_OPTIONS.get(command)
+    if class_name is None:
+        return None
+    options_class = getattr(stage_options, class_name)
+    view = stage_options.PipelineOptions(extra, **options_class.cli_values(args))
+    errors = view.view_as(options_class).validate()
+    workers = view.view_as(DirectOptions).direct_num_workers
+    if workers is not None and workers < 0:  # Beam fails with an IndexError deep in its runner
+        errors.append(f"--direct_num_workers must be >= 0 (0: one per core), got {workers}")
+    return errors[0] if errors else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((arg for arg in argv if not arg.startswith("-")), None)
+    parser = build_parser(command)
+    # Beam's own flags (--runner, --direct_num_workers, ...) are left over; nothing else may be.
+    args, extra = parser.parse_known_args(argv)
+    handler = args.handler
+    try:
+        if not getattr(args, "accepts_pipeline_args", False):
+            if extra:
+                return _fail(args.command, f"unrecognized arguments: {' '.join(extra)}")
+            return int(handler(args) or 0)
+        problem = _check_stage_flags(args.command, args, extra)
+        if problem:
+            return _fail(args.command, problem)
+        from pipelines.engines.runners import quiet_worker_hangups
+
+        quiet_worker_hangups()  # Flink's job-end hang-up is not an error (pipelines/engines/runners.py)
+        return int(handler(args, extra) or 0)
+    except (UsageError, ValueError) as error:
+        return _fail(args.command, str(error))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

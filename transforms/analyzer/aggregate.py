@@ -1,0 +1,326 @@
+"""The analyzer's first half as Beam transforms: released messages in, count arrays per crowd
+bucket out.
+
+:class:`AggregateReleases` takes the committed ShuffledMessage Avro files of every release and
+its committed crowd tables (``esa-release/2``: ``(instance, path, SHA-256)`` of each, read by
+``read_crowds``, one table per element). Each file is read in column batches (``transforms.common.avro_io``: one Beam
+element per batch, never per message); a batch is verified (schema version, window, CRC32C, a
+known recipe on its channel), its payloads decoded per recipe, and its randomized messages
+counted into partial accumulators per crowd (``transforms.analyzer.arithmetic.aggregate_batch``), which
+leave as one :class:`~transforms.analyzer.arithmetic.CrowdBucket` per crowd bucket the batch touches
+(a file may hold any number of crowds). Each released crowd of a crowd table becomes a partial
+accumulator holding only n_u, the respondents instance u states it released
+(``respondent_accumulators``): n never comes from messages; each withheld crowd a record in its
+bucket. A combiner adds the buckets per (kind, window, bucket) (longitudinal crowds: per window
+length, their rounds span d windows), never one element per crowd. Unreadable chunks and
+undecodable messages go to the ``dead_letters`` output with their reason; counters account for
+every record read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import typing
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, NamedTuple
+
+import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+
+from schemas import schema_json
+from schemas.dead_letters import dead_letter
+from schemas.release.commit import COMMIT_FILE
+from schemas.release.crowd_buckets import CROWDS_DIR
+from schemas.release.crowd_tables import parse_crowd_table
+from transforms.analyzer import arithmetic
+from transforms.analyzer import opening as sealed_payloads
+from transforms.common import avro_io
+from transforms.common.combiners import SumCounts
+
+METRICS_NAMESPACE = "esa.analyze"
+STAGE_READ = "analyze.read"
+STAGE_DECODE = "analyze.decode"
+DEAD_LETTER_TAG = "dead_letter"
+COUNTS_TAG = "counts"
+# Dead letters are emitted in lists of at most this many (one Beam element per list).
+DEAD_LETTERS_PER_ELEMENT = 1000
+
+
+def _inc(counts: dict[str, int], name: str, value: int) -> None:
+    if value:
+        counts[name] = counts.get(name, 0) + int(value)
+        Metrics.counter(METRICS_NAMESPACE, name.replace(":", "_")).inc(int(value))
+
+
+@beam.typehints.with_output_types(typing.Any)
+class DecodeReleaseFile(beam.DoFn):
+    """``path`` -> ``(bucket key, partial CrowdBucket)`` per crowd bucket and batch; tagged
+    ``dead_letter`` (lists of DeadLetter dicts) and ``counts`` (dicts of counters) outputs."""
+
+    def __init__(
+        self,
+        book: arithmetic.RecipeBook,
+        supported_versions: Iterable[int],
+        batch_records: int = avro_io.DEFAULT_BATCH_RECORDS,
+        dense_limit: int = arithmetic.DENSE_LIMIT,
+        key_ring: str | None = None,
+        buckets: int = arithmetic.ANALYZER_BUCKETS,
+    ) -> None:
+        self._book = book
+        self._buckets = int(buckets)
+        self._versions = tuple(sorted(supported_versions))
+        self._batch_records = batch_records
+        self._dense_limit = dense_limit
+        self._key_ring = key_ring  # sealed payloads: the key ring's PATH, never key bytes
+        self._opener: sealed_payloads.ReleaseOpener | None = None
+
+    def setup(self) -> None:
+        # Private keys are read here, on the worker; without a ring, sealed payloads are refused.
+        recipes = {recipe_id: self._book.get(recipe_id) for recipe_id in self._book.ids()}
+        self._opener = sealed_payloads.ReleaseOpener.load(self._key_ring, recipes)
+
+    def process(self, path: str) -> Iterator[Any]:
+        counts: dict[str, int] = {"files": 1}
+        expect = schema_json("shuffled_message")  # else the whole file is schema_mismatch
+        for item in avro_io.read_avro_batches(path, self._batch_records, expect):
+            if isinstance(item, avro_io.UnreadableChunk):
+                if item.records is None:  # nobody knows how many: the balance cannot hold
+                    _inc(counts, f"unknown_records:{item.reason}", 1)
+                _inc(counts, "read", item.records or 0)
+                _inc(counts, f"rejected:{item.reason}", item.records or 0)
+                letter = item.dead_letter(STAGE_READ)
+                yield beam.pvalue.TaggedOutput(DEAD_LETTER_TAG, [letter])
+                continue
+            columns, opened = item.columns, None
+            if self._opener is not None:  # -- sealed payloads: open before decoding --
+                opened = self._opener.open_batch(columns)
+                columns = opened.columns
+                for name, value in opened.counts.items():
+                    _inc(counts, name, value)
+                if opened.rejected_rows.size:
+                    yield from self._dead_letters(item, opened)
+            result = arithmetic.aggregate_batch(
+                columns, self._book, self._versions, self._dense_limit
+            )
+            if opened is not None:  # rejected rows as positions in the sealed batch
+                result = dataclasses.replace(
+                    result, rejected_rows=opened.kept_rows[result.rejected_rows]
+                )
+            for name, value in result.counts.items():
+                _inc(counts, name, value)
+            if result.rejected_rows.size:
+                yield from self._dead_letters(item, result)
+            yield from arithmetic.bucket_accumulators(result.accumulators, self._buckets).items()
+        yield beam.pvalue.TaggedOutput(COUNTS_TAG, counts)
+
+    @staticmethod
+    def _dead_letters(item: avro_io.ColumnBatch, result: Any) -> Iterator[Any]:
+        rejected = item.columns.take(result.rejected_rows)
+        records = rejected.to_pylist()
+        letters = [
+            dead_letter(
+                STAGE_DECODE,
+                reason,
+                f"shuffled message rejected by the analyzer: {reason}",
+                f"{item.source}#record={item.first_record + int(row)}",
+                original_record=record,
+            )
+            for row, reason, record in zip(
+                result.rejected_rows.tolist(), result.rejected_reasons, records, strict=True
+            )
+        ]
+        for start in range(0, len(letters), DEAD_LETTERS_PER_ELEMENT):
+            yield beam.pvalue.TaggedOutput(
+                DEAD_LETTER_TAG, letters[start : start + DEAD_LETTERS_PER_ELEMENT]
+            )
+
+
+def read_pinned_commit(directory: str, sha256: str | None) -> dict[str, Any]:
+    """The commit record ``directory/_COMMIT.json``, read on a worker, if its SHA-256 is the one
+    the driver verified (ValueError otherwise: a changed record is never read)."""
+    path = FileSystems.join(directory, COMMIT_FILE)
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        content = handle.read()
+    if sha256 is None or hashlib.sha256(content).hexdigest() != sha256:
+        raise ValueError(f"{path} is not the commit record that was verified (SHA-256 differs)")
+    return json.loads(content)
+
+
+def pinned_message_paths(commit: tuple[int, str, str | None]) -> Iterator[str]:
+    """``(instance, release directory, SHA-256 of its verified _COMMIT.json)`` -> the path of
+    every message file the record commits (never its crowd tables); run on workers."""
+    _, directory, sha256 = commit
+    for entry in read_pinned_commit(directory, sha256)["files"]:
+        if not entry["path"].startswith(CROWDS_DIR + "/"):
+            yield os.path.join(directory, *entry["path"].split("/"))
+
+
+def pinned_crowd_tables(commit: tuple[int, str, str | None]) -> Iterator[tuple[int, str, str]]:
+    """``(instance, release directory, SHA-256 of its verified _COMMIT.json)`` -> ``(instance,
+    path, committed SHA-256)`` of every crowd table the record commits (``esa-release/2``)."""
+    instance, directory, sha256 = commit
+    for entry in read_pinned_commit(directory, sha256)["files"]:
+        if entry["path"].startswith(CROWDS_DIR + "/"):
+            yield instance, os.path.join(directory, *entry["path"].split("/")), entry["sha256"]
+
+
+def pinned_crowd_table_records(
+    table: tuple[int, str, str],
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(instance, crowd table path, committed SHA-256)`` -> ``(instance, crowd)`` for every
+    row of the table, read only if its SHA-256 is the committed one (ValueError otherwise)."""
+    instance, path, sha256 = table
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        data = handle.read()
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise ValueError(f"{path} is not the crowd table that was verified (SHA-256 differs)")
+    for crowd in parse_crowd_table(data, path):
+        yield instance, crowd
+
+
+class CrowdBuckets(beam.DoFn):
+    """A source of crowd records (e.g. a commit record) -> ``(bucket key, partial CrowdBucket)``
+    per bucket its crowds fall in (``analyze_core.commit_buckets``): the released crowds' n_u and
+    the withheld crowds' records, one element per bucket and source, never per crowd."""
+
+    def __init__(
+        self,
+        book: arithmetic.RecipeBook,
+        read_crowds: Callable[[Any], Iterable[tuple[int, Mapping[str, Any]]]],
+        buckets: int = arithmetic.ANALYZER_BUCKETS,
+    ) -> None:
+        self._book, self._read_crowds, self._buckets = book, read_crowds, int(buckets)
+
+    def process(self, source: Any) -> Iterator[tuple[arithmetic.BucketKey, arithmetic.CrowdBucket]]:
+        crowds = self._read_crowds(source)
+        yield from arithmetic.commit_buckets(crowds, self._book, self._buckets).items()
+
+
+class CombineBucket(beam.CombineFn):
+    """Adds partial :class:`~transforms.analyzer.arithmetic.CrowdBucket` accumulators of one bucket
+    (per crowd: count arrays, respondents, counters; withheld records).
+
+    The empty accumulator is ``None``. Inputs are never modified in value: buckets are added
+    lazily as their packed blobs (``CrowdBucket.add``), so every key's accumulator stays mostly
+    compressed while a bundle is combined; ``compact`` packs a bucket into one blob before it
+    crosses the grouping; ``extract_output`` counts small domains densely
+    (``CrowdBucket.densify``).
+    """
+
+    def __init__(self, dense_limit: int = arithmetic.DENSE_LIMIT) -> None:
+        self._dense_limit = int(dense_limit)
+
+    def create_accumulator(self) -> arithmetic.CrowdBucket | None:
+        return None
+
+    def add_input(
+        self, accumulator: arithmetic.CrowdBucket | None, element: arithmetic.CrowdBucket
+    ) -> arithmetic.CrowdBucket:
+        if accumulator is None:
+            accumulator = arithmetic.CrowdBucket()
+        accumulator.add(element)
+        return accumulator
+
+    def merge_accumulators(
+        self, accumulators: Iterable[arithmetic.CrowdBucket | None]
+    ) -> arithmetic.CrowdBucket | None:
+        result = None
+        for accumulator in accumulators:
+            if accumulator is None:
+                continue
+            if result is None:
+                result = arithmetic.CrowdBucket()
+            result.add(accumulator)
+        return result
+
+    def compact(self, accumulator: arithmetic.CrowdBucket | None) -> arithmetic.CrowdBucket | None:
+        return None if accumulator is None else accumulator.pack()
+
+    def extract_output(
+        self, accumulator: arithmetic.CrowdBucket | None
+    ) -> arithmetic.CrowdBucket | None:
+        if accumulator is not None:
+            accumulator.densify(self._dense_limit)
+        return accumulator
+
+
+class AggregateOutputs(NamedTuple):
+    buckets: beam.PCollection  # (bucket key, CrowdBucket)
+    dead_letters: beam.PCollection  # lists of DeadLetter dicts
+    counts: beam.PCollection  # one dict of counters (global)
+
+
+class AggregateReleases(beam.PTransform):
+    """(message file paths, crowd record sources) -> :class:`AggregateOutputs`.
+
+    ``read_crowds(source)`` yields a source's ``(instance, crowd record)`` pairs (default: a
+    committed crowd table, :func:`pinned_crowd_table_records`); ``buckets``: the analyzer's
+    number of crowd buckets."""
+
+    def __init__(
+        self,
+        book: arithmetic.RecipeBook,
+        supported_versions: Iterable[int],
+        batch_records: int = avro_io.DEFAULT_BATCH_RECORDS,
+        dense_limit: int = arithmetic.DENSE_LIMIT,
+        key_ring: str | None = None,
+        buckets: int = arithmetic.ANALYZER_BUCKETS,
+        read_crowds: Callable[[Any], Iterable[tuple[int, Mapping[str, Any]]]] | None = None,
+    ) -> None:
+        super().__init__()
+        self._decode = DecodeReleaseFile(
+            book, supported_versions, batch_records, dense_limit, key_ring=key_ring, buckets=buckets
+        )
+        self._crowds = CrowdBuckets(book, read_crowds or pinned_crowd_table_records, buckets)
+        self._dense_limit = dense_limit
+
+    def expand(self, inputs: tuple[beam.PCollection, beam.PCollection]) -> AggregateOutputs:
+        files, crowd_sources = inputs
+        decoded = files | "DecodeBatches" >> beam.ParDo(self._decode).with_outputs(
+            DEAD_LETTER_TAG, COUNTS_TAG, main="buckets"
+        )
+        stated = crowd_sources | "CrowdsFromCommits" >> beam.ParDo(self._crowds)
+        buckets = (
+            (decoded.buckets, stated)
+            | "CountsAndRespondents" >> beam.Flatten()
+            | "AddBuckets" >> beam.CombinePerKey(CombineBucket(self._dense_limit))
+        )
+        counts = decoded[COUNTS_TAG] | "AddCounters" >> beam.CombineGlobally(SumCounts())
+        return AggregateOutputs(buckets, decoded[DEAD_LETTER_TAG], counts)
+
+
+def metrics_summary(counts: Mapping[str, int]) -> dict[str, Any]:
+    """The analyzer's counters with the balance check read = messages + chaff + rejected, in
+    records (DESIGN.md invariant 5); it fails when some unreadable chunk held an unknown number
+    of records."""
+    rejected = {
+        name.split(":", 1)[1]: int(value)
+        for name, value in sorted(counts.items())
+        if name.startswith("rejected:")
+    }
+    unknown = {
+        name.split(":", 1)[1]: int(value)
+        for name, value in sorted(counts.items())
+        if name.startswith("unknown_records:")
+    }
+    read = int(counts.get("read", 0))
+    messages = int(counts.get("messages", 0))
+    chaff = int(
+        counts.get("chaff", 0)
+    )  # sealed cover messages, discarded (transforms/analyzer/opening.py)
+    dead_lettered = sum(rejected.values())
+    return {
+        "files": int(counts.get("files", 0)),
+        "read": read,
+        "messages": messages,
+        "chaff": chaff,
+        "rejected_by_reason": rejected,
+        "dead_lettered": dead_lettered,
+        "chunks_of_unknown_records": unknown,
+        "adds_up": read == messages + chaff + dead_lettered and not unknown,
+    }

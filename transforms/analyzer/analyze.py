@@ -1,0 +1,442 @@
+"""The analyzer's second half as Beam transforms: count arrays per crowd bucket in, answers out.
+
+:class:`EstimateBuckets` de-biases, bucket by bucket, each crowd's count arrays with its recipe's estimator at the
+effective respondent count n_eff = Σ_u π_u n_u (``transforms.analyzer.arithmetic``: the respondents
+each instance's commit record states it released, weighted by the recipe's instance weights),
+adds standard errors, the optional labelled post-processing, the longitudinal marginals of Algorithm 2
+(amplification-by-shuffling) with Theorem 6's bound, the privacy report per crowd, and, when a
+simulation's truth is given, the accuracy against it. :class:`WriteAnalysis` writes
+``histograms.parquet/`` and ``longitudinal.parquet/`` (Parquet datasets written part by part,
+``transforms.analyzer.tables``), ``reports.jsonl/`` and ``withheld.jsonl/`` (JSON Lines, part by
+part, ``transforms.analyzer.report_files``) and ``summary.json`` (totals only).
+
+Outputs leave per crowd bucket (``transforms.analyzer.arithmetic.buckets``): a bucket's rows as a few
+Arrow tables, its reports and notes as compressed JSON Lines, to the part its key hashes to;
+never one element per crowd (pictures aside: at most a few dozen crowds) nor per message.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import typing
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import apache_beam as beam
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from transforms.analyzer import arithmetic
+from transforms.analyzer.aggregate import metrics_summary
+from transforms.analyzer.report_files import (
+    REPORTS_DIR,
+    WITHHELD_DIR,
+    WindowCrowd,
+    WriteLineBatches,
+    estimated_crowds,
+    json_line,
+    json_ready,
+    note_order,
+    pack_lines,
+    report_order,
+    report_totals,
+)
+from transforms.analyzer.tables import (
+    ROWS_PER_BATCH,
+    WriteTableBatches,
+    concat_compact,
+    histogram_schema,
+    histogram_table,
+    longitudinal_schema,
+    longitudinal_table,
+    pack_table,
+    shard_of,
+    spill_batch,
+)
+from transforms.common.combiners import SumCounts
+
+HISTOGRAMS_FILE = "histograms.parquet"
+LONGITUDINAL_FILE = "longitudinal.parquet"
+SUMMARY_FILE = "summary.json"
+HISTOGRAM_TAG = "histogram"
+LONGITUDINAL_TAG = "longitudinal"
+PICTURE_TAG = "picture"
+REPORT_TAG = "report"
+NOTE_TAG = "note"
+
+
+@dataclass(frozen=True)
+class TruthSource:
+    """Where a simulation's truth is (``truth.parquet``) and which recipe it describes."""
+
+    path: str
+    recipe_id: str
+
+    def __post_init__(self) -> None:
+        if not self.path or not self.recipe_id:
+            raise ValueError("TruthSource needs a path and a recipe_id")
+
+
+def read_truth(source: TruthSource) -> arithmetic.Truth:
+    """``truth.parquet`` of ``esa simulate`` (window_start, bucket, count) as a Truth."""
+    with FileSystems.open(source.path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        table = pq.read_table(handle, columns=["window_start", "bucket", "count"])
+    window_start = table.column("window_start")
+    if pa.types.is_timestamp(window_start.type):
+        window_start = window_start.cast(pa.timestamp("ms")).cast(pa.int64())
+    return arithmetic.Truth(
+        recipe_id=source.recipe_id,
+        window_start=window_start.to_numpy(),
+        bucket=table.column("bucket").to_numpy(),
+        count=table.column("count").to_numpy(),
+    )
+
+
+@dataclass(frozen=True)
+class AnalysisConfig:
+    """Settings of the estimation step.
+
+    ``deletion``: per shuffler instance, the (ε_cr, δ_cr) of its randomized deletion (Algorithm
+    3, esa-privacy-revisited) as its commit record states them, added to the privacy report;
+    ``pictured``: the crowd keys whose (report, table) go to the ``pictures`` output; ``failure_probability``: β of the
+    longitudinal error bound; ``truth``: simulations' truth files, at most one per recipe.
+    """
+
+    book: arithmetic.RecipeBook
+    postprocessing: str = "none"
+    failure_probability: float = 0.05
+    deletion: Mapping[int, tuple[float, float]] = field(default_factory=dict)
+    truth: tuple[TruthSource, ...] = ()
+    pictured: frozenset = frozenset()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.book, arithmetic.RecipeBook) or len(self.book) == 0:
+            raise ValueError("book must be a non-empty RecipeBook")
+        if self.postprocessing not in arithmetic.POSTPROCESSING:
+            raise ValueError(
+                f"postprocessing must be one of {arithmetic.POSTPROCESSING}, got {self.postprocessing!r}"
+            )
+        if not 0 < self.failure_probability < 1:
+            raise ValueError(
+                f"failure_probability must be in (0, 1), got {self.failure_probability}"
+            )
+        deletion = {}
+        for instance, pair in dict(self.deletion).items():
+            epsilon, delta = (float(v) for v in pair)
+            if not (epsilon > 0 and math.isfinite(epsilon) and 0 < delta < 1):
+                raise ValueError(f"deletion for instance {instance} must be (ε > 0, δ in (0, 1))")
+            deletion[int(instance)] = (epsilon, delta)
+        object.__setattr__(self, "deletion", deletion)
+        truth = tuple(self.truth)
+        recipes = [source.recipe_id for source in truth]
+        if len(set(recipes)) != len(recipes):
+            raise ValueError(f"one truth per recipe, got {recipes}")
+        object.__setattr__(self, "truth", truth)
+        object.__setattr__(self, "pictured", frozenset(self.pictured))
+
+    @property
+    def postprocessed_column(self) -> str | None:
+        return None if self.postprocessing == "none" else f"estimate_{self.postprocessing}"
+
+
+class CrowdEstimator:
+    """Estimates one crowd at a time: ``estimate(key, accumulator)`` -> ``(report, table)``
+    pairs (one per histogram crowd, one per round of a longitudinal crowd; ``table`` None when
+    there is no estimate). Reads the simulations' truth once (:meth:`setup`)."""
+
+    def __init__(self, config: AnalysisConfig) -> None:
+        self._config = config
+        self._truth: dict[str, arithmetic.Truth] = {}
+        self._schema = histogram_schema(config)
+
+    def setup(self) -> None:
+        self._truth = {source.recipe_id: read_truth(source) for source in self._config.truth}
+
+    def _truth_for(self, key: arithmetic.CrowdKey) -> arithmetic.Truth | None:
+        truth = self._truth.get(key[4])
+        return truth if truth is not None and truth.applies_to(key) else None
+
+    def estimate(
+        self, key: arithmetic.CrowdKey, accumulator: arithmetic.Accumulator | None
+    ) -> list[tuple[dict[str, Any], pa.Table | None]]:
+        recipe = self._config.book.get(key[4])
+        if recipe is None or accumulator is None:  # aggregate_batch only keys known recipes
+            return []
+        if isinstance(accumulator, arithmetic.LongitudinalAccumulator):
+            return self._longitudinal(recipe, key, accumulator)
+        return [self._histogram(recipe, key, accumulator)]
+
+    def _histogram(
+        self, recipe: Any, key: arithmetic.CrowdKey, accumulator: arithmetic.CrowdAccumulator
+    ) -> tuple[dict[str, Any], pa.Table | None]:
+        config = self._config
+        try:
+            result = arithmetic.estimate_histogram(recipe, key, accumulator, config.postprocessing)
+        except ValueError as error:
+            report = arithmetic.key_fields(key)
+            report.update(
+                respondents_by_instance={str(u): c for u, c in accumulator.respondents.items()},
+                messages=accumulator.messages,
+                notes=[f"no estimate: {error}"],
+            )
+            return report, None
+        truth_dense = accuracy = None
+        truth = self._truth_for(key)
+        if truth is not None:
+            buckets, counts = truth.window(key[1])
+            accuracy = arithmetic.histogram_accuracy(result, buckets, counts)
+            keys, values = arithmetic.sparse_truth(buckets, counts)
+            truth_dense = arithmetic.values_at(result.buckets, keys, values)
+        table = histogram_table(result, config, truth_dense, self._schema)
+        report = arithmetic.histogram_report(
+            recipe, result, config.deletion, accuracy, accumulator.rejected
+        )
+        return report, table
+
+    def _longitudinal(
+        self, recipe: Any, key: arithmetic.CrowdKey, accumulator: arithmetic.LongitudinalAccumulator
+    ) -> list[tuple[dict[str, Any], pa.Table | None]]:
+        config = self._config
+        results = arithmetic.estimate_longitudinal(
+            recipe, key, accumulator, config.failure_probability
+        )
+        out = []
+        for result in results:
+            truth = None
+            source = self._truth_for(key)
+            if source is not None:
+                truth = source.marginals(result.window_starts())
+            windows = set(result.window_starts().tolist())
+            respondents: dict[int, int] = {}
+            for (window, instance), count in accumulator.respondents.items():
+                if window in windows:  # per-period crowds: the smallest period bounds ε_c
+                    respondents[instance] = min(respondents.get(instance, count), count)
+            table = longitudinal_table(result, config, truth)
+            report = arithmetic.longitudinal_report(
+                recipe, result, respondents, config.deletion, truth
+            )
+            out.append((report, table))
+        return out
+
+
+class _Batches:
+    """One bucket's output rows of one kind, concatenated every ``rows_per_batch`` rows."""
+
+    def __init__(self, rows_per_batch: int) -> None:
+        self._rows_per_batch = rows_per_batch
+        self._tables: list[pa.Table] = []
+        self._rows = 0
+
+    def add(self, table: pa.Table) -> pa.Table | None:
+        if table.num_rows:
+            self._tables.append(table)
+            self._rows += table.num_rows
+        return self.flush() if self._rows >= self._rows_per_batch else None
+
+    def flush(self) -> pa.Table | None:
+        tables, self._tables, self._rows = self._tables, [], 0
+        return concat_compact(tables) if tables else None
+
+
+@beam.typehints.with_output_types(typing.Any)
+class EstimateBucket(beam.DoFn):
+    """(bucket key, CrowdBucket) -> the bucket's outputs, each as batches for its part
+    (``shard_of(bucket key, parts)``): ``(part, compressed Arrow IPC bytes)`` of histogram and
+    longitudinal rows (``pack_table``; every :data:`ROWS_PER_BATCH` rows and at the bucket's end), ``(part, compressed JSON
+    Lines)`` of reports and of withheld-crowd notes, ``(report, table)`` of the pictured crowds
+    and one dict of totals (main output). The crowds are estimated one by one with today's
+    estimators (:class:`CrowdEstimator`); nothing leaves per crowd except pictures.
+
+    With ``spill_dir``, each batch is written to a file there (``analysis_tables.spill_batch``,
+    named by bucket key, tag and index) and ``(part, path)`` leaves instead of its bytes: the
+    groupings into parts then hold a path per batch, nothing that grows with the rows."""
+
+    def __init__(
+        self,
+        config: AnalysisConfig,
+        parts: int = 1,
+        rows_per_batch: int = ROWS_PER_BATCH,
+        spill_dir: str | None = None,
+    ) -> None:
+        self._config = config
+        self._parts = max(1, int(parts))
+        self._rows_per_batch = int(rows_per_batch)
+        self._spill_dir = spill_dir
+        self._estimator = CrowdEstimator(config)
+
+    def setup(self) -> None:
+        self._estimator.setup()
+
+    def process(
+        self, element: tuple[arithmetic.BucketKey, arithmetic.CrowdBucket | None]
+    ) -> Iterator[Any]:
+        unit, bucket = element
+        if bucket is None:
+            return
+        part = shard_of(unit, self._parts)
+        batches: dict[str, int] = {}
+
+        def out(tag: str, data: bytes) -> beam.pvalue.TaggedOutput:
+            if self._spill_dir is None:
+                return beam.pvalue.TaggedOutput(tag, (part, data))
+            index = batches[tag] = batches.get(tag, -1) + 1  # the same names on a retry
+            name = f"{tag}/{unit[0]}-{unit[1]}-{unit[2]}-b{unit[3]:05d}-{index:05d}"
+            return beam.pvalue.TaggedOutput(tag, (part, spill_batch(self._spill_dir, name, data)))
+
+        tables = {HISTOGRAM_TAG: _Batches(self._rows_per_batch)}
+        tables[LONGITUDINAL_TAG] = _Batches(self._rows_per_batch)
+        lines: list[str] = []
+        totals: dict[str, int] = {}
+        estimated: set[WindowCrowd] = set()
+        pictured = self._config.pictured
+        for key, accumulator in bucket.items():
+            for report, table in self._estimator.estimate(key, accumulator):
+                for name, count in report_totals(report).items():
+                    totals[name] = totals.get(name, 0) + count
+                estimated.update(estimated_crowds(report))
+                lines.append(json_line(report))
+                if table is None:
+                    continue
+                tag = LONGITUDINAL_TAG if key[0] == arithmetic.LONGITUDINAL else HISTOGRAM_TAG
+                batch = tables[tag].add(table)
+                if batch is not None:
+                    yield out(tag, pack_table(batch))
+                if key in pictured:
+                    yield beam.pvalue.TaggedOutput(PICTURE_TAG, (report, table))
+        for tag, pending in tables.items():
+            batch = pending.flush()
+            if batch is not None:
+                yield out(tag, pack_table(batch))
+        if lines:
+            yield out(REPORT_TAG, pack_lines(lines))
+        notes = arithmetic.withheld_notes(arithmetic.withheld_records(bucket.withheld), estimated)
+        if notes:
+            totals["withheld"] = len(notes)
+            notes_lines = [json_line(note) for note in notes]
+            yield out(NOTE_TAG, pack_lines(notes_lines))
+        yield totals
+
+
+class EstimateOutputs(NamedTuple):
+    totals: beam.PCollection  # one dict of report and note counts per bucket
+    reports: beam.PCollection  # (part, compressed JSON Lines of reports)
+    notes: beam.PCollection  # (part, compressed JSON Lines of withheld-crowd notes)
+    histograms: beam.PCollection  # (part, pack_table bytes)
+    longitudinal: beam.PCollection  # (part, pack_table bytes)
+    pictures: beam.PCollection  # (report, Arrow table) of the crowds in config.pictured
+
+
+class EstimateBuckets(beam.PTransform):
+    """(bucket key, CrowdBucket) -> :class:`EstimateOutputs` (batches for ``parts`` parts,
+    spilled to files under ``spill_dir`` when given: :class:`EstimateBucket`)."""
+
+    def __init__(
+        self, config: AnalysisConfig, parts: int = 1, spill_dir: str | None = None
+    ) -> None:
+        super().__init__()
+        self._config = config
+        self._parts = int(parts)
+        self._spill_dir = spill_dir
+
+    def expand(self, buckets: beam.PCollection) -> EstimateOutputs:
+        estimate = EstimateBucket(self._config, self._parts, spill_dir=self._spill_dir)
+        tags = (REPORT_TAG, NOTE_TAG, HISTOGRAM_TAG, LONGITUDINAL_TAG, PICTURE_TAG)
+        outputs = buckets | "Estimate" >> beam.ParDo(estimate).with_outputs(*tags, main="totals")
+        return EstimateOutputs(outputs.totals, *(outputs[tag] for tag in tags))
+
+
+def write_summary(
+    path: str,
+    inputs: Mapping[str, Any],
+    totals: Mapping[str, int],
+    metrics: Mapping[str, Any],
+    parts: int,
+) -> dict[str, Any]:
+    """summary.json: inputs, metrics and totals; the per-crowd reports and withheld-crowd notes
+    are in ``reports.jsonl/`` and ``withheld.jsonl/`` (``transforms.analyzer.report_files``)."""
+    summary = {
+        "inputs": dict(inputs),
+        "metrics": dict(metrics),
+        "reports": {
+            "path": REPORTS_DIR,
+            "parts": parts,
+            "histograms": int(totals.get("histograms", 0)),
+            "longitudinal": int(totals.get("longitudinal", 0)),
+            "with_notes": int(totals.get("with_notes", 0)),
+        },
+        "withheld": {
+            "path": WITHHELD_DIR,
+            "parts": parts,
+            "crowds": int(totals.get("withheld", 0)),
+        },
+    }
+    summary = json_ready(summary)
+    with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as sink:
+        sink.write(json.dumps(summary, indent=2, sort_keys=False, allow_nan=False).encode())
+    return summary
+
+
+class WriteAnalysis(beam.PTransform):
+    """Writes histograms.parquet/ and longitudinal.parquet/ (``parts`` part files each,
+    ``analysis_tables.WriteTableBatches``), reports.jsonl/ and withheld.jsonl/ (per-crowd reports
+    and notes on withheld crowds, ``analysis_reports.WriteLineBatches``) and summary.json into
+    ``output_dir``, from :class:`EstimateOutputs` of ``parts`` parts and the counters.
+
+    Every grouping carries batches of a bucket's rows or lines, never one element per crowd;
+    summary.json is written once, after every part, from totals only: no worker and not the
+    driver holds every crowd's report.
+    """
+
+    def __init__(
+        self,
+        output_dir: str,
+        config: AnalysisConfig,
+        inputs: Mapping[str, Any],
+        parts: int = 1,
+    ) -> None:
+        super().__init__()
+        self._parts = int(parts)
+        self._output_dir = output_dir
+        self._config = config
+        self._inputs = dict(inputs)
+
+    def expand(self, outputs: tuple[EstimateOutputs, beam.PCollection]) -> beam.PCollection:
+        estimates, counts = outputs
+        output_dir, config, parts = self._output_dir, self._config, self._parts
+        join = FileSystems.join
+        summary_path = join(output_dir, SUMMARY_FILE)
+        pipeline = estimates.totals.pipeline
+        written = [
+            estimates.histograms
+            | "WriteHistograms"
+            >> WriteTableBatches(
+                join(output_dir, HISTOGRAMS_FILE), histogram_schema(config), parts
+            ),
+            estimates.longitudinal
+            | "WriteLongitudinal"
+            >> WriteTableBatches(
+                join(output_dir, LONGITUDINAL_FILE), longitudinal_schema(config), parts
+            ),
+            estimates.reports
+            | "WriteReports"
+            >> WriteLineBatches(join(output_dir, REPORTS_DIR), parts, report_order),
+            estimates.notes
+            | "WriteNotes" >> WriteLineBatches(join(output_dir, WITHHELD_DIR), parts, note_order),
+        ]
+        totals = estimates.totals | "SumTotals" >> beam.CombineGlobally(SumCounts())
+        inputs = self._inputs
+
+        def summarize(_: Any, totals: dict, counts: dict, written: list) -> dict[str, Any]:
+            return write_summary(summary_path, inputs, totals, metrics_summary(counts), parts)
+
+        trigger = pipeline | "SummaryTrigger" >> beam.Create([None])
+        return trigger | "WriteSummary" >> beam.Map(
+            summarize,
+            totals=beam.pvalue.AsSingleton(totals),
+            counts=beam.pvalue.AsSingleton(counts),
+            written=beam.pvalue.AsList(tuple(written) | "FilesWritten" >> beam.Flatten()),
+        )

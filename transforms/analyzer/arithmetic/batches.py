@@ -1,0 +1,344 @@
+"""One batch of shuffled messages -> partial accumulators per crowd and dead-letter reasons.
+
+Verification (schema version, window, CRC32C, recipe on its channel) and payload decoding are
+vectorized over the batch; the only Python loop is over the crowds the batch holds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from privacy.estimators import (
+    tree_node_offsets,
+)
+from schemas.avro.crc32c import crc32c_many
+from schemas.payloads import (
+    CENSUS,
+    DecodedPayloads,
+    EncodedPayloads,
+    decode_payloads,
+    message_columns,
+)
+from schemas.recipes import Recipe
+from transforms.analyzer.arithmetic.accumulate import (
+    DENSE_LIMIT,
+    HISTOGRAM,
+    LONGITUDINAL,
+    Accumulator,
+    CrowdAccumulator,
+    CrowdKey,
+    LongitudinalAccumulator,
+    RecipeBook,
+    decode_limits,
+    is_longitudinal,
+)
+from transforms.shuffler.report_rows import group_rows
+
+# ---------------------------------------------------------------------------------------------
+# One batch of shuffled messages -> accumulators and rejections
+# ---------------------------------------------------------------------------------------------
+
+# Reasons a shuffled message is dead-lettered by the analyzer, besides the payload decoder's own
+# (schemas.payloads.DECODE_REASONS).
+UNKNOWN_SCHEMA_VERSION = "unknown_schema_version"
+BAD_WINDOW = "bad_window"
+CRC_MISMATCH = "crc_mismatch"
+UNKNOWN_RECIPE = "unknown_recipe"
+RECIPE_CHANNEL_MISMATCH = "recipe_channel_mismatch"
+MISSING_FIELD = "missing_field"
+TREE_NODE_MISMATCH = "tree_node_period_mismatch"
+CENSUS_NOT_COUNTED = "census_not_counted"
+MESSAGE_COLUMNS = (
+    "schema_version",
+    "window_start",
+    "window_end",
+    "channel",
+    "recipe_id",
+    "crowd_id",
+    "payload",
+    "payload_crc32c",
+)
+
+
+@dataclass
+class BatchAggregate:
+    """What one batch of shuffled messages adds: partial accumulators per crowd, the rows to
+    dead-letter (positions in the batch) with their reasons, and counters.
+
+    Counters: ``read`` = ``messages`` + Σ ``rejected:<reason>``.
+    """
+
+    accumulators: dict[CrowdKey, Accumulator]
+    rejected_rows: np.ndarray
+    rejected_reasons: list[str]
+    counts: dict[str, int]
+
+
+def _reject(reasons: np.ndarray, rows: np.ndarray, reason: str) -> None:
+    target = rows[reasons[rows] == ""]
+    reasons[target] = reason
+
+
+def aggregate_batch(
+    batch: pa.RecordBatch,
+    book: RecipeBook,
+    supported_versions: Iterable[int],
+    dense_limit: int = DENSE_LIMIT,
+) -> BatchAggregate:
+    """Verify, decode and count one batch of ShuffledMessage rows of a release.
+
+    Checks, in order: schema version, window bounds, payload CRC32C, a known recipe on its own
+    channel, then the payload itself (``schemas.payloads.decode_payloads`` with the recipe's
+    payload kind and domain; a retired census payload is dead-lettered ``census_not_counted``: n
+    comes only from the shufflers' commit records). Everything is vectorized over the batch; the
+    only Python loop is over the crowds the batch holds.
+    """
+    rows = batch.num_rows
+    missing = [name for name in MESSAGE_COLUMNS if name not in batch.schema.names]
+    reasons = np.full(rows, "", dtype=object)
+    counts: dict[str, int] = {"read": rows}
+    accumulators: dict[CrowdKey, Accumulator] = {}
+    if missing or rows == 0:
+        reasons[:] = MISSING_FIELD
+        return _finish(accumulators, reasons, counts)
+
+    def int_column(name: str) -> np.ndarray:
+        return batch.column(name).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+
+    version = int_column("schema_version")
+    window_start = int_column("window_start")
+    window_end = int_column("window_end")
+    stored_crc = int_column("payload_crc32c")
+    everything = np.arange(rows)
+    _reject(
+        reasons, everything[~np.isin(version, list(supported_versions))], UNKNOWN_SCHEMA_VERSION
+    )
+    _reject(reasons, everything[~(window_start < window_end)], BAD_WINDOW)
+    payloads = EncodedPayloads.from_arrow(batch.column("payload"))
+    actual_crc = crc32c_many(payloads).astype(np.int64)
+    _reject(reasons, everything[actual_crc != stored_crc], CRC_MISMATCH)
+
+    key_columns = [
+        batch.column("window_start"),
+        batch.column("window_end"),
+        batch.column("channel"),
+        batch.column("recipe_id"),
+        batch.column("crowd_id"),
+    ]
+    order, starts = group_rows(key_columns)
+    channel_column = batch.column("channel")
+    recipe_column = batch.column("recipe_id")
+    crowd_column = batch.column("crowd_id")
+    crowds: list[tuple[int, Recipe, str, str, str | None, np.ndarray]] = []
+    for begin, end in zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True):
+        group = order[begin:end]
+        first = int(group[0])
+        recipe_id = recipe_column[first].as_py()
+        channel = channel_column[first].as_py()
+        crowd_id = crowd_column[first].as_py()
+        recipe = book.get(recipe_id) if recipe_id is not None else None
+        if recipe is None:
+            _reject(reasons, group, UNKNOWN_RECIPE)
+            continue
+        if channel != recipe.channel:
+            _reject(reasons, group, RECIPE_CHANNEL_MISMATCH)
+            continue
+        live = group[reasons[group] == ""]
+        if live.size == 0:
+            continue
+        crowds.append((first, recipe, channel, recipe_id, crowd_id, live))
+    decoded_crowds = _decode_per_recipe(payloads, crowds)
+    randomizers: dict[str, Any] = {}
+    for (first, recipe, channel, recipe_id, crowd_id, live), decoded in zip(
+        crowds, decoded_crowds, strict=True
+    ):
+        bad = ~decoded.valid
+        if bad.any():
+            reasons[live[bad]] = decoded.reason_names()[bad]
+        census = decoded.is_kind(CENSUS)
+        if census.any():  # retired census payloads cannot move n: dead letters
+            reasons[live[census]] = CENSUS_NOT_COUNTED
+        start, stop = int(window_start[first]), int(window_end[first])
+        if is_longitudinal(recipe):
+            key = (LONGITUDINAL, 0, stop - start, channel, recipe_id, crowd_id)
+            _add_longitudinal(accumulators, recipe, key, decoded, live, reasons, start, stop)
+        else:
+            key = (HISTOGRAM, start, stop, channel, recipe_id, crowd_id)
+            randomizer = randomizers.get(recipe_id)
+            if randomizer is None:
+                randomizer = randomizers[recipe_id] = recipe.build_randomizer()
+            accumulator = CrowdAccumulator.empty(randomizer.message_domain_size, dense_limit)
+            columns = message_columns(
+                decoded,
+                recipe.payload_kind,
+                sketch_width=getattr(randomizer, "width", None),
+            )
+            if recipe.payload_kind == "fragment_bucket":
+                no_fragment = decoded.columns["fragment"][decoded.is_kind("fragment_bucket")] < 1
+                if no_fragment.any():  # fragments are numbered 1..τ (Algorithm 2)
+                    kind_rows = live[decoded.is_kind("fragment_bucket")]
+                    reasons[kind_rows[no_fragment]] = "value_out_of_range"
+                    columns = {name: col[~no_fragment] for name, col in columns.items()}
+            signed = recipe.payload_kind == "signed_bucket"
+            accumulator.add_messages(columns["bucket"], columns["sign"] if signed else None)
+            accumulators[key] = accumulator
+    return _finish(accumulators, reasons, counts)
+
+
+def _decode_per_recipe(
+    payloads: EncodedPayloads,
+    crowds: list[tuple[int, Recipe, str, str, str | None, np.ndarray]],
+) -> list[DecodedPayloads]:
+    """Each crowd's payloads (its ``live`` rows) decoded, in one ``decode_payloads`` call per
+    recipe (the decoder is vectorized and row-wise: the same result as per crowd, without a
+    call's fixed cost per crowd)."""
+    out: list[DecodedPayloads | None] = [None] * len(crowds)
+    by_recipe: dict[str, list[int]] = {}
+    for index, crowd in enumerate(crowds):
+        by_recipe.setdefault(crowd[3], []).append(index)
+    for indices in by_recipe.values():
+        recipe = crowds[indices[0]][1]
+        rows = np.concatenate([crowds[index][5] for index in indices])
+        decoded = decode_payloads(
+            payloads_subset(payloads, rows),
+            allowed_kinds=(CENSUS, recipe.payload_kind),
+            limits=decode_limits(recipe),
+        )
+        offset = 0
+        for index in indices:
+            size = crowds[index][5].size
+            part = slice(offset, offset + size)
+            out[index] = dataclasses.replace(
+                decoded,
+                kind=decoded.kind[part],
+                columns={name: column[part] for name, column in decoded.columns.items()},
+                valid=decoded.valid[part],
+                reason=decoded.reason[part],
+            )
+            offset += size
+    return out  # type: ignore[return-value]
+
+
+def _add_longitudinal(
+    accumulators: dict[CrowdKey, Accumulator],
+    recipe: Recipe,
+    key: CrowdKey,
+    decoded: DecodedPayloads,
+    live: np.ndarray,
+    reasons: np.ndarray,
+    window_start: int,
+    window_end: int,
+) -> None:
+    """Tree-node messages of one window: checks each node belongs to its period, then adds."""
+    randomizer = recipe.build_randomizer()
+    window_ms = window_end - window_start
+    accumulator = accumulators.get(key)
+    if accumulator is None:
+        accumulator = LongitudinalAccumulator(randomizer.message_domain_size, window_ms)
+        accumulators[key] = accumulator
+    is_node = decoded.is_kind("tree_node")
+    period = decoded.columns["period"][is_node]
+    node = decoded.columns["node"][is_node]
+    sign = decoded.columns["sign"][is_node]
+    consistent = tree_node_matches_period(node, period, randomizer.periods)
+    if not consistent.all():
+        reasons[live[is_node][~consistent]] = TREE_NODE_MISMATCH
+        period, node, sign = period[consistent], node[consistent], sign[consistent]
+    round_start = window_start - (period - 1) * window_ms
+    for start in np.unique(round_start).tolist():
+        chosen = round_start == start
+        accumulator.add_messages(start, node[chosen], sign[chosen])
+
+
+def tree_node_matches_period(node: np.ndarray, period: np.ndarray, periods: int) -> np.ndarray:
+    """Whether flat tree node ``node`` is the node Algorithm 1 reports at ``period`` t.
+
+    A client at level h reports node [h, t / 2^(h-1)] at periods t divisible by 2^(h-1)
+    (amplification-by-shuffling, Algorithm 1, Steps 9-16); anything else cannot come from it.
+    """
+    offsets = tree_node_offsets(periods)
+    level = np.searchsorted(offsets, node, side="right")  # 1-based level of each node
+    level = np.clip(level, 1, offsets.size)
+    stride = np.left_shift(1, level - 1)
+    expected = offsets[level - 1] + (period >> (level - 1)) - 1
+    return (period >= 1) & (period <= periods) & (period % stride == 0) & (expected == node)
+
+
+def payloads_subset(payloads: EncodedPayloads, rows: np.ndarray) -> EncodedPayloads:
+    """The payloads at ``rows`` as a new EncodedPayloads (one gather, no per-row Python)."""
+    lengths = payloads.lengths[rows]
+    offsets = np.zeros(rows.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    starts = payloads.offsets[:-1][rows]
+    positions = np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1], dtype=np.int64)
+    return EncodedPayloads(payloads.data[positions], offsets)
+
+
+def _finish(
+    accumulators: dict[CrowdKey, Accumulator], reasons: np.ndarray, counts: dict[str, int]
+) -> BatchAggregate:
+    rejected = np.flatnonzero(reasons != "")
+    rejected_reasons = reasons[rejected].tolist()
+    for reason in set(rejected_reasons):
+        counts[f"rejected:{reason}"] = rejected_reasons.count(reason)
+    counts["messages"] = int(counts["read"] - rejected.size)
+    return BatchAggregate(accumulators, rejected, rejected_reasons, counts)
+
+
+# ---------------------------------------------------------------------------------------------
+# Commit records -> respondent counts
+# ---------------------------------------------------------------------------------------------
+
+
+def crowd_key(recipe: Recipe, crowd: Mapping[str, Any]) -> CrowdKey:
+    """The analyzer's key of a commit record's crowd (longitudinal rounds span windows)."""
+    start, stop = int(crowd["window_start_ms"]), int(crowd["window_end_ms"])
+    channel, recipe_id, crowd_id = crowd["channel"], crowd["recipe_id"], crowd.get("crowd_id")
+    if is_longitudinal(recipe):
+        return (LONGITUDINAL, 0, stop - start, channel, recipe_id, crowd_id)
+    return (HISTOGRAM, start, stop, channel, recipe_id, crowd_id)
+
+
+def respondent_accumulators(
+    crowds: Iterable[Mapping[str, Any]],
+    instance: int,
+    book: RecipeBook,
+    dense_limit: int = DENSE_LIMIT,
+) -> list[tuple[CrowdKey, Accumulator]]:
+    """One partial accumulator per released crowd of instance ``instance``'s commit record,
+    holding only n_u = ``respondents_released`` (DESIGN.md: n comes from what the shuffler
+    counted and released, never from messages). Crowds of recipes not in ``book`` are skipped
+    (their messages are dead-lettered ``unknown_recipe``); withheld crowds add nothing.
+    Raises ValueError on a released crowd without a count >= 0 or a window that is not a window.
+    """
+    out: list[tuple[CrowdKey, Accumulator]] = []
+    for crowd in crowds:
+        if crowd.get("status") != "released":
+            continue
+        recipe = book.get(crowd.get("recipe_id"))
+        if recipe is None:
+            continue
+        count = crowd.get("respondents_released")
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"released crowd without respondents_released >= 0: {dict(crowd)}")
+        start, stop = crowd.get("window_start_ms"), crowd.get("window_end_ms")
+        if not (isinstance(start, int) and isinstance(stop, int) and start < stop):
+            raise ValueError(f"crowd window must be integers start < end: {dict(crowd)}")
+        key = crowd_key(recipe, crowd)
+        randomizer = recipe.build_randomizer()
+        if is_longitudinal(recipe):
+            accumulator: Accumulator = LongitudinalAccumulator(
+                randomizer.message_domain_size, stop - start
+            )
+            accumulator.set_respondents(start, instance, count)
+        else:
+            accumulator = CrowdAccumulator.empty(randomizer.message_domain_size, dense_limit)
+            accumulator.set_respondents(instance, count)
+        out.append((key, accumulator))
+    return out

@@ -1,0 +1,205 @@
+"""The analyzer's per-crowd reports and withheld-crowd notes as JSON Lines datasets.
+
+``reports.jsonl/part-SSSSS-of-NNNNN.jsonl`` holds one privacy/accuracy report per crowd (per round
+for longitudinal crowds), ``withheld.jsonl/part-*.jsonl`` one note per crowd a shuffler withheld
+(``analyze_core.withheld_notes``). Like the Parquet tables (``transforms.analyzer.tables``), each
+part (a shard of crowd buckets, whose lines arrive compressed, :func:`pack_lines`) is written
+by one worker holding only its own crowds, sorted, under a name fixed by its
+index (a retried bundle replaces it, ``transforms.common.atomic_files``); every part exists, empty ones
+too. ``summary.json`` keeps only totals and these directories' names, so neither a worker nor the
+driver ever gathers every crowd's report (issue: no whole-dataset gathers).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import zlib
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from transforms.analyzer import arithmetic
+from transforms.analyzer.tables import group_by_part, load_batch
+from transforms.common import atomic_files
+
+REPORTS_DIR = "reports.jsonl"
+WITHHELD_DIR = "withheld.jsonl"
+
+# A crowd: (window_start, channel, recipe_id, crowd_id) as the commit records name it.
+WindowCrowd = tuple[int, str, str, "str | None"]
+
+
+def report_order(report: Mapping[str, Any]) -> tuple:
+    """Order of reports in a part (and of a whole dataset read back)."""
+    return (
+        report.get("kind", ""),
+        report.get("channel", ""),
+        report.get("recipe_id", ""),
+        report.get("crowd_id") or "",
+        report.get("window_start", report.get("round_start", 0)),
+    )
+
+
+def note_order(note: Mapping[str, Any]) -> tuple:
+    return tuple(str(note.get(k)) for k in ("window_start", "channel", "recipe_id", "crowd_id"))
+
+
+def json_ready(value: Any) -> Any:
+    """``value`` with numpy scalars and arrays as JSON types and non-finite floats as None."""
+    if isinstance(value, Mapping):
+        return {str(k): json_ready(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_ready(v) for v in value]
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating | float):
+        return float(value) if math.isfinite(float(value)) else None
+    if isinstance(value, np.ndarray):
+        return json_ready(value.tolist())
+    return value
+
+
+def estimated_crowds(report: Mapping[str, Any]) -> list[WindowCrowd]:
+    """The commit-record crowds a report estimated: its window (histogram reports with a privacy
+    report) or every period with respondents (longitudinal rounds)."""
+    if report.get("kind") == arithmetic.HISTOGRAM and "privacy" in report:
+        return [
+            (report["window_start"], report["channel"], report["recipe_id"], report["crowd_id"])
+        ]
+    if report.get("kind") == arithmetic.LONGITUDINAL:
+        return [
+            (
+                report["round_start"] + period * report["window_ms"],
+                report["channel"],
+                report["recipe_id"],
+                report["crowd_id"],
+            )
+            for period in range(report["periods"])
+            if report["respondents_per_period"][period] > 0
+        ]
+    return []
+
+
+def part_name(shard: int, shards: int) -> str:
+    return f"part-{shard:05d}-of-{shards:05d}.jsonl"
+
+
+def _json_scalar(value: Any) -> Any:
+    """``json.dumps``'s ``default`` for :func:`json_line`'s direct path: numpy integers and finite
+    floats and arrays; anything else (a non-finite float too) makes the direct path give up."""
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating) and math.isfinite(float(value)):
+        return float(value)
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"not directly serializable: {type(value).__name__}")
+
+
+def json_line(record: Mapping[str, Any]) -> str:
+    """One JSON Lines line of ``record`` (numpy values as JSON types, no NaN).
+
+    The same line as ``json.dumps(json_ready(record))``: when every key is a string and every
+    float finite, ``json.dumps`` writes it directly (numpy values through :func:`_json_scalar`)
+    without copying the record; else (a non-string key, a NaN) through :func:`json_ready`."""
+    try:
+        if all(isinstance(key, str) for key in record):
+            return json.dumps(record, allow_nan=False, default=_json_scalar)
+    except (TypeError, ValueError):
+        pass
+    return json.dumps(json_ready(record), sort_keys=False, allow_nan=False)
+
+
+def pack_lines(lines: list[str]) -> bytes:
+    """Lines joined with newlines and zlib-compressed (read back by :func:`unpack_lines`)."""
+    return zlib.compress("\n".join(lines).encode(), 6)
+
+
+def unpack_lines(batch: bytes) -> list[str]:
+    """The lines of a :func:`pack_lines` batch."""
+    return zlib.decompress(batch).decode().split("\n")
+
+
+def write_json_part(
+    directory: str,
+    shard: int,
+    shards: int,
+    batches: Iterable[bytes | str],
+    order: Callable[[Mapping[str, Any]], tuple],
+) -> str:
+    """One JSON Lines part: the lines of the shard's :func:`pack_lines` batches (or the paths
+    ``analysis_tables.spill_batch`` wrote them to), sorted by ``order`` of the record each line
+    holds (the same order as the records')."""
+    lines = [line for batch in batches for line in unpack_lines(load_batch(batch))]
+    keys = [order(json.loads(line)) for line in lines]
+    ordered = sorted(range(len(lines)), key=keys.__getitem__)
+    content = "".join(lines[index] + "\n" for index in ordered).encode()
+    return atomic_files.publish_bytes(directory, part_name(shard, shards), content)
+
+
+class WriteLineBatches(beam.PTransform):
+    """(part, compressed lines) -> ``directory/part-SSSSS-of-NNNNN.jsonl`` for every part in
+    ``range(shards)`` (empty ones too), each sorted by ``order`` (:func:`write_json_part`)."""
+
+    def __init__(
+        self, directory: str, shards: int, order: Callable[[Mapping[str, Any]], tuple]
+    ) -> None:
+        super().__init__()
+        if int(shards) < 1:
+            raise ValueError(f"shards must be >= 1, got {shards}")
+        self._directory, self._shards, self._order = directory, int(shards), order
+
+    def expand(self, batches: beam.PCollection) -> beam.PCollection:
+        directory, shards, order = self._directory, self._shards, self._order
+        return group_by_part(batches, shards) | "WriteParts" >> beam.MapTuple(
+            lambda shard, parts: write_json_part(directory, shard, shards, parts, order)
+        )
+
+
+def report_totals(report: Mapping[str, Any]) -> dict[str, int]:
+    """Counts summary.json keeps of a report (summed with ``combiners.SumCounts``)."""
+    kind = report.get("kind")
+    name = {arithmetic.HISTOGRAM: "histograms", arithmetic.LONGITUDINAL: "longitudinal"}.get(
+        kind, "other"
+    )
+    counts = {name: 1}
+    if "notes" in report:
+        counts["with_notes"] = 1
+    return counts
+
+
+def read_json_parts(directory: str, limit: int | None = None) -> list[dict[str, Any]]:
+    """The records of a JSON Lines dataset in part order (every one, or the parts' records until
+    at least ``limit`` were read): for small results, tests and the console table."""
+    if not os.path.isdir(directory):
+        return []
+    records = []
+    for name in sorted(os.listdir(directory)):
+        if not name.endswith(".jsonl"):
+            continue
+        path = os.path.join(directory, name)
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            records += [json.loads(line) for line in handle.read().decode().splitlines() if line]
+        if limit is not None and len(records) >= limit:
+            break
+    return records
+
+
+def read_reports(output_dir: str, limit: int | None = None) -> dict[str, list[dict[str, Any]]]:
+    """An analysis's reports and notes as ``{"histograms", "longitudinal", "withheld"}`` lists,
+    each sorted: every one (small analyses, tests) or those of the first parts holding at least
+    ``limit`` (the console table)."""
+    reports = read_json_parts(os.path.join(output_dir, REPORTS_DIR), limit)
+    notes = read_json_parts(os.path.join(output_dir, WITHHELD_DIR), limit)
+    reports, notes = sorted(reports, key=report_order), sorted(notes, key=note_order)
+    return {
+        "histograms": [r for r in reports if r.get("kind") == arithmetic.HISTOGRAM],
+        "longitudinal": [r for r in reports if r.get("kind") == arithmetic.LONGITUDINAL],
+        "withheld": notes,
+    }

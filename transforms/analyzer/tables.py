@@ -1,0 +1,264 @@
+"""The analyzer's result tables: Arrow schemas and per-crowd tables of ``histograms.parquet``
+and ``longitudinal.parquet``, and :class:`WriteTableBatches`, which writes them as Parquet
+datasets (one part file per shard of crowd buckets, at most about :data:`ROWS_PER_PART` rows and
+:data:`CROWDS_PER_PART` crowds each, so no worker or driver holds every crowd's table); rows
+reach it as compressed Arrow IPC batches (:func:`pack_table`).
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from transforms.analyzer import arithmetic
+from transforms.common import atomic_files
+
+if TYPE_CHECKING:
+    from transforms.analyzer.analyze import AnalysisConfig
+
+# Crowd tables are split over part files of about this many rows each, and of at most about
+# this many crowds each (reports and notes go to the same parts: a part is written by one worker
+# holding all of its crowds' rows and reports, so its size must not grow with the crowds).
+ROWS_PER_PART = 1_000_000
+CROWDS_PER_PART = 1_000
+_TIME = pa.timestamp("ms", tz="UTC")
+
+
+def histogram_schema(config: AnalysisConfig) -> pa.Schema:
+    """Columns of histograms.parquet (``truth`` only when the simulation's truth is known)."""
+    fields = [
+        pa.field("window_start", _TIME),
+        pa.field("window_end", _TIME),
+        pa.field("channel", pa.string()),
+        pa.field("recipe_id", pa.string()),
+        pa.field("crowd", pa.string()),
+        pa.field("bucket", pa.int64()),
+        pa.field("estimate", pa.float64()),
+        pa.field("stderr", pa.float64()),
+        pa.field("raw_count", pa.int64()),
+        pa.field("n", pa.float64()),
+    ]
+    if config.postprocessed_column:
+        fields.append(pa.field(config.postprocessed_column, pa.float64()))
+    if config.truth:
+        fields.append(pa.field("truth", pa.float64()))
+    return pa.schema(fields)
+
+
+def longitudinal_schema(config: AnalysisConfig) -> pa.Schema:
+    """Columns of longitudinal.parquet."""
+    fields = [
+        pa.field("channel", pa.string()),
+        pa.field("recipe_id", pa.string()),
+        pa.field("crowd", pa.string()),
+        pa.field("round_start", _TIME),
+        pa.field("period", pa.int32()),
+        pa.field("window_start", _TIME),
+        pa.field("window_end", _TIME),
+        pa.field("estimate", pa.float64()),
+        pa.field("stderr", pa.float64()),
+        pa.field("error_bound", pa.float64()),
+        pa.field("n", pa.float64()),
+        pa.field("n_period", pa.float64()),
+    ]
+    if config.truth:
+        fields.append(pa.field("truth", pa.float64()))
+    return pa.schema(fields)
+
+
+def histogram_table(
+    result: arithmetic.HistogramResult,
+    config: AnalysisConfig,
+    truth: np.ndarray | None,
+    schema: pa.Schema | None = None,
+) -> pa.Table:
+    """histograms.parquet rows of one crowd (``schema``: ``histogram_schema(config)``, given by
+    a caller that makes many tables)."""
+    rows = result.buckets.size
+    _, start, end, channel, recipe_id, crowd_id = result.key
+    columns: dict[str, Any] = {
+        "window_start": pa.array(np.full(rows, start, dtype=np.int64), type=_TIME),
+        "window_end": pa.array(np.full(rows, end, dtype=np.int64), type=_TIME),
+        "channel": pa.array([channel] * rows, pa.string()),
+        "recipe_id": pa.array([recipe_id] * rows, pa.string()),
+        "crowd": pa.array([crowd_id] * rows, pa.string()),
+        "bucket": pa.array(result.buckets, pa.int64()),
+        "estimate": pa.array(result.estimate, pa.float64()),
+        "stderr": pa.array(result.stderr, pa.float64()),
+        "raw_count": pa.array(result.raw_count, pa.int64())
+        if result.raw_count is not None
+        else pa.nulls(rows, pa.int64()),
+        "n": pa.array(np.full(rows, result.respondents), pa.float64()),
+    }
+    if config.postprocessed_column:
+        columns[config.postprocessed_column] = (
+            pa.array(result.postprocessed, pa.float64())
+            if result.postprocessed is not None
+            else pa.nulls(rows, pa.float64())
+        )
+    if config.truth:
+        columns["truth"] = (
+            pa.array(truth, pa.float64()) if truth is not None else pa.nulls(rows, pa.float64())
+        )
+    return pa.table(columns, schema=schema or histogram_schema(config))
+
+
+def longitudinal_table(
+    result: arithmetic.LongitudinalResult, config: AnalysisConfig, truth: np.ndarray | None
+) -> pa.Table:
+    """longitudinal.parquet rows of one round: one per period t = 1..d."""
+    rows = result.periods
+    _, _, _, channel, recipe_id, crowd_id = result.key
+    starts = result.window_starts()
+    columns: dict[str, Any] = {
+        "channel": pa.array([channel] * rows, pa.string()),
+        "recipe_id": pa.array([recipe_id] * rows, pa.string()),
+        "crowd": pa.array([crowd_id] * rows, pa.string()),
+        "round_start": pa.array(np.full(rows, result.round_start, dtype=np.int64)).cast(_TIME),
+        "period": pa.array(np.arange(1, rows + 1, dtype=np.int32)),
+        "window_start": pa.array(starts).cast(_TIME),
+        "window_end": pa.array(starts + result.window_ms).cast(_TIME),
+        "estimate": pa.array(result.estimate, pa.float64()),
+        "stderr": pa.array(result.stderr, pa.float64()),
+        "error_bound": pa.array(np.full(rows, result.bound), pa.float64()),
+        "n": pa.array(np.full(rows, result.respondents), pa.float64()),
+        "n_period": pa.array(result.respondents_per_period, pa.float64()),
+    }
+    if config.truth:
+        columns["truth"] = (
+            pa.array(truth, pa.float64()) if truth is not None else pa.nulls(rows, pa.float64())
+        )
+    return pa.table(columns, schema=longitudinal_schema(config))
+
+
+_SORT_COLUMNS = ("channel", "recipe_id", "crowd", "window_start", "round_start", "bucket", "period")
+
+
+def shard_of(key: tuple, shards: int) -> int:
+    """The part file of a crowd or a crowd bucket: a stable hash of its key (the same on every
+    worker and run)."""
+    return zlib.crc32(repr(tuple(key)).encode()) % max(1, int(shards))
+
+
+def part_path(directory: str, shard: int, shards: int) -> str:
+    return FileSystems.join(directory, f"part-{shard:05d}-of-{shards:05d}.parquet")
+
+
+def pack_table(table: pa.Table) -> bytes:
+    """``table`` as one zstd-compressed Arrow IPC stream (read back by :func:`unpack_table`):
+    what crosses a grouping is then bytes, not Arrow buffers and wrappers, and a runner that
+    keeps grouped values in memory (Beam's FnApiRunner) holds a fraction of the rows' bytes."""
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression="zstd")
+    with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def unpack_table(data: bytes) -> pa.Table:
+    """The table of a :func:`pack_table` stream."""
+    with pa.ipc.open_stream(pa.py_buffer(data)) as reader:
+        return reader.read_all()
+
+
+# Batches spilled by the estimates (``spill_batch``) live under this directory of the analysis's
+# output, which the driver removes once the pipeline has finished, on success and on failure.
+SPILL_DIR = "_batches"
+
+
+def spill_batch(directory: str, name: str, data: bytes) -> str:
+    """Write a batch's bytes to ``directory/name`` (write-then-rename, ``atomic_files``: a
+    retried bundle rewrites the same name) and return the path, which then crosses a grouping
+    instead of the bytes: on a runner that holds grouped values in memory (FnApiRunner) what a
+    grouping holds no longer grows with the rows."""
+    return atomic_files.publish_bytes(directory, name, data)
+
+
+def load_batch(batch: bytes | str) -> bytes:
+    """The bytes of a batch: ``batch`` itself, or the file :func:`spill_batch` wrote."""
+    if isinstance(batch, bytes):
+        return batch
+    with FileSystems.open(batch, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        return handle.read()
+
+
+def write_part(
+    directory: str,
+    shard: int,
+    shards: int,
+    tables: Iterable[pa.Table | bytes | str],
+    schema: pa.Schema,
+) -> str:
+    """One part file: the shard's crowd tables (or :func:`pack_table` bytes of them, or paths
+    of such bytes spilled by :func:`spill_batch`), sorted (an
+    empty table with the schema if none). Named by shard index, so a retried bundle overwrites
+    its own file; written to ``directory/_temporary/`` and renamed when complete
+    (``transforms.common.atomic_files``)."""
+    tables = [t if isinstance(t, pa.Table) else unpack_table(load_batch(t)) for t in tables]
+    tables = [table for table in tables if table.num_rows]
+    table = pa.concat_tables(tables) if tables else schema.empty_table()
+    if table.num_rows:
+        table = table.sort_by([(n, "ascending") for n in _SORT_COLUMNS if n in table.column_names])
+    name = part_path(directory, shard, shards).rsplit("/", 1)[-1]
+    return atomic_files.publish(directory, name, lambda sink: pq.write_table(table, sink))
+
+
+def group_by_part(keyed: beam.PCollection, shards: int) -> beam.PCollection:
+    """(part, value) pairs -> (part, values) for EVERY part in ``range(shards)``, empty ones
+    included, so each part file is written (and a retry rewrites it) whatever the data."""
+    every = keyed.pipeline | "PartIndices" >> beam.Create([(s, None) for s in range(shards)])
+    return (
+        {"values": keyed, "part": every}
+        | "GroupParts" >> beam.CoGroupByKey()
+        | "PartValues" >> beam.MapTuple(lambda shard, grouped: (shard, grouped["values"]))
+    )
+
+
+# A bucket's estimated rows are sent to their part every this many rows (a small Arrow table
+# costs kilobytes of buffers and wrappers whatever its rows, so rows travel in batches).
+ROWS_PER_BATCH = 1 << 16
+
+
+def concat_compact(tables: list[pa.Table]) -> pa.Table:
+    """``tables`` (one schema) as one table with one chunk per column."""
+    return pa.concat_tables(tables).combine_chunks()
+
+
+class WriteTableBatches(beam.PTransform):
+    """(part, Arrow table or :func:`pack_table` bytes) -> ``directory/part-SSSSS-of-NNNNN.parquet``: each part is written by
+    one worker holding only its own batches (:func:`write_part`, sorted); every part in
+    ``range(shards)`` exists (empty ones too), so the directory always reads as one table with
+    ``schema``."""
+
+    def __init__(self, directory: str, schema: pa.Schema, shards: int) -> None:
+        super().__init__()
+        if int(shards) < 1:
+            raise ValueError(f"shards must be >= 1, got {shards}")
+        self._directory, self._schema, self._shards = directory, schema, int(shards)
+
+    def expand(self, batches: beam.PCollection) -> beam.PCollection:
+        directory, schema, shards = self._directory, self._schema, self._shards
+        return group_by_part(batches, shards) | "WriteParts" >> beam.MapTuple(
+            lambda shard, parts: write_part(directory, shard, shards, parts, schema)
+        )
+
+
+def table_parts(rows: int, rows_per_part: int = ROWS_PER_PART) -> int:
+    """Part files for about ``rows`` rows (at least one)."""
+    return max(1, math.ceil(max(0, int(rows)) / max(1, int(rows_per_part))))
+
+
+def analysis_parts(rows: int, crowds: int, crowds_per_part: int = CROWDS_PER_PART) -> int:
+    """Part files of an analysis of about ``rows`` table rows and ``crowds`` crowds: at most
+    about :data:`ROWS_PER_PART` rows and ``crowds_per_part`` crowds each (at least one)."""
+    by_crowds = math.ceil(max(0, int(crowds)) / max(1, int(crowds_per_part)))
+    return max(table_parts(rows), by_crowds)

@@ -1,0 +1,241 @@
+"""Step 6 of the shuffler after the decisions (``transforms/shuffler/shuffle.py``): delete, scatter,
+complete a bucket's groups, permute.
+
+``DeleteAndScatter`` deletes whole respondents per crowd of a shard (``release_core.kept_rows``)
+and scatters the surviving data messages, stripped to payload, CRC and crowd, over uniform slots;
+``CompleteBucket`` joins a bucket's decision with its shards' results: final manifests, the crowd
+table and the output groups (``release_core.complete_groups`` from the bucket's released count);
+``PermuteGroup`` orders a group's rows by crowd in ``crowd_order``, each crowd's rows in a uniform
+permutation from the injected secure source (esa-privacy-revisited, Section II-C).
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+
+from privacy.noise import os_random_source
+from schemas.release.crowd_buckets import BucketKey, crowd_order
+from transforms.shuffler import decide as decide
+from transforms.shuffler import report_rows
+from transforms.shuffler import spill as spill
+from transforms.shuffler.config import DELETED, RELEASED, ShuffleConfig
+from transforms.shuffler.sinks import CrowdTable, ReleasedGroup
+from transforms.shuffler.spill import Piece, crowd_of_text, pack_ints, unpack_ints, unpack_texts
+from transforms.shuffler.steps import count as _count
+from transforms.shuffler.steps import (
+    crowd_codes,
+    draft_decision,
+    manifest_record,
+    manifest_row,
+    released_crowd,
+    screen,
+)
+
+
+@beam.typehints.with_output_types(typing.Any)
+class DeleteAndScatter(beam.DoFn):
+    """(bucket, DeletionTask) -> (bucket, ShardRelease): whole respondents deleted per crowd,
+    surviving data messages stripped to payload, CRC and crowd, each in a fresh uniform slot."""
+
+    def __init__(self, rules: report_rows.ValidationRules, spill_dir: str) -> None:
+        self._rules = rules
+        self._spill_dir = spill_dir
+        self._source: Any = None
+
+    def setup(self) -> None:
+        self._source = os_random_source()
+
+    def process(self, element: tuple[BucketKey, spill.DeletionTask]) -> Iterator[Any]:
+        key, deletion = element
+        task_texts = unpack_texts(deletion.crowds)
+        rows, _ = spill.read_shard_rows(
+            deletion.task, ["origin_hash", "payload", "payload_crc32c", "crowd"]
+        )
+        screened = screen(rows, self._rules, key[1])
+        code_of = {text: code for code, text in enumerate(screened.texts)}
+        by_crowd = np.argsort(screened.crowds, kind="stable")
+        bounds = np.searchsorted(screened.crowds[by_crowd], np.arange(len(screened.texts) + 1))
+        hashes = rows.column("origin_hash").to_numpy()
+        data = screened.codes == decide.DATA
+        kept = np.zeros(rows.num_rows, dtype=bool)
+        for text, respondents, respondents_deleted in zip(
+            task_texts,
+            unpack_ints(deletion.respondents).tolist(),
+            unpack_ints(deletion.respondents_deleted).tolist(),
+            strict=True,
+        ):
+            code = code_of.get(text)
+            members = (
+                by_crowd[bounds[code] : bounds[code + 1]] if code is not None else by_crowd[:0]
+            )
+            distinct, origin_codes = np.unique(hashes[members], return_inverse=True)
+            if distinct.size != respondents:
+                raise RuntimeError(
+                    f"shard {deletion.task.shard} of {key}, crowd {text}, has {distinct.size} "
+                    f"origins, counted {respondents}: spill files changed during the run"
+                )
+            kept[members] = decide.kept_rows(
+                origin_codes.reshape(-1), distinct.size, respondents_deleted, self._source
+            )
+        chosen = np.zeros(len(screened.texts) + 1, dtype=bool)
+        chosen[[code_of[text] for text in task_texts if text in code_of]] = True
+        in_release = chosen[screened.crowds] & data
+        survivors = np.flatnonzero(kept & in_release)
+        gone = ~kept & in_release
+        # The task's crowds' codes (one past the last for a crowd with no rows here).
+        task_codes = np.array(
+            [code_of.get(text, len(screened.texts)) for text in task_texts], dtype=np.int64
+        )
+        per_deleted = np.bincount(screened.crowds[gone], minlength=len(screened.texts) + 1)
+        per_released = np.bincount(screened.crowds[survivors], minlength=len(screened.texts) + 1)
+        counts: dict[str, int] = {}
+        _count(counts, DELETED, int(np.count_nonzero(gone)))
+        yield beam.pvalue.TaggedOutput("counts", counts)
+        pieces: list[tuple[int, Piece]] = []
+        if survivors.size:
+            slots = decide.assign_groups(survivors.size, 1 << deletion.slot_bits, self._source)
+            order = np.argsort(slots, kind="stable")
+            sorted_slots = slots[order]
+            take = pa.array(survivors[order])
+            released = pa.RecordBatch.from_arrays(
+                [rows.column(name).combine_chunks().take(take) for name in RELEASED_COLUMNS],
+                schema=spill.RELEASED_SPILL_SCHEMA,
+            )
+            starts = np.flatnonzero(np.r_[True, sorted_slots[1:] != sorted_slots[:-1]])
+            ends = np.r_[starts[1:], sorted_slots.size]
+            bounds_list = list(zip(starts.tolist(), ends.tolist(), strict=True))
+            path = spill.spill_path(self._spill_dir, "released")
+            positions = spill.write_spill(path, [released.slice(b, e - b) for b, e in bounds_list])
+            for (begin, end), (offset, length) in zip(bounds_list, positions, strict=True):
+                piece = Piece(path, offset, length, end - begin, "", 0)
+                pieces.append((int(sorted_slots[begin]), piece))
+        yield (
+            key,
+            spill.ShardRelease(
+                deletion.crowds,
+                pack_ints(per_deleted[task_codes]),
+                pack_ints(per_released[task_codes]),
+                deletion.slot_bits,
+                tuple(pieces),
+            ),
+        )
+
+
+RELEASED_COLUMNS = ("payload", "payload_crc32c", "crowd")
+
+
+@beam.typehints.with_output_types(typing.Any)
+class CompleteBucket(beam.DoFn):
+    """(bucket, {draft, shards}) -> ((bucket, group), pieces) per output group
+    (``release_core.complete_groups`` on the bucket's released count); the bucket's final
+    manifests (``manifest``) and crowd table (``crowds``: ReleasedCrowd records in
+    ``crowd_order``) as one element each."""
+
+    def __init__(self, config: ShuffleConfig) -> None:
+        self._config = config
+
+    def process(self, element: tuple[BucketKey, Mapping[str, list[Any]]]) -> Iterator[Any]:
+        key, joined = element
+        drafts: list[spill.BucketDraft] = list(joined["draft"])
+        if len(drafts) != 1:
+            raise RuntimeError(f"bucket {key} has {len(drafts)} decisions, expected one")
+        (draft,) = drafts
+        shards: list[spill.ShardRelease] = list(joined["shards"])
+        stats: dict[str, list[int]] = {}
+        for shard in shards:
+            for text, deleted, released in zip(
+                unpack_texts(shard.crowds),
+                unpack_ints(shard.messages_deleted).tolist(),
+                unpack_ints(shard.messages_released).tolist(),
+                strict=True,
+            ):
+                total = stats.setdefault(text, [0, 0])
+                total[0] += deleted
+                total[1] += released
+        manifests, table = [], []
+        for text, row in zip(
+            unpack_texts(draft.crowds), unpack_ints(draft.decisions).tolist(), strict=True
+        ):
+            decision, messages_in = draft_decision(row)
+            deleted, released = stats.get(text, (0, 0))
+            manifest = manifest_record(
+                (key[0], key[1], *crowd_of_text(text)),
+                draft.window_end,
+                decision,
+                messages_in,
+                deleted,
+                released,
+            )
+            manifests.append(manifest_row(manifest))
+            table.append(released_crowd(manifest))
+        yield beam.pvalue.TaggedOutput("manifest", (key, tuple(manifests)))
+        yield beam.pvalue.TaggedOutput("crowds", CrowdTable(key, tuple(table)))
+        slotted = sorted(
+            ((slot, piece) for shard in shards for slot, piece in shard.pieces),
+            key=lambda pair: (pair[0], pair[1]),
+        )
+        if not slotted:
+            return
+        groups = decide.complete_groups(
+            [slot for slot, _ in slotted],
+            draft.slot_bits,
+            sum(total[1] for total in stats.values()),
+            self._config.messages_per_file,
+        )
+        for group, indices in groups.items():
+            yield (key, group), tuple(slotted[index][1] for index in indices)
+
+
+@beam.typehints.with_output_types(typing.Any)
+class PermuteGroup(beam.DoFn):
+    """((bucket, group), pieces) -> ReleasedGroup: rows grouped by crowd in ``crowd_order``,
+    each crowd's rows in uniformly random order (secure)."""
+
+    def __init__(self, config: ShuffleConfig) -> None:
+        self._config = config
+        self._source: Any = None
+
+    def setup(self) -> None:
+        self._source = os_random_source()
+
+    def process(self, element: tuple[tuple[BucketKey, int], tuple[Piece, ...]]) -> Iterator[Any]:
+        (key, group), pieces = element
+        batches = [spill.read_spill(piece, spill.RELEASED_SPILL_SCHEMA) for piece in pieces]
+        table = (
+            pa.Table.from_batches(batches, schema=spill.RELEASED_SPILL_SCHEMA)
+            .unify_dictionaries()
+            .combine_chunks()
+        )
+        crowds, texts = crowd_codes(table.column("crowd"))
+        keys = [crowd_of_text(text) for text in texts]
+        rank = np.empty(len(keys), dtype=np.int64)
+        rank[sorted(range(len(keys)), key=lambda index: crowd_order(*keys[index]))] = np.arange(
+            len(keys)
+        )
+        # A uniform permutation of the group, then stably by crowd: each crowd's rows keep a
+        # uniformly random relative order.
+        shuffled = decide.release_order(table.num_rows, self._source)
+        order = shuffled[np.argsort(rank[crowds[shuffled]], kind="stable")]
+        per_crowd = np.bincount(rank[crowds], minlength=len(keys))
+        ordered_keys = [None] * len(keys)
+        for index, position in enumerate(rank.tolist()):
+            ordered_keys[position] = keys[index]
+        take = pa.array(order)
+        counts: dict[str, int] = {}
+        _count(counts, RELEASED, table.num_rows)
+        yield beam.pvalue.TaggedOutput("counts", counts)
+        yield ReleasedGroup(
+            key,
+            group,
+            key[0] + self._config.window.period_ms,
+            tuple(ordered_keys),
+            tuple(per_crowd.tolist()),
+            table.column("payload").combine_chunks().take(take),
+            table.column("payload_crc32c").combine_chunks().take(take).to_numpy(),
+        )
