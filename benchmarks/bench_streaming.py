@@ -33,7 +33,8 @@ from typing import Any
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines import engines, stream_simulate
+from pipelines import stream_simulate
+from pipelines.engines import runners
 from transforms.shuffle_stream import window_name
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -58,7 +59,7 @@ RECIPE = {
 
 def _esa(*argv: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "pipelines.cli", *argv],
+        [sys.executable, "-m", "pipelines.commandline.main", *argv],
         cwd=REPOSITORY,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -190,7 +191,7 @@ def _batch(root: Path, files: list[Path]) -> float:
 
 
 def run(quick: bool) -> list[dict[str, Any]]:
-    if engines.prism_binary() is None:
+    if runners.prism_binary() is None:
         return [{"benchmark": "streaming", "metric": "skipped", "note": "no Prism: make engines"}]
     few, many = (2, 5) if quick else (5, 50)
     respondents = 1_000 if quick else 3_000

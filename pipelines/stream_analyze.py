@@ -45,11 +45,11 @@ from typing import Any
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines import analyze as batch_analyze
-from pipelines.cli import UsageError
-from pipelines.options import AnalyzeOptions
-from schemas import release as release_format
-from transforms.analysis_reports import REPORTS_DIR, WITHHELD_DIR, read_reports
-from transforms.analyze import HISTOGRAMS_FILE, LONGITUDINAL_FILE, SUMMARY_FILE
+from pipelines.commandline.main import UsageError
+from pipelines.commandline.options import AnalyzeOptions
+from schemas.release import commit as release_format
+from transforms.analyzer.report_files import REPORTS_DIR, WITHHELD_DIR, read_reports
+from transforms.analyzer.analyze import HISTOGRAMS_FILE, LONGITUDINAL_FILE, SUMMARY_FILE
 from transforms.shuffle_stream import parse_window_name, window_name, write_json
 
 PROGRESS_FILE = "_STREAM.json"

@@ -30,10 +30,10 @@ from typing import Any
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines import keys as keys_cli
+from pipelines.commandline import keys as keys_cli
 from pipelines import stream_simulate
-from pipelines.cli import UsageError
-from pipelines.options import RunOptions
+from pipelines.commandline.main import UsageError
+from pipelines.commandline.options import RunOptions
 from schemas.recipes import load_recipe
 
 # Seconds the followers watch beyond the replay: Prism's start and the last poll.
@@ -42,7 +42,7 @@ MARGIN_SECONDS = 15.0
 
 def _esa(argv: list[str]) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "pipelines.cli", *argv],
+        [sys.executable, "-m", "pipelines.commandline.main", *argv],
         cwd=Path(__file__).resolve().parents[1],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

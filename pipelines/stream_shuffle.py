@@ -44,16 +44,16 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from apache_beam.runners.runner import PipelineState
 from apache_beam.utils.timestamp import Timestamp
 
-from pipelines import engines
-from pipelines import keys as keys_cli
+from pipelines.engines import runners as engines
+from pipelines.commandline import keys as keys_cli
 from pipelines import shuffle as batch_shuffle
-from pipelines.cli import UsageError
-from pipelines.flags import parse_lateness_ms
-from pipelines.options import ShuffleOptions
-from schemas import release as release_format
-from transforms import shuffle_core as core
+from pipelines.commandline.main import UsageError
+from pipelines.commandline.flags import parse_lateness_ms
+from pipelines.commandline.options import ShuffleOptions
+from schemas.release import commit as release_format
+from transforms.shuffler import report_rows
 from transforms import shuffle_stream as stream
-from transforms.shuffle_config import REJECTED_PREFIX, UNKNOWN_PREFIX
+from transforms.shuffler.config import REJECTED_PREFIX, UNKNOWN_PREFIX
 
 PROGRESS_FILE = "_STREAM.json"
 METRICS_FILE = "metrics.json"
@@ -130,7 +130,7 @@ class WindowCommitter:
         self,
         layout: stream.StreamLayout,
         values: Mapping[str, Any],
-        routes: Mapping[str, core.RecipeRoute] | None,
+        routes: Mapping[str, report_rows.RecipeRoute] | None,
         runner_flags: list[str],
     ) -> None:
         self._layout = layout
@@ -199,7 +199,7 @@ class WindowCommitter:
             os.path.join(layout.output, PROGRESS_FILE),
             {
                 "instance": self._values.get("instance"),
-                "window_ms": core.parse_duration_ms(self._values["window"]),
+                "window_ms": report_rows.parse_duration_ms(self._values["window"]),
                 "allowed_lateness_ms": parse_lateness_ms(self._values["allowed_lateness"]),
                 "committed_through_ms": watermark["watermark_ms"],
                 "finished": bool(finished),
@@ -284,7 +284,7 @@ def stream_metrics(layout: stream.StreamLayout) -> dict[str, Any]:
 
 
 def run(
-    options: PipelineOptions, routes: Mapping[str, core.RecipeRoute] | None = None
+    options: PipelineOptions, routes: Mapping[str, report_rows.RecipeRoute] | None = None
 ) -> dict[str, Any]:
     """Follow ``--input`` until ``--watch-for`` ends, committing each window as it closes;
     returns the instance's metrics (also in PDIR/metrics.json)."""

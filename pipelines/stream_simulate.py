@@ -26,11 +26,11 @@ import pyarrow as pa
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines import simulate as simulate_pipeline
-from pipelines.cli import UsageError
-from pipelines.options import SimulateOptions
+from pipelines.commandline.main import UsageError
+from pipelines.commandline.options import SimulateOptions
 from schemas import parsed_schema, schema_json
 from schemas.avro.container import encode_container
-from transforms import avro_io
+from transforms.common import avro_io
 
 FLEET_DIR = "_fleet"
 CHUNKS = 2

@@ -53,11 +53,12 @@ from apache_beam.transforms.window import GlobalWindow
 
 from schemas import parsed_schema, schema_json
 from schemas.avro.container import encode_container
-from schemas.records import dead_letter
-from transforms import atomic_files, avro_io
-from transforms import shuffle_core as core
-from transforms.shuffle_config import REJECTED_PREFIX, STAGE_READ, STAGE_WINDOW, UNKNOWN_PREFIX
-from transforms.shuffle_steps import rejected_dead_letters
+from schemas.dead_letters import dead_letter
+from transforms.common import atomic_files
+from transforms.common import avro_io
+from transforms.shuffler import report_rows
+from transforms.shuffler.config import REJECTED_PREFIX, STAGE_READ, STAGE_WINDOW, UNKNOWN_PREFIX
+from transforms.shuffler.steps import rejected_dead_letters
 
 WINDOW_PREFIX = "window="
 STREAM_DIR = "stream"
@@ -182,7 +183,7 @@ def _late_letters(
     where = range(len(records)) if indexes is None else indexes
     return [
         dead_letter(
-            STAGE_WINDOW, core.LATE_DATA, detail, f"{source}#record={i}", original_record=record
+            STAGE_WINDOW, report_rows.LATE_DATA, detail, f"{source}#record={i}", original_record=record
         )
         for i, record in zip(where, records, strict=True)
     ]
@@ -204,8 +205,8 @@ def write_late(layout: StreamLayout, start_ms: int, source: str, letters: list[d
 
 def stage_report_file(
     source: str,
-    rules: core.ValidationRules,
-    window: core.WindowSpec,
+    rules: report_rows.ValidationRules,
+    window: report_rows.WindowSpec,
     layout: StreamLayout,
     batch_records: int,
 ) -> FileNotice:
@@ -231,18 +232,18 @@ def stage_report_file(
             letters.append(item.dead_letter(STAGE_READ))
             continue
         records += item.rows
-        reasons = core.validate_reports(item.columns, rules)
+        reasons = report_rows.validate_reports(item.columns, rules)
         letters.extend(rejected_dead_letters(item, reasons, rules))
-        for code in np.unique(reasons[reasons != core.VALID]).tolist():
-            key = REJECTED_PREFIX + core.REASONS[code]
+        for code in np.unique(reasons[reasons != report_rows.VALID]).tolist():
+            key = REJECTED_PREFIX + report_rows.REASONS[code]
             counts[key] = counts.get(key, 0) + int(np.count_nonzero(reasons == code))
-        valid = np.flatnonzero(reasons == core.VALID)
+        valid = np.flatnonzero(reasons == report_rows.VALID)
         if not valid.size:
             continue
         rows = item.columns.take(pa.array(valid))
         event_time = rows.column("event_time").to_numpy().astype(np.int64)
         max_event = max(int(event_time.max()), max_event if max_event is not None else -(2**63))
-        starts = core.window_starts(event_time, window)
+        starts = report_rows.window_starts(event_time, window)
         for start in np.unique(starts).tolist():
             parts.setdefault(start, []).append(rows.filter(pa.array(starts == start)))
     windows: dict[str, int] = {}
@@ -348,8 +349,8 @@ class StageReportFile(beam.DoFn):
 
     def __init__(
         self,
-        rules: core.ValidationRules,
-        window: core.WindowSpec,
+        rules: report_rows.ValidationRules,
+        window: report_rows.WindowSpec,
         layout: StreamLayout,
         batch_records: int,
     ) -> None:
@@ -455,8 +456,8 @@ class FollowReports(beam.PTransform):
 
     def __init__(
         self,
-        rules: core.ValidationRules,
-        window: core.WindowSpec,
+        rules: report_rows.ValidationRules,
+        window: report_rows.WindowSpec,
         allowed_lateness_ms: int,
         layout: StreamLayout,
         batch_records: int,

@@ -22,13 +22,13 @@ from pathlib import Path
 import fastavro
 import pytest
 
-from pipelines import engines
+from pipelines.engines import runners
 from tests.pipelines import shuffled
 from tests.transforms import report_factory as rf
 from transforms.shuffle_stream import window_name
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
-if engines.prism_binary() is None:
+if runners.prism_binary() is None:
     pytest.skip("no Prism binary: run `make engines`", allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +40,7 @@ def _esa(*argv: str) -> subprocess.Popen:
     """``esa ARGV`` as a process of its own session (so that its Prism dies with it)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     return subprocess.Popen(
-        [sys.executable, "-m", "pipelines.cli", *argv],
+        [sys.executable, "-m", "pipelines.commandline.main", *argv],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,

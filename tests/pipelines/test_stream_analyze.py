@@ -13,8 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines import cli, stream_analyze, stream_simulate
-from pipelines.options import AnalyzeOptions
+from pipelines import stream_analyze, stream_simulate
+from pipelines.commandline import main as cli
+from pipelines.commandline.options import AnalyzeOptions
 from transforms.shuffle_stream import window_name
 
 DAY = 86_400_000

@@ -10,11 +10,11 @@ import fastavro
 import pytest
 
 from tests.transforms import report_factory as rf
-from transforms import shuffle_core as core
+from transforms.shuffler import report_rows
 from transforms import shuffle_stream as stream
 
 DAY = rf.DAY_MS
-SPEC = core.WindowSpec(period_ms=DAY)
+SPEC = report_rows.WindowSpec(period_ms=DAY)
 
 
 def test_window_names_round_trip_and_refuse_others() -> None:
