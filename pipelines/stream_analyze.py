@@ -48,9 +48,10 @@ from pipelines import analyze as batch_analyze
 from pipelines.commandline.main import UsageError
 from pipelines.commandline.options import AnalyzeOptions
 from schemas.release import commit as release_format
-from transforms.analyzer.report_files import REPORTS_DIR, WITHHELD_DIR, read_reports
+from schemas.release.windows import parse_window_name, window_name
 from transforms.analyzer.analyze import HISTOGRAMS_FILE, LONGITUDINAL_FILE, SUMMARY_FILE
-from transforms.shuffle_stream import parse_window_name, window_name, write_json
+from transforms.analyzer.report_files import REPORTS_DIR, WITHHELD_DIR, read_reports
+from transforms.common.json_files import write_json
 
 PROGRESS_FILE = "_STREAM.json"
 WINDOWS_DIR = "windows"

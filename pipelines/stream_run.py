@@ -30,8 +30,8 @@ from typing import Any
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines.commandline import keys as keys_cli
 from pipelines import stream_simulate
+from pipelines.commandline import keys as keys_cli
 from pipelines.commandline.main import UsageError
 from pipelines.commandline.options import RunOptions
 from schemas.recipes import load_recipe

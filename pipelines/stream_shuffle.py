@@ -5,7 +5,7 @@ signed release per event-time window.
         --instance 0 [--signing-key KEY] [--window 1d] [--allowed-lateness 0] \\
         [--watch-interval 10] [--watch-for SECONDS] [--runner=PrismRunner ...]
 
-Two parts (transforms/shuffle_stream.py has the details and the watermark policy):
+Two parts (transforms/shuffler/stream.py has the details and the watermark policy):
 
 - a Beam **streaming** pipeline (Prism by default: ``make engines`` builds it; Beam's other local
   runners cannot follow files, see the README) that follows ``--input`` with
@@ -44,15 +44,14 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from apache_beam.runners.runner import PipelineState
 from apache_beam.utils.timestamp import Timestamp
 
-from pipelines.engines import runners as engines
-from pipelines.commandline import keys as keys_cli
 from pipelines import shuffle as batch_shuffle
-from pipelines.commandline.main import UsageError
+from pipelines.commandline import keys as keys_cli
 from pipelines.commandline.flags import parse_lateness_ms
+from pipelines.commandline.main import UsageError
 from pipelines.commandline.options import ShuffleOptions
+from pipelines.engines import runners as engines
 from schemas.release import commit as release_format
-from transforms.shuffler import report_rows
-from transforms import shuffle_stream as stream
+from transforms.shuffler import report_rows, stream
 from transforms.shuffler.config import REJECTED_PREFIX, UNKNOWN_PREFIX
 
 PROGRESS_FILE = "_STREAM.json"

@@ -23,9 +23,9 @@ import fastavro
 import pytest
 
 from pipelines.engines import runners
+from schemas.release.windows import window_name
 from tests.pipelines import shuffled
 from tests.transforms import report_factory as rf
-from transforms.shuffle_stream import window_name
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 if runners.prism_binary() is None:

@@ -10,8 +10,7 @@ import fastavro
 import pytest
 
 from tests.transforms import report_factory as rf
-from transforms.shuffler import report_rows
-from transforms import shuffle_stream as stream
+from transforms.shuffler import report_rows, stream
 
 DAY = rf.DAY_MS
 SPEC = report_rows.WindowSpec(period_ms=DAY)

@@ -38,8 +38,7 @@ import hashlib
 import json
 import os
 import typing
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from datetime import UTC, datetime
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import apache_beam as beam
@@ -54,39 +53,16 @@ from apache_beam.transforms.window import GlobalWindow
 from schemas import parsed_schema, schema_json
 from schemas.avro.container import encode_container
 from schemas.dead_letters import dead_letter
-from transforms.common import atomic_files
-from transforms.common import avro_io
+from schemas.release.windows import parse_window_name, window_name  # noqa: F401 - re-exported
+from transforms.common import atomic_files, avro_io
+from transforms.common.json_files import write_json
 from transforms.shuffler import report_rows
 from transforms.shuffler.config import REJECTED_PREFIX, STAGE_READ, STAGE_WINDOW, UNKNOWN_PREFIX
 from transforms.shuffler.steps import rejected_dead_letters
 
-WINDOW_PREFIX = "window="
 STREAM_DIR = "stream"
 # A writer's in-progress file (``.name`` or ``_name``, renamed when complete) is never read.
 _IN_PROGRESS = (".", "_")
-
-
-def window_name(start_ms: int) -> str:
-    """``window=20240101T000000Z`` (``.250`` before the Z for a start with milliseconds)."""
-    moment = datetime.fromtimestamp(start_ms / 1000, UTC)
-    millis = start_ms % 1000
-    return f"{WINDOW_PREFIX}{moment:%Y%m%dT%H%M%S}" + (f".{millis:03d}" if millis else "") + "Z"
-
-
-def parse_window_name(name: str) -> int | None:
-    """The window start (ms) a :func:`window_name` names, or None for any other name."""
-    if not name.startswith(WINDOW_PREFIX) or not name.endswith("Z"):
-        return None
-    text = name[len(WINDOW_PREFIX) : -1]
-    seconds, _, millis = text.partition(".")
-    try:
-        moment = datetime.strptime(seconds, "%Y%m%dT%H%M%S").replace(tzinfo=UTC)
-    except ValueError:
-        return None
-    if millis and not (len(millis) == 3 and millis.isdigit()):
-        return None
-    start = int(moment.timestamp()) * 1000 + (int(millis) if millis else 0)
-    return start if window_name(start) == name else None
 
 
 def file_digest(path: str) -> str:
@@ -146,15 +122,6 @@ class StreamLayout:
             return frozenset()
 
 
-def write_json(path: str, content: Mapping[str, Any]) -> None:
-    """Replace ``path`` atomically with ``content`` as JSON (written, then renamed)."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    temporary = f"{path}.{os.getpid()}.tmp"
-    with open(temporary, "w") as handle:
-        json.dump(content, handle, sort_keys=True)
-    os.replace(temporary, path)
-
-
 # ---------------------------------------------------------------------------------------------
 # Staging one input file (pure but for its file writes)
 # ---------------------------------------------------------------------------------------------
@@ -183,7 +150,11 @@ def _late_letters(
     where = range(len(records)) if indexes is None else indexes
     return [
         dead_letter(
-            STAGE_WINDOW, report_rows.LATE_DATA, detail, f"{source}#record={i}", original_record=record
+            STAGE_WINDOW,
+            report_rows.LATE_DATA,
+            detail,
+            f"{source}#record={i}",
+            original_record=record,
         )
         for i, record in zip(where, records, strict=True)
     ]
