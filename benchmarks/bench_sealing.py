@@ -36,10 +36,11 @@ from schemas import SCHEMA_VERSION, schema_json
 from schemas.avro.crc32c import crc32c_many
 from schemas.crypto import sealing
 from schemas.crypto.analyzer_keys import KeyRing, generate_key, write_key_pair
+from schemas.crypto.sealing import recipe_pad_length
 from schemas.payloads import EncodedPayloads, encode_message_batch
 from schemas.recipes import load_recipe
 from simulators.reports import ReportBatch
-from simulators.sealing import DeviceSealing, recipe_pad_length
+from simulators.sealing import DeviceSealing
 from transforms.analyzer.opening import ReleaseOpener
 from transforms.common import avro_io
 

@@ -22,7 +22,7 @@ import fastavro
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines import simulate
-from pipelines.commandline.options import SimulateOptions
+from pipelines.commandline.simulate_options import SimulateOptions
 from schemas import REPORT, parsed_schema, schema_json
 from schemas.avro.container import ContainerWriter
 from simulators.plan import ShardSummary

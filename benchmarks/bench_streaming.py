@@ -35,7 +35,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines import stream_simulate
 from pipelines.engines import runners
-from schemas.release.windows import window_name
+from schemas.windows import window_name
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 PACE = 4.0  # seconds between windows in the paced runs

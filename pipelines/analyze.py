@@ -72,9 +72,10 @@ from apache_beam.options.pipeline_options import (
 )
 
 from pipelines import pictures
-from pipelines.commandline import keys as keys_cli
+from pipelines.commandline import analyzer_key_flags
+from pipelines.commandline.analyze_options import AnalyzeOptions
 from pipelines.commandline.main import UsageError
-from pipelines.commandline.options import AnalyzeOptions, temp_location_root, with_default_runner
+from pipelines.commandline.options import temp_location_root, with_default_runner
 from pipelines.release_counts import check_release_counts
 from schemas import SUPPORTED_SCHEMA_VERSIONS
 from schemas.crypto.signing_keys import ShufflerKeys
@@ -100,7 +101,7 @@ from transforms.analyzer.analyze import (
 from transforms.analyzer.report_files import REPORTS_DIR, WITHHELD_DIR, read_reports
 from transforms.analyzer.tables import SPILL_DIR, analysis_parts
 from transforms.common import atomic_files
-from transforms.shuffler.shuffle import WriteDeadLetters
+from transforms.common.dead_letters import WriteDeadLetters
 
 __all__ = ["Release", "discover_releases", "register", "run", "summary_table"]
 
@@ -369,13 +370,13 @@ def run(options: PipelineOptions) -> dict[str, Any]:
     stated = None
     if values.analyze_deletion_epsilon is not None:
         stated = (values.analyze_deletion_epsilon, values.analyze_deletion_delta)
-    shuffler_keys = keys_cli.load_shuffler_keys(values.analyze_shuffler_keys)
+    shuffler_keys = analyzer_key_flags.load_shuffler_keys(values.analyze_shuffler_keys)
     releases = discover_releases(values.analyze_input or [], shuffler_keys)
     check_deletion_flags(releases, stated)
     output = _prepare_output(values.analyze_output, values.analyze_overwrite)
     book = recipe_book(values.analyze_recipe)
     message_files = sum(len(r.files) for r in releases)
-    keys_cli.check_key_ring(values.analyze_key_ring)  # one-line error before the pipeline
+    analyzer_key_flags.check_key_ring(values.analyze_key_ring)  # one-line error before the pipeline
     # Driver-side per crowd: nothing but two bounded results of one pass over the releases'
     # crowds (the pictured crowd keys, the table-size estimate for the number of parts); the
     # respondent counts and withheld crowds are read from the verified releases by workers.

@@ -1,6 +1,7 @@
 """``esa analysis``: interactive analyses in rounds (samplable-anonymous-aggregation Sections 1, 4).
 
-    esa analysis run --plan plan.json --output DIR [--overwrite] [Beam flags]
+    esa analysis run --plan plan.json --output DIR [--device-config device.json] [--overwrite]
+        [Beam flags]
     esa analysis audit --output DIR --device N
 
 An analysis plan (JSON, :data:`DEFAULT_PLAN` shows every key) learns popular n-grams of what
@@ -8,9 +9,19 @@ simulated keyboard users typed (real English: Debian's fortunes, ``simulators.te
 round 1 asks every device for a random 2-gram it typed that starts with a known word; round r
 sends the prefix tree of round r-1's ``keep`` most popular (r)-grams and asks for an (r+1)-gram
 extending one of its leaves (Appendix B bucketing). Each device is a SQLite event store
-(``simulators.event_store``) that checks the round's recipe against its policy (query class,
-Checks 1-3, per-field budgets), answers under the database's authorizer and logs the query and
-everything it sent (``esa analysis audit``). The devices' answers then go through the real stages
+(``simulators.event_store``) that checks the round's recipe against its own policy (query class,
+Checks 1-3, per-field budgets), answers under the database's authorizer and query limits and logs
+the query and everything it sent in a hash-chained audit log (``esa analysis audit``).
+
+The plan is the analyst's: it asks for an ``epsilon_local`` per round and never sets a budget.
+The devices' privacy policy and query limits are their own configuration
+(``simulators.interactive_devices.DeviceConfig``), written into each device at enrollment from
+``--device-config`` (the fleet's configuration; default: the configuration devices ship with)
+and enforced there; a plan key that would set a budget is refused.
+
+Every size-like plan field has a range (:data:`PLAN_RANGES`, docs/interactive.md), checked with
+the rest of the plan before any work: a plan out of range, of the wrong type, or with a NaN or
+infinity is one error line (exit 2). The devices' answers then go through the real stages
 of ``esa run`` (``pipelines.run.run``: simulate with population ``values:answers.npy``, K
 shufflers, analyzer on Beam), and round r+1's recipe is built from round r's histogram.
 
@@ -21,9 +32,11 @@ for each total local epsilon, the interactive rounds with one non-interactive ro
 3-gram domain at the same total, drawn from the exact aggregate distribution
 (``simulators.ngram_sweep``), and draws precision at k against epsilon (``precision_at_k.png``).
 
-Output: ``DIR/analysis.json`` (per round: recipe, device counters, privacy report, discovered
+Output: ``DIR/analysis.json`` (the device configuration; per round: recipe, device counters
+with refusals by reason, privacy report, discovered
 n-grams, precision and recall at k; composition; baseline; sweep), ``DIR/round-<r>/`` (the
-round's recipe, answers and the ``esa run`` output), ``DIR/devices/`` (one SQLite file per device).
+round's recipe, answers and the ``esa run`` output), ``DIR/devices/`` (one SQLite file per device
+and its keystore).
 """
 
 from __future__ import annotations
@@ -31,7 +44,10 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import math
+import re
 import shutil
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -41,11 +57,13 @@ import numpy as np
 import pyarrow.parquet as pq
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from pipelines.commandline.flags import INT64_MAX
 from pipelines.commandline.main import UsageError
 from privacy.accounting import PrivacyLoss, compose, compose_basic
 from privacy.ngrams import NgramEncoding, precision_recall_at_k, tokenize, top_k
 from simulators import interactive_devices as devices_mod
 from simulators import ngram_sweep
+from simulators.event_store import LedgerBroken
 from simulators.plan import SimulationPlan
 from simulators.text_corpus import CorpusUnavailable, load_sentences
 from transforms.analyzer.report_files import read_reports
@@ -57,7 +75,7 @@ NOW_MS = 1_735_689_600_000  # 2025-01-01: the simulated "now" of round 1; round 
 HOUR_MS = 3_600_000
 # The measured plan (docs/interactive.md): 20,000 keyboards of 10 sentences, 64 known words, two
 # rounds of epsilon_local 5 (cohort epsilon 0.742 each at the minimum crowd of 10,000); the
-# analysis and field budgets (1.6) admit the two rounds and no third.
+# devices' own analysis and field budgets (1.6, DeviceConfig) admit the two rounds and no third.
 DEFAULT_PLAN: dict[str, Any] = {
     "name": "ngram_discovery",
     "seed": 20260101,
@@ -69,15 +87,45 @@ DEFAULT_PLAN: dict[str, Any] = {
     "instances": 2,
     "crowd_threshold": 100,
     "min_crowd_size": 10000,
-    "analysis_epsilon": 1.6,
-    "field_epsilon": 1.6,
-    "local_epsilon_allowed": 6.0,
     "rounds": [{"epsilon_local": 5.0, "keep": 96}, {"epsilon_local": 5.0, "keep": 0}],
     "baseline": True,
     "sweep": None,
     "query": devices_mod.KEYBOARD_QUERY,
 }
 _PLAN_KEYS = frozenset(DEFAULT_PLAN)
+# Keys that would set what only a device sets (its policy and limits: DeviceConfig).
+_DEVICE_KEYS = frozenset(
+    {
+        "analysis_epsilon",
+        "field_epsilon",
+        "local_epsilon_allowed",
+        "reports_allowed",
+        "query_limits",
+        "device_config",
+        "policy",
+        "budget",
+        "budgets",
+    }
+)
+MAX_ROUNDS = 16
+MAX_ROUND_EPSILON = 20.0
+# Ranges of the plan's integer fields (inclusive), checked before any work. 100,000 devices is
+# five times the measured plan (one SQLite file each, about 1-2 ms per device and round); 256
+# known words and keep make at most 1 + 256 x 258 = 66,049 buckets a round.
+PLAN_RANGES: dict[str, tuple[int, int]] = {
+    "seed": (0, 2**52),
+    "devices": (1, 100_000),
+    "sentences_per_device": (1, 1_000),
+    "known_words": (1, 256),
+    "k": (1, 1_000),
+    "instances": (1, 64),
+    "crowd_threshold": (1, INT64_MAX),
+    "min_crowd_size": (1, 10**9),
+    "keep": (0, 256),
+    "repeats": (1, 100),
+}
+_NAME_PATTERN = re.compile(r"^[a-z0-9][a-z0-9_]{0,47}$")
+MAX_QUERY_CHARACTERS = 10_000
 
 
 def register(subparsers: Any) -> None:
@@ -91,6 +139,13 @@ def register(subparsers: Any) -> None:
     run = actions.add_parser("run", help="Run an analysis plan round by round.")
     run.add_argument("--plan", default=None, help="Plan JSON file. Default: DEFAULT_PLAN.")
     run.add_argument("--output", required=True, help="Output directory.")
+    run.add_argument(
+        "--device-config",
+        default=None,
+        help="The fleet's device configuration (JSON: analysis_epsilon, field_epsilon, "
+        "local_epsilon_allowed, reports_allowed, query_limits), written into every device at "
+        "enrollment. Default: what devices ship with (DeviceConfig).",
+    )
     run.add_argument("--overwrite", action="store_true", help="Replace an existing --output.")
     run.set_defaults(handler=_handle_run, accepts_pipeline_args=True)
     audit = actions.add_parser("audit", help="Print one device's audit log (JSON).")
@@ -101,17 +156,48 @@ def register(subparsers: Any) -> None:
 
 def _handle_run(args: argparse.Namespace, pipeline_args: list[str]) -> int:
     plan = load_plan(args.plan)
-    result = run_analysis(plan, Path(args.output), pipeline_args, args.overwrite, echo=True)
+    config = load_device_config(args.device_config)
+    result = run_analysis(
+        plan, Path(args.output), pipeline_args, args.overwrite, echo=True, device_config=config
+    )
     return 0 if result["adds_up"] else 1
 
 
 def _handle_audit(args: argparse.Namespace) -> int:
+    if args.device < 0:
+        raise UsageError(f"--device must be >= 0, got {args.device}")
     try:
         entries = devices_mod.read_audit(Path(args.output) / "devices", args.device)
     except FileNotFoundError as error:
         raise UsageError(str(error)) from None
+    except LedgerBroken as broken:
+        print(f"esa analysis: error: device {args.device}'s audit log is broken: {broken}",
+              file=sys.stderr)  # fmt: skip
+        return 1
     print(devices_mod.dumps_audit(entries))
     return 0
+
+
+def _read_json(path: str, flag: str) -> Any:
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not a number JSON allows")
+
+    try:
+        return json.loads(Path(path).read_text(), parse_constant=no_constant)
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
+        raise UsageError(f"{flag} {path}: cannot be read: {error}") from None
+
+
+def load_device_config(path: str | None) -> devices_mod.DeviceConfig:
+    """The fleet's device configuration at ``path`` (default: ``DeviceConfig()``)."""
+    if path is None:
+        return devices_mod.DeviceConfig()
+    try:
+        return devices_mod.DeviceConfig.from_dict(
+            _read_json(path, "--device-config"), source=f"--device-config {path}"
+        )
+    except ValueError as error:
+        raise UsageError(str(error)) from None
 
 
 def load_plan(path: str | None) -> dict[str, Any]:
@@ -119,29 +205,102 @@ def load_plan(path: str | None) -> dict[str, Any]:
     plan = json.loads(json.dumps(DEFAULT_PLAN))
     if path is None:
         return plan
-    try:
-        given = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise UsageError(f"--plan {path}: cannot be read: {error}") from None
+    given = _read_json(path, "--plan")
     if not isinstance(given, dict):
         raise UsageError(f"--plan {path}: must be a JSON object")
-    unknown = sorted(set(given) - _PLAN_KEYS)
-    if unknown:
-        raise UsageError(f"--plan {path}: unknown key {unknown[0]!r} (known: {sorted(_PLAN_KEYS)})")
+    check_plan({**plan, **given}, f"--plan {path}", given_keys=given)
     plan.update(given)
+    return plan
+
+
+def _integer(value: Any, name: str, source: str, field: str | None = None) -> int:
+    """An integer in ``PLAN_RANGES[field or name]``."""
+    low, high = PLAN_RANGES[field or name]
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise UsageError(f"{source}: {name} must be an integer in [{low}, {high}], got {value!r}")
+    if not low <= value <= high:
+        raise UsageError(f"{source}: {name} must be in [{low}, {high}], got {value}")
+    return value
+
+
+def _number(value: Any, name: str, source: str, low: float, high: float) -> float:
+    """A finite number in ``(low, high]``."""
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or not low < value <= high
+    ):
+        raise UsageError(
+            f"{source}: {name} must be a finite number in ({low:g}, {high:g}], got {value!r}"
+        )
+    return float(value)
+
+
+def check_plan(plan: dict[str, Any], source: str = "plan", given_keys: Any = None) -> None:
+    """Refuse (one UsageError line) a plan that sets a device's budget, has an unknown key, or a
+    field of the wrong type or outside its documented range (:data:`PLAN_RANGES`; ``delta`` in
+    (0, 0.01]; per round ``epsilon_local`` in (0, 20] and ``keep``; 1 to 16 rounds; ``name``
+    ``[a-z0-9_]``, at most 48 characters; ``query`` at most 10,000 characters)."""
+    keys = set(plan if given_keys is None else given_keys)
+    setting = sorted(keys & _DEVICE_KEYS)
+    if setting:
+        raise UsageError(
+            f"{source}: {setting[0]!r} would set the devices' privacy policy, which each device "
+            "holds and enforces itself (esa analysis run --device-config configures the fleet); "
+            "a plan asks for an epsilon_local per round, and each device checks it"
+        )
+    unknown = sorted(keys - _PLAN_KEYS)
+    if unknown:
+        raise UsageError(f"{source}: unknown key {unknown[0]!r} (known: {sorted(_PLAN_KEYS)})")
+    missing = sorted(_PLAN_KEYS - set(plan))
+    if missing:
+        raise UsageError(f"{source}: missing key {missing[0]!r}")
+    name = plan["name"]
+    if not isinstance(name, str) or not _NAME_PATTERN.match(name):
+        raise UsageError(f"{source}: name must match {_NAME_PATTERN.pattern}, got {name!r}")
+    for key in ("seed", "devices", "sentences_per_device", "known_words", "k", "instances",
+                "crowd_threshold", "min_crowd_size"):  # fmt: skip
+        _integer(plan[key], key, source)
+    _number(plan["delta"], "delta", source, 0.0, 0.01)
     rounds = plan["rounds"]
     if (
         not isinstance(rounds, list)
-        or not rounds
+        or not 1 <= len(rounds) <= MAX_ROUNDS
         or not all(isinstance(r, dict) and set(r) == {"epsilon_local", "keep"} for r in rounds)
     ):
         raise UsageError(
-            f"--plan {path}: rounds must be a non-empty list of {{epsilon_local, keep}}"
+            f"{source}: rounds must be a list of 1 to {MAX_ROUNDS} {{epsilon_local, keep}} "
+            "(a round asks for its epsilon_local; the devices hold the budgets)"
         )
-    for key in ("devices", "sentences_per_device", "known_words", "k", "min_crowd_size"):
-        if not isinstance(plan[key], int) or plan[key] < 1:
-            raise UsageError(f"--plan {path}: {key} must be a positive integer")
-    return plan
+    for index, settings in enumerate(rounds):
+        _number(settings["epsilon_local"], f"rounds[{index}].epsilon_local", source, 0.0,
+                MAX_ROUND_EPSILON)  # fmt: skip
+        _integer(settings["keep"], f"rounds[{index}].keep", source, "keep")
+    if not isinstance(plan["baseline"], bool):
+        raise UsageError(f"{source}: baseline must be true or false, got {plan['baseline']!r}")
+    query = plan["query"]
+    if not isinstance(query, str) or not 0 < len(query) <= MAX_QUERY_CHARACTERS or "\x00" in query:
+        raise UsageError(
+            f"{source}: query must be SQL text of 1 to {MAX_QUERY_CHARACTERS:,} characters"
+        )
+    try:
+        query.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(f"{source}: query must be UTF-8 text (no lone surrogates)") from None
+    sweep = plan["sweep"]
+    if sweep is not None:
+        if not isinstance(sweep, dict) or not set(sweep) <= {"epsilons_local", "repeats"}:
+            raise UsageError(f"{source}: sweep must be null or {{epsilons_local, repeats}}")
+        epsilons = sweep.get("epsilons_local")
+        if not isinstance(epsilons, list) or not 1 <= len(epsilons) <= MAX_ROUNDS:
+            raise UsageError(
+                f"{source}: sweep.epsilons_local must be a list of 1 to {MAX_ROUNDS} numbers"
+            )
+        for index, epsilon in enumerate(epsilons):
+            _number(epsilon, f"sweep.epsilons_local[{index}]", source, 0.0, MAX_ROUND_EPSILON)
+        if "repeats" in sweep:
+            _integer(sweep["repeats"], "sweep.repeats", source, "repeats")
 
 
 def _typed(plan: dict[str, Any], rng: np.random.Generator) -> tuple[list[list[str]], list[str]]:
@@ -232,11 +391,23 @@ def _compose(epsilons: list[float], deltas: list[float]) -> dict[str, Any]:
 
 
 def _prepare(output: Path, overwrite: bool) -> None:
-    if output.exists() and any(output.iterdir()):
+    """An empty --output; --overwrite replaces an earlier analysis (a folder with plan.json)
+    and nothing else."""
+    if output.exists() and not output.is_dir():
+        raise UsageError(f"--output {output} exists and is not a directory")
+    if output.is_dir() and any(output.iterdir()):
         if not overwrite:
             raise UsageError(f"--output {output} exists; pass --overwrite to replace it")
+        if not (output / "plan.json").is_file():
+            raise UsageError(
+                f"--output {output} holds something other than an earlier esa analysis; "
+                "--overwrite replaces only that"
+            )
         shutil.rmtree(output)
-    output.mkdir(parents=True, exist_ok=True)
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"--output {output}: cannot be created: {error.strerror}") from None
 
 
 def _run_round(
@@ -248,6 +419,8 @@ def _run_round(
     flags: list[str],
     say: Any,
 ) -> tuple[dict[str, Any], np.ndarray | None]:
+    """One round: the recipe, every device's decision under its own configuration, and the
+    answers through ``esa run``'s stages (simulate -> K shufflers -> analyzer)."""
     from pipelines import run as run_pipeline
 
     round_id = f"round-{index}"
@@ -259,13 +432,10 @@ def _run_round(
     )  # fmt: skip
     (round_dir / "recipe.json").write_text(json.dumps(recipe.to_dict(), indent=2))
     (round_dir / "transport_recipe.json").write_text(recipe.recipe.to_json())
-    policy = devices_mod.keyboard_policy(
-        plan["name"], plan["analysis_epsilon"], plan["field_epsilon"], plan["local_epsilon_allowed"]
-    )
     now_ms = NOW_MS + (index - 1) * HOUR_MS
     began = time.monotonic()
     answers, senders, counters = devices_mod.answer_fleet(
-        output / "devices", plan["devices"], recipe, policy, plan["seed"] + index, now_ms, DAY_MS
+        output / "devices", plan["devices"], recipe, plan["seed"] + index, now_ms, DAY_MS
     )
     say(f"{round_id}: {encoding.n}-grams over {encoding.domain_size} buckets; devices {counters} "
         f"({time.monotonic() - began:.1f} s)")  # fmt: skip
@@ -334,19 +504,25 @@ def run_analysis(
     pipeline_args: list[str] | None = None,
     overwrite: bool = False,
     echo: bool = False,
+    device_config: devices_mod.DeviceConfig | None = None,
 ) -> dict[str, Any]:
-    """Run ``plan`` into ``output``; returns analysis.json's content."""
+    """Run ``plan`` into ``output`` with a fleet enrolled under ``device_config`` (default
+    ``DeviceConfig()``); returns analysis.json's content. The plan is checked first."""
+    check_plan(plan)
+    device_config = device_config or devices_mod.DeviceConfig()
 
     def say(text: str) -> None:
         if echo:
             print(text, flush=True)
 
+    rng = np.random.default_rng(plan["seed"])
+    typed, known = _typed(plan, rng)  # refuses a plan the corpus cannot serve, before any file
     _prepare(output, overwrite)
     (output / "plan.json").write_text(json.dumps(plan, indent=2))
-    rng = np.random.default_rng(plan["seed"])
-    typed, known = _typed(plan, rng)
     began = time.monotonic()
-    in_window = devices_mod.create_fleet(output / "devices", typed, NOW_MS, DAY_MS, rng)
+    in_window = devices_mod.create_fleet(
+        output / "devices", typed, NOW_MS, DAY_MS, rng, device_config
+    )
     say(f"{plan['devices']} device stores ({time.monotonic() - began:.1f} s); "
         f"{len(known)} known words")  # fmt: skip
     k = plan["k"]
@@ -386,6 +562,7 @@ def run_analysis(
     }
     result: dict[str, Any] = {
         "plan": plan,
+        "device_config": device_config.to_dict(),
         "known_words": known,
         "rounds": rounds,
         "composition": composition,

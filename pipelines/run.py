@@ -51,7 +51,7 @@ from pipelines import shuffle as shuffle_pipeline
 from pipelines import simulate as simulate_pipeline
 from pipelines.commandline import keys as keys_cli
 from pipelines.commandline.main import UsageError
-from pipelines.commandline.options import RunOptions
+from pipelines.commandline.run_options import RunOptions
 from pipelines.engines import runners
 from schemas.recipes import Recipe, load_recipe, recipe_from_dict
 

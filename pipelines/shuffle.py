@@ -66,19 +66,20 @@ from apache_beam.options.pipeline_options import (
 )
 from apache_beam.utils.timestamp import Timestamp
 
-from pipelines.commandline import keys as keys_cli
+from pipelines.commandline import shuffler_key_flags
 from pipelines.commandline.main import UsageError
 from pipelines.commandline.options import (
-    ShuffleOptions,
     add_stage_arguments,
     stage_option_values,
     temp_location_root,
     with_default_runner,
 )
+from pipelines.commandline.shuffle_options import ShuffleOptions
 from schemas import SUPPORTED_SCHEMA_VERSIONS
 from schemas.release import commit as release_format
 from schemas.release.crowd_buckets import CROWDS_DIR, MESSAGES_DIR
 from transforms.common import atomic_files
+from transforms.common.dead_letters import WriteDeadLetters
 from transforms.shuffler import report_rows, spill
 from transforms.shuffler import shuffle as shuffle_transforms
 from transforms.shuffler import sinks as sinks
@@ -310,7 +311,7 @@ def commit_release(
         config.rules.instance, config.rules.recipe_ids, parameters, entries
     )
     os.makedirs(output, exist_ok=True)
-    key = None if signing_key is None else keys_cli.load_signing_key(signing_key)
+    key = None if signing_key is None else shuffler_key_flags.load_signing_key(signing_key)
     release_format.write_commit(output, record, signing_key=key)
     return record
 
@@ -332,7 +333,7 @@ def run(
     config = shuffle_config(shuffle_options, streaming, routes)
     output = shuffle_options.output
     private = private_path(output, shuffle_options.private_output)
-    keys_cli.check_signing_key(shuffle_options.signing_key, config.rules.instance)
+    shuffler_key_flags.check_signing_key(shuffle_options.signing_key, config.rules.instance)
     paths = None if streaming else _input_paths(shuffle_options.input)
     temp_location = options.view_as(GoogleCloudOptions).temp_location
     spill_root = spill_root_path(output, private, temp_location)
@@ -363,7 +364,7 @@ def run(
         outputs = input_paths | "Shuffle" >> shuffle_transforms.ShuffleReports(config, spill_dir)
         outputs.released | "WriteMessages" >> sinks.WriteShuffledMessages(output, private)
         outputs.crowds | "WriteCrowdTables" >> sinks.WriteCrowdTables(output, private)
-        outputs.dead_letters | "WriteDeadLetters" >> sinks.WriteDeadLetters(private)
+        outputs.dead_letters | "WriteDeadLetters" >> WriteDeadLetters(private)
         outputs.manifests | "WriteManifests" >> sinks.WriteManifests(private, streaming)
         outputs.counts | "WriteMetrics" >> sinks.WriteMetrics(private, streaming)
         result = pipeline.run()

@@ -48,9 +48,10 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines.commandline import keys as keys_cli
+from pipelines.commandline import device_key_flags
 from pipelines.commandline.main import UsageError
-from pipelines.commandline.options import SimulateOptions, parse_start_ms, with_default_runner
+from pipelines.commandline.options import with_default_runner
+from pipelines.commandline.simulate_options import SimulateOptions, parse_start_ms
 from schemas import SCHEMA_VERSION
 from schemas.recipes import load_recipe, recipe_names, shipped_recipes
 from schemas.release import commit
@@ -158,7 +159,9 @@ def plan_from_options(options: PipelineOptions) -> SimulationPlan:
         compression_level=values.simulate_compression_level,
         messages_per_shard=values.simulate_messages_per_shard,
         messages_per_chunk=values.simulate_messages_per_chunk,
-        public_key_json=keys_cli.public_key_json(values.simulate_public_key),  # sealed payloads
+        public_key_json=device_key_flags.public_key_json(
+            values.simulate_public_key
+        ),  # sealed payloads
     )
 
 

@@ -45,10 +45,10 @@ from typing import Any
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines import analyze as batch_analyze
+from pipelines.commandline.analyze_options import AnalyzeOptions
 from pipelines.commandline.main import UsageError
-from pipelines.commandline.options import AnalyzeOptions
 from schemas.release import commit as release_format
-from schemas.release.windows import parse_window_name, window_name
+from schemas.windows import parse_window_name, window_name
 from transforms.analyzer.analyze import HISTOGRAMS_FILE, LONGITUDINAL_FILE, SUMMARY_FILE
 from transforms.analyzer.report_files import REPORTS_DIR, WITHHELD_DIR, read_reports
 from transforms.common.json_files import write_json

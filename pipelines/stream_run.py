@@ -33,7 +33,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipelines import stream_simulate
 from pipelines.commandline import keys as keys_cli
 from pipelines.commandline.main import UsageError
-from pipelines.commandline.options import RunOptions
+from pipelines.commandline.run_options import RunOptions
 from schemas.recipes import load_recipe
 
 # Seconds the followers watch beyond the replay: Prism's start and the last poll.

@@ -45,10 +45,10 @@ from apache_beam.runners.runner import PipelineState
 from apache_beam.utils.timestamp import Timestamp
 
 from pipelines import shuffle as batch_shuffle
-from pipelines.commandline import keys as keys_cli
+from pipelines.commandline import shuffler_key_flags
 from pipelines.commandline.flags import parse_lateness_ms
 from pipelines.commandline.main import UsageError
-from pipelines.commandline.options import ShuffleOptions
+from pipelines.commandline.shuffle_options import ShuffleOptions
 from pipelines.engines import runners as engines
 from schemas.release import commit as release_format
 from transforms.shuffler import report_rows, stream
@@ -294,7 +294,7 @@ def run(
     lateness_ms = parse_lateness_ms(shuffle_options.allowed_lateness)
     output = shuffle_options.output
     private = batch_shuffle.private_path(output, shuffle_options.private_output)
-    keys_cli.check_signing_key(shuffle_options.signing_key, config.rules.instance)
+    shuffler_key_flags.check_signing_key(shuffle_options.signing_key, config.rules.instance)
     layout = stream.StreamLayout(output, private)
     _refuse_foreign(layout, bool(shuffle_options.overwrite))
     os.makedirs(output, exist_ok=True)

@@ -27,7 +27,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines import simulate as simulate_pipeline
 from pipelines.commandline.main import UsageError
-from pipelines.commandline.options import SimulateOptions
+from pipelines.commandline.simulate_options import SimulateOptions
 from schemas import parsed_schema, schema_json
 from schemas.avro.container import encode_container
 from transforms.common import avro_io

@@ -50,6 +50,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines import shuffle as shuffle_pipeline
+from pipelines.commandline import analyzer_key_flags, device_key_flags
 from pipelines.commandline import keys as keys_cli
 from pipelines.commandline.main import UsageError
 from pipelines.commandline.options import with_default_runner
@@ -210,7 +211,7 @@ def _released_respondents(
             verified = release_format.verify_release(
                 str(release),
                 formats=(release_format.RELEASE_FORMAT,),
-                shuffler_keys=keys_cli.load_shuffler_keys(shuffler_keys),
+                shuffler_keys=analyzer_key_flags.load_shuffler_keys(shuffler_keys),
             )
             crowds = release_format.iter_crowds(verified)  # one crowd table at a time
             return sum(c["respondents_released"] or 0 for c in crowds)
@@ -391,8 +392,8 @@ def train(
     # with the key ring (its path only; the workers read it).
     keys = None if settings.get("unsealed") else keys_cli.run_keys(output, settings.get("keys"))
     settings["key_ring"] = keys and str(keys)
-    keys_cli.check_key_ring(settings["key_ring"])
-    settings["public_key_json"] = keys and keys_cli.public_key_json(
+    analyzer_key_flags.check_key_ring(settings["key_ring"])
+    settings["public_key_json"] = keys and device_key_flags.public_key_json(
         str(keys_cli.newest_public_key(keys))
     )
     # Signed commit records, as esa run: a throwaway key per instance, verified before use.

@@ -8,18 +8,29 @@ and a device refuses a tree that does not match its hash), and the ESA transport
 (``schemas.recipes.Recipe``: randomizer, requested local and cohort budgets, minimum crowd) whose
 id is stamped on the reports and names the tree's hash.
 
+A device's privacy policy is its own configuration (:class:`DeviceConfig`: the analysis' and
+the field's budgets, the largest local epsilon one query may ask, the query limits), written
+into its keystore when it is enrolled (:func:`create_fleet`) and read from there, never from a
+recipe or a plan: a recipe asks for an epsilon, the device decides (Sections 4.3 and 5, "Local
+privacy budgets are stored and enforced on-device").
+
 A device (:func:`answer`), in this order:
 
-1. rebuilds its budget ledger (``privacy.budget.DeviceBudget``) from its own audit log, and runs
-   query class verification and Checks 1-3 against the analysis and per-field budgets of its
-   policy; a refused query sends nothing (a refusal depends on the ledger, never on the data);
-2. runs the query in its event store under the SQLite authorizer, which allows only the approved
-   fields: a query reaching outside its class fails inside the database and is refused and
-   counted (``refused_query``);
-3. encodes the answer: a uniformly chosen n-gram among those it typed that extend a leaf of the
+1. verifies its audit log, which is its budget ledger, against the hash chain its keystore
+   holds (``simulators.event_store``): a deleted, edited, reordered or truncated log refuses
+   every query (``refused_ledger``, reason ``ledger_broken``) instead of starting again from a
+   full budget;
+2. rebuilds its budget ledger (``privacy.budget.DeviceBudget``) from the verified log, and runs
+   query class verification and Checks 1-3 against its policy; a refused query sends nothing (a
+   refusal depends on the ledger, never on the data);
+3. runs the query in its event store under the SQLite authorizer, which allows only the approved
+   fields, and within its query limits: a query reaching outside its class fails inside the
+   database, one over a limit is aborted, and either is refused and counted (``refused_query``,
+   with the reason);
+4. encodes the answer: a uniformly chosen n-gram among those it typed that extend a leaf of the
    prefix tree; when it has none, a uniformly random bucket, since sending nothing would itself
    be disclosive (footnote 3);
-4. charges the ledger and writes the audit entry: the query, the fields it read, the checks, the
+5. charges the ledger and writes the audit entry: the query, the fields it read, the checks, the
    bucket it encoded. What then leaves the device (its Report messages, made by the fleet of
    ``esa simulate`` from this bucket) is added to the same entry by :func:`record_sent`.
 """
@@ -32,7 +43,7 @@ import json
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +60,14 @@ from privacy.budget import (
 )
 from privacy.ngrams import NgramEncoding, sentence_ngrams, tokenize
 from schemas.recipes import Recipe, recipe_from_dict
-from simulators.event_store import EventStore, QueryRefused, device_path
+from simulators.event_store import (
+    EventStore,
+    LedgerBroken,
+    QueryLimits,
+    QueryRefused,
+    device_path,
+    keystore_path,
+)
 from simulators.fleet import origin_ids, origin_strings, recipe_cohort_bound
 
 __all__ = [
@@ -58,6 +76,7 @@ __all__ = [
     "InteractiveRecipe",
     "build_round_recipe",
     "keyboard_policy",
+    "DeviceConfig",
     "Answer",
     "answer",
     "create_fleet",
@@ -72,7 +91,7 @@ KEYBOARD_QUERY = "SELECT text FROM keyboard WHERE locale LIKE 'en%'"
 NON_SENSITIVE_FIELDS: Mapping[str, frozenset[str]] = {
     "ngram_discovery": frozenset({"keyboard.locale"}),
 }
-STATUSES = ("answered", "random_answer", "refused_checks", "refused_query")
+STATUSES = ("answered", "random_answer", "refused_checks", "refused_query", "refused_ledger")
 
 
 @dataclass(frozen=True)
@@ -206,11 +225,103 @@ def keyboard_policy(
     )
 
 
+MAX_DEVICE_EPSILON = 100.0
+MAX_DEVICE_REPORTS = 1000
+
+
+def _epsilon_in(value: Any, name: str) -> None:
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or not 0 <= value <= MAX_DEVICE_EPSILON
+    ):
+        raise ValueError(f"{name} must be a number in [0, {MAX_DEVICE_EPSILON:g}], got {value!r}")
+
+
+@dataclass(frozen=True)
+class DeviceConfig:
+    """What a keyboard device ships with (Table 1 of samplable-anonymous-aggregation): the
+    analysis' cohort budget ``analysis_epsilon`` and its ``reports_allowed``; for
+    ``keyboard.text`` the largest local epsilon one query may ask (``local_epsilon_allowed``),
+    the field's cohort budget ``field_epsilon`` and the same number of reports; and the limits
+    of one on-device query. Written into each device's keystore at enrollment; epsilons in
+    [0, 100], reports in [0, 1000]."""
+
+    analysis: str = "ngram_discovery"
+    analysis_epsilon: float = 1.6
+    field_epsilon: float = 1.6
+    local_epsilon_allowed: float = 6.0
+    reports_allowed: int = 8
+    query_limits: QueryLimits = field(default_factory=QueryLimits)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.analysis, str) or not 0 < len(self.analysis) <= 64:
+            raise ValueError(
+                f"analysis must be a name of 1 to 64 characters, got {self.analysis!r}"
+            )
+        for name in ("analysis_epsilon", "field_epsilon", "local_epsilon_allowed"):
+            _epsilon_in(getattr(self, name), name)
+        reports = self.reports_allowed
+        if (
+            not isinstance(reports, int)
+            or isinstance(reports, bool)
+            or not 0 <= reports <= MAX_DEVICE_REPORTS
+        ):
+            raise ValueError(
+                f"reports_allowed must be an integer in [0, {MAX_DEVICE_REPORTS}], got {reports!r}"
+            )
+        if not isinstance(self.query_limits, QueryLimits):
+            raise ValueError("query_limits must be QueryLimits")
+
+    def policy(self) -> DevicePolicy:
+        return keyboard_policy(
+            self.analysis,
+            self.analysis_epsilon,
+            self.field_epsilon,
+            self.local_epsilon_allowed,
+            self.reports_allowed,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["query_limits"] = self.query_limits.to_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "device configuration") -> DeviceConfig:
+        """From JSON (missing keys take the defaults; an unknown key is refused)."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"{source}: must be a JSON object")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"{source}: unknown key {unknown[0]!r} (known: {sorted(known)})")
+        values = dict(data)
+        limits = values.pop("query_limits", {})
+        if not isinstance(limits, Mapping):
+            raise ValueError(f"{source}: query_limits must be a JSON object")
+        limit_keys = {f.name for f in fields(QueryLimits)}
+        unknown = sorted(set(limits) - limit_keys)
+        if unknown:
+            raise ValueError(
+                f"{source}: unknown query limit {unknown[0]!r} (known: {sorted(limit_keys)})"
+            )
+        try:
+            return cls(**{**values, "query_limits": QueryLimits(**limits)})
+        except ValueError as error:
+            raise ValueError(f"{source}: {error}") from None
+
+
 @dataclass(frozen=True)
 class Answer:
+    """A device's decision: ``status`` (one of :data:`STATUSES`), the bucket it encoded (None
+    when it sends nothing), the reasons of a refusal (codes) and a sentence."""
+
     status: str
     bucket: int | None
     reasons: tuple[str, ...] = ()
+    detail: str = ""
 
 
 def _query_from(entry: Mapping[str, Any]) -> Query:
@@ -226,26 +337,21 @@ def _query_from(entry: Mapping[str, Any]) -> Query:
     )
 
 
-def _ledger(store: EventStore, policy: DevicePolicy, bound: CohortBound) -> DeviceBudget:
-    """The device's budget ledger, replayed from the queries its audit log says it answered."""
-    budget = DeviceBudget(policy, bound)
-    for entry in store.audit():
-        if entry.get("status") in ("answered", "random_answer"):
-            budget.charge(_query_from(entry))
-    return budget
-
-
 def answer(
     store: EventStore,
     recipe: InteractiveRecipe,
-    policy: DevicePolicy,
     rng: np.random.Generator,
     cohort_bound: CohortBound | None = None,
 ) -> Answer:
-    """Steps 1-4 of the module docstring for one device; the audit entry is written here.
+    """Steps 1-5 of the module docstring for one device, under the configuration in its
+    keystore; the audit entry is written here (except on a broken ledger, which takes no more).
     ``cohort_bound``: Check 3's bound (default the recipe's, ``recipe_cohort_bound``)."""
     query = recipe.to_query()
-    budget = _ledger(store, policy, cohort_bound or recipe_cohort_bound(recipe.recipe))
+    try:
+        entries = store.ledger()
+        configuration = store.configuration()
+    except LedgerBroken as broken:
+        return Answer("refused_ledger", None, (LedgerBroken.reason,), str(broken))
     entry: dict[str, Any] = {
         "recipe_id": recipe.recipe.id,
         "query": recipe.query,
@@ -260,23 +366,52 @@ def answer(
             "min_crowd_size": query.min_crowd_size,
         },
     }
+    if configuration is None:
+        detail = "the device was enrolled without a configuration: it answers nothing"
+        entry.update(status="refused_checks", reasons=["no_device_configuration"], sent=[])
+        store.log(recipe.round_id, entry)
+        return Answer("refused_checks", None, ("no_device_configuration",), detail)
+    try:
+        config = DeviceConfig.from_dict(configuration, source=f"{store.path} keystore")
+    except ValueError as error:
+        entry.update(status="refused_checks", reasons=["device_configuration_invalid"], sent=[])
+        store.log(recipe.round_id, entry)
+        return Answer("refused_checks", None, ("device_configuration_invalid",), str(error))
+    policy = config.policy()
+    # The ledger, replayed from the verified log: what this device has already spent.
+    budget = DeviceBudget(policy, cohort_bound or recipe_cohort_bound(recipe.recipe))
+    for previous in entries:
+        if previous.get("status") in ("answered", "random_answer"):
+            budget.charge(_query_from(previous))
     decision = budget.check(query)
     if not decision.accepted:
         entry.update(status="refused_checks", reasons=list(decision.reasons), sent=[])
         store.log(recipe.round_id, entry)
-        return Answer("refused_checks", None, decision.reasons)
+        detail = "; ".join(failure.detail for failure in decision.failures)
+        return Answer("refused_checks", None, decision.reasons, detail)
     analysis = policy.analysis_for(query.query_class)
     assert analysis is not None  # check() refuses unknown classes
     approved = set(analysis.query_class.data_fields) & set(recipe.data_fields)
     approved |= NON_SENSITIVE_FIELDS.get(analysis.name, frozenset()) & set(recipe.non_sensitive)
     try:
-        result = store.run_query(recipe.query, approved)
+        result = store.run_query(recipe.query, approved, limits=config.query_limits)
+        if any(len(row) != 1 for row in result.rows):
+            # The encoding scheme reads one text column (Section 4.1); anything else is not
+            # this recipe's answer.
+            raise QueryRefused(
+                "query_shape: the query must return one column (the text to encode)",
+                reason="query_shape",
+            )
     except QueryRefused as refused:
         entry.update(
-            status="refused_query", reasons=[str(refused)], denied=list(refused.denied), sent=[]
+            status="refused_query",
+            reasons=[refused.reason],
+            detail=str(refused),
+            denied=list(refused.denied),
+            sent=[],
         )
         store.log(recipe.round_id, entry)
-        return Answer("refused_query", None, (str(refused),))
+        return Answer("refused_query", None, (refused.reason,), str(refused))
     ngrams = [
         gram
         for (text,) in result.rows
@@ -307,12 +442,15 @@ def create_fleet(
     now_ms: int,
     window_ms: int,
     rng: np.random.Generator,
+    config: DeviceConfig | None = None,
     stale_fraction: float = 0.25,
 ) -> list[list[str]]:
-    """One event store per device holding what its user typed: ``keyboard`` events within the
+    """Enroll one device per entry of ``typed``: its keystore (a fresh secret from the OS CSPRNG
+    and ``config``, default :class:`DeviceConfig`) and its event store holding what its user typed: ``keyboard`` events within the
     last half window (so rounds in the next half window still see them), a share ``stale_fraction`` of them older than the window (retention deletes those
     before any query), and a ``contacts`` row no keyboard query may read. Returns per device the
     sentences inside the window (what its queries can see)."""
+    configuration = (config or DeviceConfig()).to_dict()
     kept: list[list[str]] = []
     for device, sentences in enumerate(typed):
         path = device_path(directory, device)
@@ -322,6 +460,7 @@ def create_fleet(
         ts = np.where(stale, now_ms - window_ms - 1 - ages, now_ms - ages)
         locale = "en_US" if device % 4 else "en_GB"
         with EventStore(path) as store:
+            store.configure(configuration)
             store.append(
                 "keyboard", [(int(t), locale, s) for t, s in zip(ts, sentences, strict=True)]
             )
@@ -334,27 +473,37 @@ def answer_fleet(
     directory: str | Path,
     devices: int,
     recipe: InteractiveRecipe,
-    policy: DevicePolicy,
     seed: int,
     now_ms: int,
     window_ms: int,
-) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
-    """Every device answers ``recipe``: ``(buckets of the devices that answer, their device ids,
-    counters by status and of events retention deleted)``."""
+) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """Every device answers ``recipe`` under its own configuration: ``(buckets of the devices
+    that answer, their device ids, counters)``; the counters count devices by status, events
+    retention deleted and refusals by reason (``refusal_reasons``). A device whose storage is
+    gone (database and keystore) refuses with ``ledger_broken``: it is never enrolled afresh."""
     rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(0x1A7,)))
     buckets: list[int] = []
     senders: list[int] = []
     counters: Counter[str] = Counter({status: 0 for status in STATUSES})
+    counters["events_expired"] = 0
+    reasons: Counter[str] = Counter()
     bound = functools.lru_cache(maxsize=64)(recipe_cohort_bound(recipe.recipe))
     for device in range(devices):
-        with EventStore(device_path(directory, device)) as store:
-            counters["events_expired"] += store.retain(now_ms, window_ms)
-            result = answer(store, recipe, policy, rng, bound)
+        path = device_path(directory, device)
+        if not path.exists() and not keystore_path(path).exists():
+            result = Answer("refused_ledger", None, (LedgerBroken.reason,), f"{path} is gone")
+        else:
+            with EventStore(path) as store:
+                counters["events_expired"] += store.retain(now_ms, window_ms)
+                result = answer(store, recipe, rng, bound)
         counters[result.status] += 1
+        reasons.update(result.reasons)
         if result.bucket is not None:
             buckets.append(result.bucket)
             senders.append(device)
-    return np.asarray(buckets, dtype=np.int64), np.asarray(senders, dtype=np.int64), dict(counters)
+    out: dict[str, Any] = dict(counters)
+    out["refusal_reasons"] = dict(sorted(reasons.items()))
+    return np.asarray(buckets, dtype=np.int64), np.asarray(senders, dtype=np.int64), out
 
 
 def _millis(value: Any) -> int:
@@ -400,7 +549,8 @@ def record_sent(
 
 
 def read_audit(directory: str | Path, device: int) -> list[dict[str, Any]]:
-    """Device ``device``'s audit log, oldest first."""
+    """Device ``device``'s audit log, oldest first, verified against its keystore's hash chain
+    (raises ``LedgerBroken``)."""
     path = device_path(directory, device)
     if not path.exists():
         raise FileNotFoundError(f"no device {device} under {directory}")

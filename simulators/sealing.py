@@ -29,22 +29,16 @@ from privacy.rng import secure_generator
 from schemas.avro.crc32c import crc32c_many
 from schemas.crypto import sealing
 from schemas.crypto.analyzer_keys import SUITE_NAME, PublicKeyInfo
-from schemas.payloads import EncodedPayloads, payload_limits
+from schemas.payloads import EncodedPayloads
 from schemas.recipes import Recipe
 
 __all__ = [
-    "recipe_pad_length",
     "chaff_rate",
     "chaff_allowance",
     "DeviceSealing",
     "sealing_for",
     "sealing_metadata",
 ]
-
-
-def recipe_pad_length(recipe: Recipe) -> int:
-    """The one plaintext length every sealed message of ``recipe`` is padded to."""
-    return sealing.padded_length(recipe.payload_kind, payload_limits(recipe.build_randomizer()))
 
 
 def chaff_rate(recipe: Recipe) -> float:
@@ -71,7 +65,7 @@ class DeviceSealing:
         self.recipe = recipe
         self.sealer = sealing.Sealer(public)
         self.window_ms = int(window_ms)
-        self.pad_to = recipe_pad_length(recipe)
+        self.pad_to = sealing.recipe_pad_length(recipe)
         self.chaff_rate = chaff_rate(recipe)
         # Chaff counts, chaff times and row order: seeded from the OS CSPRNG unless injected.
         self.rng = rng if rng is not None else secure_generator()

@@ -27,7 +27,7 @@ from typing import Any, ClassVar, NoReturn
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 from privacy.accounting.deletion import deletion_noise
-from transforms.shuffler.report_rows import MAX_EVENT_TIME_MS, parse_duration_ms
+from schemas.windows import MAX_EVENT_TIME_MS, parse_duration_ms
 
 __all__ = [
     "lateness_error",

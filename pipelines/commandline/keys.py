@@ -34,10 +34,8 @@ from schemas.crypto import signing_keys
 from schemas.crypto.analyzer_keys import (
     PUBLIC_SUFFIX,
     KeyError_,
-    KeyRing,
     PublicKeyInfo,
     generate_key,
-    load_public_key,
     parse_time_ms,
     write_key_pair,
 )
@@ -45,37 +43,6 @@ from schemas.crypto.analyzer_keys import (
 DEFAULT_VALIDITY_DAYS = 365
 SIGNING_KEYS_DIR = "shuffler_keys"  # esa run's throwaway signing keys, one pair per instance
 
-# Appended to the stages' FLAGS in pipelines/commandline/options.py.
-SIMULATE_FLAGS: tuple[Flag, ...] = (
-    Flag(
-        "public_key",
-        "The analyzer's public key file (esa keys generate): seal every payload for it (RFC 9180 "
-        "HPKE, padded to one length per recipe, plus the recipe's chaff). Default: payloads in "
-        "the clear.",
-    ),
-)
-ANALYZE_FLAGS: tuple[Flag, ...] = (
-    Flag(
-        "key_ring",
-        "Private key file or directory of *.private.json keys (current and previous) to open "
-        "sealed payloads with; read on the workers. Default: payloads in the clear.",
-    ),
-    Flag(
-        "shuffler_keys",
-        "The shufflers' public signing keys (esa keys generate --shuffler-instance U): a file or "
-        "a directory of *.public.json. Every release's commit record must carry a valid "
-        "signature of its instance's key, or the release is refused. Default: commit records "
-        "are read unauthenticated (and the summary says so).",
-    ),
-)
-SHUFFLE_FLAGS: tuple[Flag, ...] = (
-    Flag(
-        "signing_key",
-        "This instance's private signing key file (esa keys generate --shuffler-instance I; "
-        "needs --instance I): sign the commit record with it (Ed25519). Read on the driver when "
-        "the commit is written. Default: an unsigned commit record.",
-    ),
-)
 RUN_FLAGS: tuple[Flag, ...] = (
     Flag(
         "keys",
@@ -171,26 +138,6 @@ def generate_keys(
         raise UsageError(str(error)) from error
 
 
-def public_key_json(path: str | None) -> str | None:
-    """The public key file's JSON for a simulation plan (None without a path)."""
-    if path is None:
-        return None
-    try:
-        return load_public_key(path).to_json()
-    except KeyError_ as error:
-        raise UsageError(str(error)) from error
-
-
-def check_key_ring(path: str | None) -> None:
-    """Fail early (one line) when the analyzer's key ring cannot be loaded."""
-    if path is None:
-        return
-    try:
-        KeyRing.load(path)
-    except KeyError_ as error:
-        raise UsageError(str(error)) from error
-
-
 def newest_public_key(directory: str | Path) -> Path:
     """The public key file with the latest validity start in ``directory``."""
     files = sorted(Path(directory).glob(f"*{PUBLIC_SUFFIX}"))
@@ -214,43 +161,6 @@ def run_keys(output: Path, keys: str | None) -> Path:
     except KeyError_ as error:
         raise UsageError(str(error)) from error
     return directory
-
-
-def check_signing_key(path: str | None, instance: int | None) -> None:
-    """Fail early (one line) when ``esa shuffle --signing-key`` cannot sign this run's commit:
-    unreadable, another instance's, or not valid now (the commit is signed at the end)."""
-    if path is None:
-        return
-    from schemas.crypto.commit_signing import SignatureError, sign_commit
-
-    key = load_signing_key(path)
-    if instance is None:
-        raise UsageError(
-            f"--signing-key {path} signs shuffler instance {key.public.instance}'s commits: "
-            f"give --instance {key.public.instance}"
-        )
-    try:
-        sign_commit({"instance": instance}, key)  # the same checks as at commit time
-    except SignatureError as error:
-        raise UsageError(f"--signing-key {path}: {error}") from None
-
-
-def load_signing_key(path: str) -> signing_keys.SigningKey:
-    """A shuffler's private signing key (UsageError, one line)."""
-    try:
-        return signing_keys.load_signing_key(path)
-    except KeyError_ as error:
-        raise UsageError(str(error)) from error
-
-
-def load_shuffler_keys(path: str | None) -> signing_keys.ShufflerKeys | None:
-    """``esa analyze --shuffler-keys`` (None without a path; UsageError, one line)."""
-    if path is None:
-        return None
-    try:
-        return signing_keys.load_shuffler_keys(path)
-    except KeyError_ as error:
-        raise UsageError(str(error)) from error
 
 
 def run_signing_keys(output: Path, instances: int) -> dict[int, Path]:

@@ -30,12 +30,13 @@ COMMANDS = {
     "analysis": "pipelines.interactive",
 }
 COMMAND_MODULES = list(dict.fromkeys(COMMANDS.values()))
-# command -> its options class in pipelines/commandline/options.py (validated before the handler runs).
+# command -> (module, class) of its options (validated before the handler runs); one module per
+# stage, so a stage's command line loads no other party's code.
 STAGE_OPTIONS = {
-    "simulate": "SimulateOptions",
-    "shuffle": "ShuffleOptions",
-    "analyze": "AnalyzeOptions",
-    "run": "RunOptions",
+    "simulate": ("pipelines.commandline.simulate_options", "SimulateOptions"),
+    "shuffle": ("pipelines.commandline.shuffle_options", "ShuffleOptions"),
+    "analyze": ("pipelines.commandline.analyze_options", "AnalyzeOptions"),
+    "run": ("pipelines.commandline.run_options", "RunOptions"),
 }
 USAGE_ERROR_STATUS = 2
 
@@ -78,18 +79,18 @@ def _fail(command: str, message: str) -> int:
 def _check_stage_flags(command: str, args: argparse.Namespace, extra: list[str]) -> str | None:
     """The first problem with a stage's flags: one unknown to the stage and to Beam, or one
     its options class refuses."""
-    from apache_beam.options.pipeline_options import DirectOptions
+    from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
 
     from pipelines.commandline import options as stage_options
 
     unknown = stage_options.unknown_beam_flags(extra)
     if unknown:
         return f"unrecognized arguments: {' '.join(unknown)}"
-    class_name = STAGE_OPTIONS.get(command)
-    if class_name is None:
+    if command not in STAGE_OPTIONS:
         return None
-    options_class = getattr(stage_options, class_name)
-    view = stage_options.PipelineOptions(extra, **options_class.cli_values(args))
+    module_name, class_name = STAGE_OPTIONS[command]
+    options_class = getattr(importlib.import_module(module_name), class_name)
+    view = PipelineOptions(extra, **options_class.cli_values(args))
     errors = view.view_as(options_class).validate()
     workers = view.view_as(DirectOptions).direct_num_workers
     if workers is not None and workers < 0:  # Beam fails with an IndexError deep in its runner

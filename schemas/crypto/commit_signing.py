@@ -39,7 +39,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from schemas.crypto.analyzer_keys import MAX_TIME_MS, MIN_TIME_MS, format_time_ms
+from schemas.crypto.key_files import MAX_TIME_MS, MIN_TIME_MS, format_time_ms
 from schemas.crypto.signing_keys import SIGNING_SUITE, ShufflerKeys, SigningKey, SigningPublicKey
 
 __all__ = [

@@ -33,12 +33,17 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.hpke import AEAD, KDF, KEM, Suite
 
 from schemas.crypto.analyzer_keys import KEY_ID_BYTES, KeyRing, PublicKeyInfo
+from schemas.payloads import payload_limits
+
+if TYPE_CHECKING:
+    from schemas.recipes import Recipe
 
 __all__ = [
     "SUITE",
@@ -265,3 +270,8 @@ def open_sealed(
         else:
             out[row] = padded[1 : 1 + length]
     return OpenedPayloads(out, status)
+
+
+def recipe_pad_length(recipe: Recipe) -> int:
+    """The one plaintext length every sealed message of ``recipe`` is padded to."""
+    return padded_length(recipe.payload_kind, payload_limits(recipe.build_randomizer()))

@@ -30,7 +30,7 @@ from typing import Any
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ed25519
 
-from schemas.crypto.analyzer_keys import (
+from schemas.crypto.key_files import (
     KEY_FORMAT,
     MAX_TIME_MS,
     MIN_TIME_MS,

@@ -23,7 +23,7 @@ import fastavro
 import pytest
 
 from pipelines.engines import runners
-from schemas.release.windows import window_name
+from schemas.windows import window_name
 from tests.pipelines import shuffled
 from tests.transforms import report_factory as rf
 

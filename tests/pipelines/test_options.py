@@ -8,14 +8,11 @@ import argparse
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines.commandline.options import (
-    AnalyzeOptions,
-    RunOptions,
-    ShuffleOptions,
-    SimulateOptions,
-    format_duration_ms,
-    unknown_beam_flags,
-)
+from pipelines.commandline.analyze_options import AnalyzeOptions
+from pipelines.commandline.options import format_duration_ms, unknown_beam_flags
+from pipelines.commandline.run_options import RunOptions
+from pipelines.commandline.shuffle_options import ShuffleOptions
+from pipelines.commandline.simulate_options import SimulateOptions
 from simulators.plan import SimulationPlan
 from transforms.analyzer.analyze import AnalysisConfig
 from transforms.shuffler.report_rows import WindowSpec, parse_duration_ms

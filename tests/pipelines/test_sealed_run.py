@@ -25,9 +25,9 @@ from pipelines.commandline import main as cli
 from schemas import crc32c
 from schemas.crypto import sealing
 from schemas.crypto.analyzer_keys import KeyRing
+from schemas.crypto.sealing import recipe_pad_length
 from schemas.recipes import load_recipe
 from schemas.release import commit as release
-from simulators.sealing import recipe_pad_length
 from transforms.analyzer.aggregate import DecodeReleaseFile
 from transforms.analyzer.arithmetic import RecipeBook
 from transforms.analyzer.opening import ReleaseOpener

@@ -15,8 +15,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines import stream_analyze, stream_simulate
 from pipelines.commandline import main as cli
-from pipelines.commandline.options import AnalyzeOptions
-from schemas.release.windows import window_name
+from pipelines.commandline.analyze_options import AnalyzeOptions
+from schemas.windows import window_name
 
 DAY = 86_400_000
 GRID = {

@@ -12,10 +12,11 @@ import pytest
 from schemas.avro.crc32c import crc32c_many
 from schemas.crypto import sealing
 from schemas.crypto.analyzer_keys import KeyRing, generate_key
+from schemas.crypto.sealing import recipe_pad_length
 from schemas.payloads import EncodedPayloads
 from schemas.recipes import RecipeError, load_recipe, recipe_from_dict
 from simulators.reports import ReportBatch
-from simulators.sealing import DeviceSealing, recipe_pad_length
+from simulators.sealing import DeviceSealing
 from transforms.analyzer.opening import ReleaseOpener
 from transforms.shuffler import decide
 

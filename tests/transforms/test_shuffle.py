@@ -21,6 +21,7 @@ from scipy import stats
 from schemas import parsed_schema, schema_json
 from schemas.release.crowd_buckets import crowd_bucket, crowd_order, parse_release_path
 from tests.transforms import report_factory as rf
+from transforms.common.dead_letters import WriteDeadLetters
 from transforms.shuffler import decide as decide
 from transforms.shuffler import report_rows
 from transforms.shuffler import shuffle as sh
@@ -75,7 +76,7 @@ def _pipeline(
     outputs = pipeline | source | sh.ShuffleReports(config, str(private / "spill" / "run"))
     outputs.released | sinks.WriteShuffledMessages(str(output), str(private))
     outputs.crowds | sinks.WriteCrowdTables(str(output), str(private))
-    outputs.dead_letters | sinks.WriteDeadLetters(str(private))
+    outputs.dead_letters | WriteDeadLetters(str(private))
     outputs.manifests | sinks.WriteManifests(str(private), config.streaming)
     outputs.counts | sinks.WriteMetrics(str(private), config.streaming)
 

@@ -13,6 +13,7 @@ from scipy import stats
 from privacy.noise import seeded_random_source
 from schemas.avro.reader import read_container_bytes
 from tests.transforms import report_factory as rf
+from transforms.common import grouping
 from transforms.shuffler import report_rows
 
 # Chi-square and rank tests below reject at p < 1e-5: ~1e-5 false failures per check.
@@ -212,7 +213,7 @@ def test_group_rows_groups_equal_keys() -> None:
     channel = pa.array(["a", "b", "a", "a", "b", "c"])
     crowd = pa.array([None, "x", None, "y", "x", None])
     tiebreak = np.array([5, 4, 3, 2, 1, 0], dtype=np.uint64)
-    order, starts = report_rows.group_rows([channel, crowd], tiebreak)
+    order, starts = grouping.group_rows([channel, crowd], tiebreak)
     groups = [order[a:b].tolist() for a, b in itertools.pairwise(starts)]
     assert sorted(sorted(g) for g in groups) == [[0, 2], [1, 4], [3], [5]]
     for group in groups:
@@ -230,8 +231,8 @@ def test_group_rows_by_hash_matches_group_rows_with_a_tiebreak() -> None:
     ]
     hashes = rng.integers(0, 2**63, rows).astype(np.uint64) << np.uint64(1)
     hashes[:50] = hashes[50:100]  # equal hashes too
-    expected_order, expected_starts = report_rows.group_rows(keys, tiebreak=hashes)
-    order, starts = report_rows.group_rows_by_hash(keys, hashes)
+    expected_order, expected_starts = grouping.group_rows(keys, tiebreak=hashes)
+    order, starts = grouping.group_rows_by_hash(keys, hashes)
     assert starts.tolist() == expected_starts.tolist()
     assert hashes[order].tolist() == hashes[expected_order].tolist()
     for begin, end in itertools.pairwise(starts):
@@ -239,4 +240,4 @@ def test_group_rows_by_hash_matches_group_rows_with_a_tiebreak() -> None:
 
 
 def test_count_distinct() -> None:
-    assert report_rows.count_distinct(pa.array(["a", "b", "a", "a", "c"])) == 3
+    assert grouping.count_distinct(pa.array(["a", "b", "a", "a", "c"])) == 3

@@ -21,9 +21,9 @@ import pyarrow as pa
 from schemas.avro.crc32c import crc32c_many
 from schemas.crypto import sealing
 from schemas.crypto.analyzer_keys import KeyRing, PublicKeyInfo
+from schemas.crypto.sealing import recipe_pad_length
 from schemas.payloads import EncodedPayloads
 from schemas.recipes import Recipe
-from simulators.sealing import recipe_pad_length
 
 __all__ = [
     "OpenedBatch",

@@ -6,7 +6,6 @@ message that names it. Pure: no Beam.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -14,6 +13,7 @@ from typing import Any
 
 from privacy import noise
 from privacy.accounting.deletion import deletion_noise
+from schemas.windows import WindowSpec, parse_duration_ms  # noqa: F401 - re-exported
 from transforms.shuffler import decide
 
 
@@ -112,35 +112,6 @@ class ValidationRules:
     @property
     def recipe_ids(self) -> tuple[str, ...]:
         return self._recipe_ids
-
-
-_DURATION_UNITS_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_DURATION_PATTERN = re.compile(r"^\s*(\d+)\s*(ms|s|m|h|d)\s*$")
-
-
-def parse_duration_ms(text: str) -> int:
-    """``"1d"``, ``"6h"``, ``"30m"``, ``"90s"``, ``"500ms"`` as a positive number of milliseconds."""
-    match = _DURATION_PATTERN.match(str(text))
-    if not match:
-        raise ValueError(f"duration must look like 1d, 6h, 30m, 90s or 500ms, got {text!r}")
-    value = int(match.group(1)) * _DURATION_UNITS_MS[match.group(2)]
-    if value <= 0:
-        raise ValueError(f"duration must be positive, got {text!r}")
-    return value
-
-
-@dataclass(frozen=True)
-class WindowSpec:
-    """Fixed event-time windows: [offset + k * period, offset + (k + 1) * period) in ms."""
-
-    period_ms: int = 86_400_000
-    offset_ms: int = 0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.period_ms, int) or self.period_ms <= 0:
-            raise ValueError(f"period_ms must be a positive int, got {self.period_ms!r}")
-        if not isinstance(self.offset_ms, int) or not 0 <= self.offset_ms < self.period_ms:
-            raise ValueError(f"offset_ms must be an int in [0, period_ms), got {self.offset_ms!r}")
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,7 @@ from transforms.shuffler.read import (
     draw_origin_key,
 )
 from transforms.shuffler.release import CompleteBucket, DeleteAndScatter, PermuteGroup
-from transforms.shuffler.sinks import CrowdTable, ReleasedGroup, WriteDeadLetters  # noqa: F401 - re-exported: pipelines/analyze.py uses it
+from transforms.shuffler.sinks import CrowdTable, ReleasedGroup  # noqa: F401 - re-exported
 from transforms.shuffler.spill import (
     Piece,
     crowd_of_text,

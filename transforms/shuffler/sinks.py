@@ -43,7 +43,7 @@ from schemas.release.crowd_buckets import (
     crowd_table_path,
     message_file_path,
 )
-from transforms.common import atomic_files, avro_io
+from transforms.common import atomic_files
 from transforms.common.combiners import SumCounts
 from transforms.shuffler.config import metrics_summary
 from transforms.shuffler.steps import manifest_dict
@@ -221,32 +221,6 @@ def commit_record(
         "files": files,
         **totals,
     }
-
-
-def _content_name(letters: list[dict[str, Any]]) -> str:
-    digest = hashlib.sha256()
-    for letter in letters:
-        digest.update(f"{letter['stage']}|{letter['reason']}|{letter['source']}\n".encode())
-    return f"part-{digest.hexdigest()[:32]}.avro"
-
-
-class WriteDeadLetters(beam.PTransform):
-    """Lists of dead letters -> DIR/dead_letter/part-<digest>.avro files (named by content, so a
-    retried bundle overwrites its file)."""
-
-    def __init__(self, output_dir: str) -> None:
-        super().__init__()
-        self._output_dir = output_dir
-
-    def expand(self, letters: beam.PCollection) -> beam.PCollection:
-        output_dir = self._output_dir
-
-        def write(batch: list[dict[str, Any]]) -> str:
-            path = FileSystems.join(output_dir, "dead_letter", _content_name(batch))
-            avro_io.write_avro(path, parsed_schema("dead_letter"), batch)
-            return path
-
-        return letters | "WriteDeadLetterFile" >> beam.Map(write)
 
 
 MANIFEST_DIR = "manifest"

@@ -18,7 +18,7 @@ from apache_beam.metrics import Metrics
 from schemas import SCHEMA_VERSION
 from schemas.dead_letters import dead_letter
 from schemas.release.crowd_buckets import BucketKey, crowd_bucket
-from transforms.common import avro_io
+from transforms.common import avro_io, grouping
 from transforms.shuffler import decide as decide
 from transforms.shuffler import report_rows
 from transforms.shuffler import spill as spill
@@ -83,7 +83,7 @@ def bucket_rows(
     )
     hashes = report_rows.origin_hashes(batch.column("origin"), hash_key)
     crowd_columns = [batch.column(name) for name in ("channel", "recipe_id", "crowd_id")]
-    by_crowd, crowd_starts = report_rows.group_rows(crowd_columns)
+    by_crowd, crowd_starts = grouping.group_rows(crowd_columns)
     first_rows = pa.array(by_crowd[crowd_starts[:-1]])
     texts, bucket_of_crowd = [], []
     for channel, recipe_id, crowd_id in zip(
@@ -95,7 +95,7 @@ def bucket_rows(
     crowd_of_row[by_crowd] = np.repeat(np.arange(len(texts), dtype=np.int32), np.diff(crowd_starts))
     bucket = np.asarray(bucket_of_crowd, dtype=np.int64)[crowd_of_row]
     key_columns = [pa.array(window_start), batch.column("shuffler_instance"), pa.array(bucket)]
-    order, starts = report_rows.group_rows_by_hash(key_columns, hashes)
+    order, starts = grouping.group_rows_by_hash(key_columns, hashes)
     take = pa.array(order)
     crowds = pa.DictionaryArray.from_arrays(
         pa.array(crowd_of_row[order]), pa.array(texts, pa.string())

@@ -53,7 +53,7 @@ from apache_beam.transforms.window import GlobalWindow
 from schemas import parsed_schema, schema_json
 from schemas.avro.container import encode_container
 from schemas.dead_letters import dead_letter
-from schemas.release.windows import parse_window_name, window_name  # noqa: F401 - re-exported
+from schemas.windows import parse_window_name, window_name  # noqa: F401 - re-exported
 from transforms.common import atomic_files, avro_io
 from transforms.common.json_files import write_json
 from transforms.shuffler import report_rows

@@ -38,7 +38,7 @@ from transforms.analyzer.arithmetic.accumulate import (
     decode_limits,
     is_longitudinal,
 )
-from transforms.shuffler.report_rows import group_rows
+from transforms.common.grouping import group_rows
 
 # ---------------------------------------------------------------------------------------------
 # One batch of shuffled messages -> accumulators and rejections
