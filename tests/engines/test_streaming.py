@@ -27,9 +27,13 @@ from schemas.windows import window_name
 from tests.pipelines import shuffled
 from tests.transforms import report_factory as rf
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
-if runners.prism_binary() is None:
-    pytest.skip("no Prism binary: run `make engines`", allow_module_level=True)
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        runners.prism_binary() is None, reason="no Prism binary: run `make engines`"
+    ),
+]
 
 ROOT = Path(__file__).resolve().parents[2]
 DAY = rf.DAY_MS
