@@ -216,3 +216,15 @@ def test_bad_allowed_lateness_is_refused(tmp_path: Path, capsys, flag: str, valu
             "--output", str(tmp_path / "out"), flag, value]  # fmt: skip
     assert cli.main(argv) == 2
     assert "--allowed-lateness" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("runner", ["DirectRunner", "BundleBasedDirectRunner", "FlinkRunner"])
+def test_runners_that_cannot_follow_files_are_refused(tmp_path: Path, capsys, runner: str) -> None:
+    argv = ["shuffle", "--streaming", "--input", str(tmp_path / "in" / "*.avro"),
+            "--output", str(tmp_path / "out"), f"--runner={runner}"]  # fmt: skip
+    assert cli.main(argv) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith(
+        f"esa shuffle: error: --streaming cannot follow files on --runner={runner}"
+    )
+    assert not (tmp_path / "out").exists()

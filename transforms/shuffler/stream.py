@@ -377,6 +377,8 @@ class CloseWindows(beam.DoFn):
 
     @on_timer(_POLL)
     def on_poll(self, state=_STATE_PARAM) -> Iterator[Any]:
+        if state.read() is None:  # after the end: nothing is open, nothing to advance
+            return
         windows = self._state(state)
         closed = windows.advance()
         state.write(windows)
