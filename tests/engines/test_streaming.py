@@ -382,3 +382,42 @@ def test_a_killed_shuffler_restarts_from_its_input_files_and_commit_records(
     payloads = Counter(key[-1] for key in _messages(output / DAY1).elements())
     assert payloads == Counter(record["payload"] for part in day1 for record in part)
     assert sum(_messages(output / DAY0).values()) == 10
+
+
+def test_run_stream_prints_one_line_per_window_as_it_is_analyzed(tmp_path: Path) -> None:
+    recipe = tmp_path / "stream_grid.json"
+    recipe.write_text(json.dumps(GRID))
+    output = tmp_path / "live"
+    printed = _finish(
+        _esa(
+            "run",
+            "--stream",
+            "--windows",
+            "2",
+            "--window-seconds",
+            "4",
+            "--output",
+            str(output),
+            "--recipe",
+            str(recipe),
+            "--population",
+            "uniform",
+            "--respondents",
+            "400",
+            "--seed",
+            "3",
+        ),  # fmt: skip
+        timeout=300,
+    )
+    lines = [line for line in printed.splitlines() if line.startswith("window=")]
+    assert [line.split()[0] for line in lines] == [DAY0_2024, DAY1_2024], printed
+    assert all("n=400" in line and "rmse=" in line for line in lines)
+    summary = json.loads((output / "analysis" / "summary.json").read_text())
+    assert [w["instances"] for w in summary["windows"]] == [[0, 1], [0, 1]]
+    # Sealed to the analyzer and signed by each instance (the analyzer verified both).
+    for u in (0, 1):
+        for name in (DAY0_2024, DAY1_2024):
+            commit = json.loads(
+                (output / "shuffled" / f"instance={u}" / name / "_COMMIT.json").read_text()
+            )
+            assert commit["signature"]["algorithm"] == "Ed25519"
