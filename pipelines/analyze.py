@@ -57,7 +57,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -76,7 +76,7 @@ from pipelines.commandline import analyzer_key_flags
 from pipelines.commandline.analyze_options import AnalyzeOptions
 from pipelines.commandline.main import UsageError
 from pipelines.commandline.options import temp_location_root, with_default_runner
-from pipelines.release_counts import check_release_counts
+from pipelines.release_counts import check_crowd_counts
 from schemas import SUPPORTED_SCHEMA_VERSIONS
 from schemas.crypto.signing_keys import ShufflerKeys
 from schemas.recipes import load_recipe, shipped_recipes
@@ -211,14 +211,68 @@ def _commit_deletion(path: str, parameters: Mapping[str, Any]) -> tuple[float, f
     return float(epsilon), float(delta)
 
 
-def open_release(directory: str, shuffler_keys: ShufflerKeys | None = None) -> Release:
+class ReleaseSelection:
+    """What the driver takes from the releases' crowds, gathered in the one pass that verifies
+    them (``open_release``): the crowd keys that get pictures (``pictures.PicturedCrowds``: the
+    first released crowds of known recipes in the summary's order), about how many histogram
+    rows the released crowds give (dense domains in full) and how many crowds there are (the
+    largest release's figures, as the instances release mostly the same crowds). Holds nothing
+    per crowd."""
+
+    def __init__(self, book: arithmetic.RecipeBook, pictures_wanted: bool = True) -> None:
+        self.book = book
+        self.pictures_wanted = pictures_wanted
+        self._pictured = pictures.PicturedCrowds(pictures.MAX_PICTURED_CROWDS)
+        self._sizes: dict[str, int] = {}
+        self._rows: dict[Any, int] = {}
+        self._crowds: dict[Any, int] = {}
+
+    def add(self, instance: Any, crowds: Sequence[Mapping[str, Any]]) -> None:
+        """One crowd table's rows of release ``instance``."""
+        self._crowds[instance] = self._crowds.get(instance, 0) + len(crowds)
+        for crowd in crowds:
+            recipe = self.book.get(crowd["recipe_id"])
+            if crowd["status"] != "released" or recipe is None:
+                continue
+            key = arithmetic.crowd_key(recipe, crowd)
+            if key[0] == arithmetic.HISTOGRAM:
+                if recipe.id not in self._sizes:
+                    domain = recipe.build_randomizer().domain_size
+                    self._sizes[recipe.id] = min(domain, arithmetic.DENSE_LIMIT)
+                self._rows[instance] = self._rows.get(instance, 0) + self._sizes[recipe.id]
+            if self.pictures_wanted:
+                self._pictured.add(key)
+
+    def result(self) -> tuple[frozenset, int, int]:
+        """(pictured crowd keys, histogram rows, crowds)."""
+        return (
+            self._pictured.chosen() if self.pictures_wanted else frozenset(),
+            max(self._rows.values(), default=0),
+            max(self._crowds.values(), default=0),
+        )
+
+
+def open_release(
+    directory: str,
+    shuffler_keys: ShufflerKeys | None = None,
+    selection: ReleaseSelection | None = None,
+) -> Release:
     """Verify ``directory`` against its commit record (and its signature, given the shufflers'
     keys) and its crowd tables against its message files, one bucket at a time; UsageError (one
-    line) if it may not be read."""
+    line) if it may not be read. One pass: each crowd table is read once, checked, compared with
+    its bucket's messages (``release_counts.check_crowd_counts``) and handed to ``selection``."""
     commit_path = os.path.join(directory, release.COMMIT_FILE)
     digest = release.sha256_of(commit_path) if os.path.isfile(commit_path) else None
+
+    def visit(commit: Mapping[str, Any], table: str, crowds: Any, files: Any) -> None:
+        check_crowd_counts(directory, crowds, files)
+        if selection is not None:
+            selection.add(commit.get("instance"), crowds)
+
     try:
-        verified = release.verify_release(directory, shuffler_keys=shuffler_keys)
+        verified = release.verify_release(
+            directory, shuffler_keys=shuffler_keys, on_crowd_table=visit
+        )
     except release.ReleaseError as error:
         message = str(error)
         if directory not in message:
@@ -231,7 +285,6 @@ def open_release(directory: str, shuffler_keys: ShufflerKeys | None = None) -> R
     instance = commit.get("instance")
     if not isinstance(instance, int) or isinstance(instance, bool) or instance < 0:
         raise UsageError(f"{path}: states no shuffler instance (an int >= 0)")
-    check_release_counts(directory, verified)
     if digest is None or release.sha256_of(commit_path) != digest:
         raise UsageError(f"refusing release: {commit_path} changed while it was verified")
     parameters = commit["parameters"]
@@ -253,14 +306,18 @@ def open_release(directory: str, shuffler_keys: ShufflerKeys | None = None) -> R
 
 
 def discover_releases(
-    inputs: Sequence[str], shuffler_keys: ShufflerKeys | None = None
+    inputs: Sequence[str],
+    shuffler_keys: ShufflerKeys | None = None,
+    selection: ReleaseSelection | None = None,
 ) -> list[Release]:
     """The verified releases ``--input`` names (see the module docstring); UsageError when one
     is refused or two releases claim one instance."""
     if not inputs:
         raise UsageError("--input is required (a release, or a directory of instance=<u>/)")
     releases = [
-        open_release(path, shuffler_keys) for given in inputs for path in _release_dirs(given)
+        open_release(path, shuffler_keys, selection)
+        for given in inputs
+        for path in _release_dirs(given)
     ]
     seen: dict[int, str] = {}
     for item in releases:
@@ -371,16 +428,17 @@ def run(options: PipelineOptions) -> dict[str, Any]:
     if values.analyze_deletion_epsilon is not None:
         stated = (values.analyze_deletion_epsilon, values.analyze_deletion_delta)
     shuffler_keys = analyzer_key_flags.load_shuffler_keys(values.analyze_shuffler_keys)
-    releases = discover_releases(values.analyze_input or [], shuffler_keys)
+    book = recipe_book(values.analyze_recipe)
+    # Driver-side per crowd: nothing but bounded results of the one pass that verifies the
+    # releases (the pictured crowd keys, the table-size estimate for the number of parts); the
+    # respondent counts and withheld crowds are read from the verified releases by workers.
+    selection = ReleaseSelection(book, not values.analyze_no_pictures)
+    releases = discover_releases(values.analyze_input or [], shuffler_keys, selection)
     check_deletion_flags(releases, stated)
     output = _prepare_output(values.analyze_output, values.analyze_overwrite)
-    book = recipe_book(values.analyze_recipe)
     message_files = sum(len(r.files) for r in releases)
     analyzer_key_flags.check_key_ring(values.analyze_key_ring)  # one-line error before the pipeline
-    # Driver-side per crowd: nothing but two bounded results of one pass over the releases'
-    # crowds (the pictured crowd keys, the table-size estimate for the number of parts); the
-    # respondent counts and withheld crowds are read from the verified releases by workers.
-    pictured, rows, crowds = _release_selection(releases, book, not values.analyze_no_pictures)
+    pictured, rows, crowds = selection.result()
     config = AnalysisConfig(
         book=book,
         postprocessing=values.analyze_postprocessing,
@@ -470,41 +528,6 @@ def run(options: PipelineOptions) -> dict[str, Any]:
         str(path) for path in Path(output, pictures.PICTURES_DIR).glob("*.png")
     )
     return summary
-
-
-def _release_selection(
-    releases: Sequence[Release], book: arithmetic.RecipeBook, pictures_wanted: bool
-) -> tuple[frozenset, int, int]:
-    """One pass over the releases' crowds: the crowd keys that get pictures
-    (``pictures.pictured_crowds``: the first released crowds of known recipes in the summary's
-    order), about how many histogram rows the released crowds give (dense domains in full) and
-    how many crowds there are (the largest release's figures, as the instances release mostly
-    the same crowds). Holds nothing per crowd."""
-    sizes: dict[str, int] = {}
-    rows: dict[int, int] = {}
-    crowds: dict[int, int] = {}
-
-    def released() -> Iterator[arithmetic.CrowdKey]:
-        for item in releases:
-            for crowd in release.iter_crowds(item):  # one crowd table at a time
-                crowds[item.instance] = crowds.get(item.instance, 0) + 1
-                recipe = book.get(crowd["recipe_id"])
-                if crowd["status"] != "released" or recipe is None:
-                    continue
-                key = arithmetic.crowd_key(recipe, crowd)
-                if key[0] == arithmetic.HISTOGRAM:
-                    if recipe.id not in sizes:
-                        domain = recipe.build_randomizer().domain_size
-                        sizes[recipe.id] = min(domain, arithmetic.DENSE_LIMIT)
-                    rows[item.instance] = rows.get(item.instance, 0) + sizes[recipe.id]
-                yield key
-
-    chosen = pictures.pictured_crowds(released(), limit=pictures.MAX_PICTURED_CROWDS)
-    return (
-        chosen if pictures_wanted else frozenset(),
-        max(rows.values(), default=0),
-        max(crowds.values(), default=0),
-    )
 
 
 # ---------------------------------------------------------------------------------------------

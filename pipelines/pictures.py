@@ -297,37 +297,50 @@ def longitudinal_picture(output: str, entry: Mapping[str, Any], table: pa.Table)
     return _write_png(output, f"{stem}_longitudinal.png", image)
 
 
-def pictured_crowds(keys: Iterable[tuple], limit: int = MAX_PICTURED_CROWDS) -> frozenset:
+class PicturedCrowds:
     """The crowd keys that get pictures: the first ``limit`` histogram crowds and the first
-    ``limit`` longitudinal crowds in the summary's order (channel, recipe, crowd, window).
+    ``limit`` longitudinal crowds in the summary's order (channel, recipe, crowd, window), fed
+    one key at a time (repeats allowed): only the ``limit`` first distinct keys of each kind seen
+    so far are held, never every crowd."""
 
-    ``keys`` is streamed (repeats allowed): only the ``limit`` first distinct keys of each kind
-    seen so far are held, never every crowd."""
+    def __init__(self, limit: int = MAX_PICTURED_CROWDS) -> None:
+        self.limit = limit
+        # Per kind: the smallest distinct keys so far with their ranks, and the largest rank kept.
+        self._chosen: dict[str, dict[tuple, tuple]] = {HISTOGRAM: {}, LONGITUDINAL: {}}
+        self._largest: dict[str, tuple | None] = {HISTOGRAM: None, LONGITUDINAL: None}
 
-    def order(key: tuple) -> tuple:
+    @staticmethod
+    def _order(key: tuple) -> tuple:
         kind, start, end, channel, recipe_id, crowd_id = key
         return (channel, recipe_id, crowd_id or "", start, end, crowd_id is not None)
 
-    # Per kind: the smallest distinct keys so far with their ranks, and the largest rank kept.
-    chosen: dict[str, dict[tuple, tuple]] = {HISTOGRAM: {}, LONGITUDINAL: {}}
-    largest: dict[str, tuple | None] = {HISTOGRAM: None, LONGITUDINAL: None}
-    for key in keys:
-        kept = chosen.get(key[0])
-        if kept is None or key in kept or limit <= 0:
-            continue
-        rank = order(key)
-        if len(kept) < limit:
+    def add(self, key: tuple) -> None:
+        kept = self._chosen.get(key[0])
+        if kept is None or key in kept or self.limit <= 0:
+            return
+        rank = self._order(key)
+        largest = self._largest[key[0]]
+        if len(kept) < self.limit:
             kept[key] = rank
-            if largest[key[0]] is None or rank > largest[key[0]]:
-                largest[key[0]] = rank
-            continue
-        if rank >= largest[key[0]]:
-            continue
-        worst = max(kept, key=kept.__getitem__)
-        del kept[worst]
+            if largest is None or rank > largest:
+                self._largest[key[0]] = rank
+            return
+        if rank >= largest:
+            return
+        del kept[max(kept, key=kept.__getitem__)]
         kept[key] = rank
-        largest[key[0]] = max(kept.values())
-    return frozenset(key for kept in chosen.values() for key in kept)
+        self._largest[key[0]] = max(kept.values())
+
+    def chosen(self) -> frozenset:
+        return frozenset(key for kept in self._chosen.values() for key in kept)
+
+
+def pictured_crowds(keys: Iterable[tuple], limit: int = MAX_PICTURED_CROWDS) -> frozenset:
+    """:class:`PicturedCrowds` of a stream of crowd keys."""
+    pictured = PicturedCrowds(limit)
+    for key in keys:
+        pictured.add(key)
+    return pictured.chosen()
 
 
 class DrawPictures(beam.DoFn):

@@ -5,9 +5,10 @@ and instance) state per crowd the messages it released (``messages_released``) a
 respondents (``respondents_released``, the analyzer's n). The files' SHA-256 checks say the files
 are the committed ones, and ``schemas.release.commit.verify_release`` checks each table against its
 stem and the totals; nothing there ties the per-crowd figures to the messages, so a table could
-inflate n or relabel a crowd's recipe or channel. :func:`check_release_counts` goes stem by stem
-(one crowd table and its bucket's message files at a time, so memory is bounded by the largest
-bucket, never by the number of crowds): :func:`check_crowd_counts` reads the stem's message files
+inflate n or relabel a crowd's recipe or channel. The analyzer's one pass over a release
+(``pipelines.analyze.open_release``) goes stem by stem (one crowd table and its bucket's message
+files at a time, so memory is bounded by the largest bucket, never by the number of crowds):
+:func:`check_crowd_counts` reads the stem's message files
 in Arrow column batches of the crowd-key columns, counts records per (window_start, window_end,
 channel, recipe_id, crowd_id) and refuses (one line naming the release and the crowd) when a
 crowd read is not released in the stem's table or its record count differs from
@@ -36,7 +37,6 @@ from transforms.common import avro_io
 __all__ = [
     "CrowdKey",
     "check_crowd_counts",
-    "check_release_counts",
     "count_crowd_messages",
     "release_stems",
 ]
@@ -150,19 +150,3 @@ def release_stems(verified: commit.VerifiedRelease) -> Iterator[tuple[str, list[
             messages.setdefault(key, []).append(path)
     for key, table in tables:
         yield table, messages.get(key, [])
-
-
-def check_release_counts(
-    path: str,
-    verified: commit.VerifiedRelease,
-    batch_records: int = avro_io.DEFAULT_BATCH_RECORDS,
-) -> None:
-    """:func:`check_crowd_counts` for every stem of ``verified`` (a release at ``path``), one
-    crowd table and its message files at a time; UsageError (one line) on the first crowd whose
-    messages disagree with its table."""
-    for table, files in release_stems(verified):
-        try:
-            crowds = commit.read_crowd_table(table)
-        except commit.ReleaseError as error:
-            raise UsageError(f"refusing release {path}: {error}") from None
-        check_crowd_counts(path, crowds, files, batch_records)

@@ -9,11 +9,13 @@ Steps (each a Beam pipeline on the same runner flags):
 1. ``esa simulate``: the fleet writes ``OUTPUT/simulation/instance=<u>/reports-*.avro`` with the
    truth (``truth.parquet``);
 2. ``esa shuffle --instance u --signing-key`` for each of the K instances, on that instance's
-   reports only: ``OUTPUT/shuffled/instance=<u>/`` (its own release, its commit record signed
-   with instance u's throwaway Ed25519 key from ``OUTPUT/shuffler_keys``). The K runs are independent (as in a
+   reports only: ``OUTPUT/releases/instance=<u>/`` (its own release, its commit record signed
+   with instance u's throwaway Ed25519 key from ``OUTPUT/shuffler_keys``), and its private
+   outputs (dead letters with origins, manifests, metrics) in ``OUTPUT/shuffler-<u>/private/``,
+   outside the folder the analyzer is given. The K runs are independent (as in a
    deployment, where each instance sits in its own trust domain), so up to ``--parallel-shuffles``
    of them run at once, each in its own process;
-3. ``esa analyze --shuffler-keys OUTPUT/shuffler_keys`` over the K releases (each commit record
+3. ``esa analyze --input OUTPUT/releases --shuffler-keys OUTPUT/shuffler_keys`` over the K releases (each commit record
    must carry its instance's valid signature) with the simulation's truth: ``OUTPUT/analysis/``
    (histograms.parquet, longitudinal.parquet, summary.json, pictures/*.png).
 
@@ -58,7 +60,14 @@ from schemas.recipes import Recipe, load_recipe, recipe_from_dict
 __all__ = ["register", "run", "recipe_for_instances"]
 
 RUN_FILE = "run.json"
-SUBDIRECTORIES = ("simulation", "shuffled", "analysis")
+RELEASES_DIR = "releases"  # the K releases: all the analyzer is given
+SUBDIRECTORIES = ("simulation", RELEASES_DIR, "analysis")
+
+
+def shuffler_private_dir(output: Path, instance: int) -> Path:
+    """Instance ``instance``'s private outputs, outside ``OUTPUT/releases`` (DESIGN.md: a
+    shuffler's dead letters and manifests never reach the analyzer)."""
+    return output / f"shuffler-{instance}" / "private"
 
 
 def register(subparsers: Any) -> None:
@@ -159,6 +168,7 @@ def _prepare(output: Path, overwrite: bool, throwaway_keys: bool = False) -> Non
             )
         names = [*SUBDIRECTORIES, RUN_FILE, "recipe.json", keys_cli.SIGNING_KEYS_DIR]
         names += ["keys"] if throwaway_keys else []
+        names += [path.name for path in output.glob("shuffler-*") if path.is_dir()]
         for name in names:
             path = output / name
             if path.is_dir():
@@ -241,7 +251,8 @@ def _run(
     shuffle_jobs = {
         instance: {
             "input": str(simulation_dir / f"instance={instance}" / "*.avro"),
-            "output": str(output / "shuffled" / f"instance={instance}"),
+            "output": str(output / RELEASES_DIR / f"instance={instance}"),
+            "private_output": str(shuffler_private_dir(output, instance)),
             "instance": instance,
             "recipe": [str(recipe_path)],
             "crowd_threshold": values.run_crowd_threshold,
@@ -281,7 +292,7 @@ def _run(
     analysis = analyze_pipeline.run(
         PipelineOptions(
             flags,
-            analyze_input=[str(output / "shuffled")],
+            analyze_input=[str(output / RELEASES_DIR)],
             analyze_output=str(analysis_dir),
             analyze_recipe=[str(recipe_path)],
             analyze_truth=[str(simulation_dir)],
@@ -304,7 +315,10 @@ def _run(
         "paths": {
             "recipe": str(recipe_path),
             "simulation": str(simulation_dir),
-            "shuffled": str(output / "shuffled"),
+            "releases": str(output / RELEASES_DIR),
+            "shuffler_private": [
+                str(shuffler_private_dir(output, u)) for u in range(recipe.shuffler_instances)
+            ],
             "analysis": str(analysis_dir),
             "histograms": str(analysis_dir / analyze_pipeline.HISTOGRAMS_FILE),
             "longitudinal": str(analysis_dir / analyze_pipeline.LONGITUDINAL_FILE),

@@ -80,9 +80,8 @@ from schemas.release import commit as release_format
 from schemas.release.crowd_buckets import CROWDS_DIR, MESSAGES_DIR
 from transforms.common import atomic_files
 from transforms.common.dead_letters import WriteDeadLetters
-from transforms.shuffler import report_rows, spill
+from transforms.shuffler import report_rows, sinks, spill
 from transforms.shuffler import shuffle as shuffle_transforms
-from transforms.shuffler import sinks as sinks
 
 
 def register(subparsers: Any) -> None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from privacy.accounting import amplify
+from privacy.accounting import charged_cohort_epsilon as cohort_epsilon
 from privacy.estimators import debias_one_hot
 from privacy.ngrams import (
     END,
@@ -86,16 +86,6 @@ def estimate_exact(
     counts = np.bincount(values, minlength=domain_size)
     sums = randomizer.sample_bucket_sums(counts, rng)
     return debias_one_hot(sums, values.size, randomizer.p_one, randomizer.p_zero).estimate
-
-
-def cohort_epsilon(epsilon_local: float, n: int, delta: float) -> float:
-    """The cohort-aggregate epsilon devices are charged for ``n`` reports of an epsilon_local-DP
-    randomizer (Check 3's bound, ``simulators.fleet.recipe_cohort_bound`` for asymmetric
-    one-hot: the generic shuffle bound); epsilon_local itself where no bound is valid."""
-    try:
-        return min(epsilon_local, float(amplify(epsilon_local, n, delta, "generic").epsilon))
-    except (ValueError, OverflowError):
-        return epsilon_local
 
 
 def local_for_cohort(target: float, n: int, delta: float) -> float:

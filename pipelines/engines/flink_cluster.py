@@ -27,7 +27,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,8 @@ import urllib.request
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
+
+from pipelines.engines.ports import free_port
 
 __all__ = ["ADD_OPENS", "FlinkCluster", "free_port", "write_launcher"]
 
@@ -99,13 +100,6 @@ def write_launcher(directory: str | Path, name: str) -> Path:
 def _holds(jar: Path, entry: str) -> bool:
     with zipfile.ZipFile(jar) as archive:
         return entry in archive.namelist()
-
-
-def free_port() -> int:
-    """A TCP port free on this machine now (for a server about to start)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _jvm_options() -> list[str]:

@@ -43,7 +43,7 @@ from apache_beam.runners.portability.flink_runner import (
 )
 from apache_beam.version import __version__ as BEAM_VERSION
 
-from pipelines.engines.flink_cluster import free_port
+from pipelines.engines.ports import free_port
 
 __all__ = ["BEAM_VERSION", "ENGINES", "engines_dir", "flink_cluster_lib", "flink_job_server_jar",
            "one_job_server", "prism_binary", "quiet_worker_hangups", "runner_flags"]  # fmt: skip

@@ -258,6 +258,16 @@ def cohort_epsilon(epsilon_local: float, respondents: int, delta: float) -> floa
     return amplify(epsilon_local, respondents, delta, GENERIC).epsilon
 
 
+def charged_cohort_epsilon(epsilon_local: float, respondents: int, delta: float) -> float:
+    """What a device is charged for one of ``respondents`` ε_ℓ-DP reports: :func:`cohort_epsilon`
+    where a shuffle bound holds, never more than ε_ℓ itself (the report alone is ε_ℓ-DP, and
+    shuffling is post-processing); ε_ℓ where no bound is valid at these parameters."""
+    try:
+        return min(epsilon_local, float(cohort_epsilon(epsilon_local, respondents, delta)))
+    except (ValueError, OverflowError):
+        return epsilon_local
+
+
 # ---------------------------------------------------------------------------------------------
 # Solvers
 # ---------------------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ import hashlib
 import json
 import os
 import secrets
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -410,6 +410,7 @@ def verify_release(
     formats: Sequence[str] = (RELEASE_FORMAT, REPORTS_FORMAT),
     check_records: bool = True,
     shuffler_keys: ShufflerKeys | None = None,
+    on_crowd_table: CrowdTableVisitor | None = None,
 ) -> VerifiedRelease:
     """Check every file of ``directory`` against its commit record (see the module docstring).
 
@@ -420,6 +421,10 @@ def verify_release(
     message file is checked), one at a time, and checked row by row
     (``schemas.release.crowd_tables.check_crowd_table``) and against the record's totals.
     ``shuffler_keys``: require a release's record to carry a valid signature by one of them.
+    ``on_crowd_table(commit, table_path, rows, message_paths)``: called with each crowd table's
+    rows once they are checked, and the (already checked) message files of its bucket, so that a
+    reader counts, selects and cross-checks in this one pass over the release instead of reading
+    its tables again.
     """
     directory = directory.rstrip("/") or "/"
     commit = read_commit(directory)
@@ -452,6 +457,13 @@ def verify_release(
         if relative not in listed:
             raise ReleaseError(f"{path}: not listed in {COMMIT_FILE} (a copy or a stray file)")
     stem_records = _stem_records(entries) if shuffled else {}
+    stem_files: dict[BucketKey, list[str]] = {}
+    for entry in entries if shuffled else ():
+        parsed = parse_release_path(entry.path)
+        if parsed is not None and parsed[0] != CROWDS_DIR:
+            stem_files.setdefault(parsed[1], []).append(
+                os.path.join(directory, *entry.path.split("/"))
+            )
     totals = CrowdTotals()
     tables_last = sorted(entries, key=lambda entry: entry.path.startswith(CROWDS_DIR + "/"))
     for entry in tables_last if shuffled else entries:  # every message file checked first
@@ -459,7 +471,11 @@ def verify_release(
         if not os.path.isfile(path):
             raise ReleaseError(f"{path}: listed in {COMMIT_FILE} but missing")
         if shuffled and entry.path.startswith(CROWDS_DIR + "/"):
-            totals.add(_check_table(path, entry, commit, stem_records))
+            rows = _table_rows(path, entry)
+            totals.add(_check_table(path, entry, commit, stem_records, rows))
+            if on_crowd_table is not None:
+                key = parse_release_path(entry.path)[1]  # type: ignore[index]
+                on_crowd_table(commit, path, rows, stem_files.get(key, []))
             continue
         digest, size = _sha256_and_size(path)
         if size != entry.bytes:
@@ -481,6 +497,12 @@ def verify_release(
     return VerifiedRelease(directory, commit, paths, tuple(entries), signed_by)
 
 
+# on_crowd_table(commit, table_path, rows, message_paths) of verify_release
+CrowdTableVisitor = Callable[
+    [Mapping[str, Any], str, Sequence[Mapping[str, Any]], Sequence[str]], None
+]
+
+
 def _stem_records(entries: Sequence[FileEntry]) -> dict[BucketKey, int]:
     """Records of each stem's message files (one number per bucket, not per crowd)."""
     records: dict[BucketKey, int] = {}
@@ -491,11 +513,8 @@ def _stem_records(entries: Sequence[FileEntry]) -> dict[BucketKey, int]:
     return records
 
 
-def _check_table(
-    path: str, entry: FileEntry, commit: Mapping[str, Any], stem_records: Mapping[BucketKey, int]
-) -> CrowdTotals:
-    """Check a committed crowd table: size and SHA-256 of the bytes read once, then its rows
-    (schemas/release/crowd_tables.py); its totals."""
+def _table_rows(path: str, entry: FileEntry) -> list[dict[str, Any]]:
+    """A committed crowd table's rows: size and SHA-256 of the bytes read once, then parsed."""
     with open(path, "rb") as handle:
         data = handle.read(entry.bytes + 1)
     if len(data) != entry.bytes:
@@ -505,7 +524,17 @@ def _check_table(
         )
     if hashlib.sha256(data).hexdigest() != entry.sha256:
         raise ReleaseError(f"{path}: SHA-256 differs from {COMMIT_FILE} (altered)")
-    rows = parse_crowd_table(data, path)
+    return parse_crowd_table(data, path)
+
+
+def _check_table(
+    path: str,
+    entry: FileEntry,
+    commit: Mapping[str, Any],
+    stem_records: Mapping[BucketKey, int],
+    rows: Sequence[Mapping[str, Any]],
+) -> CrowdTotals:
+    """Check a committed crowd table's rows (schemas/release/crowd_tables.py); its totals."""
     if len(rows) != entry.records:
         raise ReleaseError(f"{path}: {len(rows)} records, committed {entry.records}")
     key = parse_release_path(entry.path)[1]  # type: ignore[index]  # checked by the fields

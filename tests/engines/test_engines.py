@@ -32,7 +32,7 @@ import pytest
 
 from pipelines.commandline import main as cli
 from pipelines.engines import runners
-from pipelines.engines.flink_cluster import free_port
+from pipelines.engines.ports import free_port
 from transforms.analyzer.report_files import read_reports
 
 # Flink with LOOPBACK workers: when a job ends, the job server hangs up on the SDK worker's data

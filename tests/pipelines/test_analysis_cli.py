@@ -255,7 +255,7 @@ def test_a_flooding_device_does_not_move_n(tmp_path, monkeypatch):
     # The shuffler saw the flood and kept at most its per-origin cap of it (whatever the reason
     # it gives the rest); the analyzer read only signed, verified releases.
     esa = output / "round-1" / "esa"
-    metrics = json.loads((esa / "shuffled" / "instance=0.private" / "metrics.json").read_text())
+    metrics = json.loads((esa / "shuffler-0" / "private" / "metrics.json").read_text())
     assert metrics["presence"] == 300 and metrics["dead_lettered"] >= 1_900
     summary = json.loads((esa / "analysis" / "summary.json").read_text())
     assert summary["inputs"]["commit_records"].startswith("authenticated: Ed25519 signatures")

@@ -126,3 +126,39 @@ def test_the_untouched_release_is_accepted(made: tuple[Path, str], tmp_path: Pat
     assert _analyze(release_dir, recipe, tmp_path / "an") == 0
     summary = json.loads((tmp_path / "an" / "summary.json").read_text())
     assert summary["metrics"]["read"] == 100 and summary["metrics"]["adds_up"]
+
+
+def test_the_driver_reads_each_crowd_table_and_message_file_once(
+    made: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One pass over a release on the driver: verification, the per-crowd counts and the
+    selection (pictured crowds, table sizes) all come from a single read of each crowd table
+    and of each message file's crowd keys."""
+    from pipelines import analyze as analyze_pipeline
+    from pipelines import release_counts
+
+    release_dir, recipe = made
+    tables: list[str] = []
+    counted: list[str] = []
+    parse = rel.parse_crowd_table
+    count = release_counts.count_crowd_messages
+
+    def parse_spy(data: bytes, source: str):
+        tables.append(source)
+        return parse(data, source)
+
+    def count_spy(files, batch_records=7):
+        counted.extend(files)
+        return count(files, batch_records)
+
+    monkeypatch.setattr(rel, "parse_crowd_table", parse_spy)
+    monkeypatch.setattr(analyze_pipeline, "check_crowd_counts", release_counts.check_crowd_counts)
+    monkeypatch.setattr(release_counts, "count_crowd_messages", count_spy)
+    book = analyze_pipeline.recipe_book([recipe])
+    selection = analyze_pipeline.ReleaseSelection(book)
+    [opened] = analyze_pipeline.discover_releases([str(release_dir)], None, selection)
+    crowd_tables = [path for path in opened.entries if path.path.startswith("crowds/")]
+    assert len(tables) == len(crowd_tables) == 1
+    assert sorted(counted) == sorted(opened.files) and len(counted) == 3
+    pictured, rows, crowds = selection.result()
+    assert crowds == 2 and {key[5] for key in pictured} == {"a", "b"} and rows > 0

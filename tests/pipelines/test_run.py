@@ -310,8 +310,15 @@ def test_esa_run_makes_files_pictures_and_a_table(tmp_path):
     for name in ("histograms", "longitudinal", "summary"):
         assert Path(run["paths"][name]).exists()
     assert any(p.endswith("_image.png") for p in run["paths"]["pictures"])
-    releases = sorted(p.name for p in (output / "shuffled").iterdir() if "private" not in p.name)
-    assert releases == ["instance=0", "instance=1"]
+    # Each shuffler's private outputs sit outside the folder the analyzer is given.
+    assert sorted(p.name for p in (output / "releases").iterdir()) == ["instance=0", "instance=1"]
+    for u in (0, 1):
+        private = output / f"shuffler-{u}" / "private"
+        assert (private / "metrics.json").exists() and (private / "manifest").is_dir()
+    assert run["paths"]["releases"] == str(output / "releases")
+    assert not list((output / "releases").rglob("manifest")) and not list(
+        (output / "releases").rglob("dead_letter")
+    )
 
 
 def test_instances_default_to_the_recipe_and_zero_sum_is_never_spread():

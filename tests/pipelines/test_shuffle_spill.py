@@ -13,7 +13,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipelines import shuffle as shuffle_pipeline
 from tests.transforms import report_factory as rf
 from transforms.common import atomic_files
-from transforms.shuffler import spill as spill
+from transforms.shuffler import spill
 
 ORIGIN_TAG = b"plaintext-origin-"
 RESPONDENTS, MESSAGES = 30, 3

@@ -30,7 +30,6 @@ from typing import Any, NamedTuple
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.metrics import Metrics
 
 from schemas import schema_json
 from schemas.dead_letters import dead_letter
@@ -39,7 +38,7 @@ from schemas.release.crowd_buckets import CROWDS_DIR
 from schemas.release.crowd_tables import parse_crowd_table
 from transforms.analyzer import arithmetic
 from transforms.analyzer import opening as sealed_payloads
-from transforms.common import avro_io
+from transforms.common import avro_io, counters
 from transforms.common.combiners import SumCounts
 
 METRICS_NAMESPACE = "esa.analyze"
@@ -52,9 +51,7 @@ DEAD_LETTERS_PER_ELEMENT = 1000
 
 
 def _inc(counts: dict[str, int], name: str, value: int) -> None:
-    if value:
-        counts[name] = counts.get(name, 0) + int(value)
-        Metrics.counter(METRICS_NAMESPACE, name.replace(":", "_")).inc(int(value))
+    counters.count(counts, METRICS_NAMESPACE, name, value)
 
 
 @beam.typehints.with_output_types(typing.Any)
@@ -196,7 +193,9 @@ class CrowdBuckets(beam.DoFn):
     ) -> None:
         self._book, self._read_crowds, self._buckets = book, read_crowds, int(buckets)
 
-    def process(self, source: Any) -> Iterator[tuple[arithmetic.BucketKey, arithmetic.CrowdBucket]]:
+    def process(
+        self, source: Any
+    ) -> Iterator[tuple[arithmetic.AnalysisBucketKey, arithmetic.CrowdBucket]]:
         crowds = self._read_crowds(source)
         yield from arithmetic.commit_buckets(crowds, self._book, self._buckets).items()
 
@@ -298,16 +297,8 @@ def metrics_summary(counts: Mapping[str, int]) -> dict[str, Any]:
     """The analyzer's counters with the balance check read = messages + chaff + rejected, in
     records (DESIGN.md invariant 5); it fails when some unreadable chunk held an unknown number
     of records."""
-    rejected = {
-        name.split(":", 1)[1]: int(value)
-        for name, value in sorted(counts.items())
-        if name.startswith("rejected:")
-    }
-    unknown = {
-        name.split(":", 1)[1]: int(value)
-        for name, value in sorted(counts.items())
-        if name.startswith("unknown_records:")
-    }
+    rejected = counters.by_suffix(counts, "rejected:")
+    unknown = counters.by_suffix(counts, "unknown_records:")
     read = int(counts.get("read", 0))
     messages = int(counts.get("messages", 0))
     chaff = int(

@@ -272,7 +272,7 @@ class EstimateBucket(beam.DoFn):
         self._estimator.setup()
 
     def process(
-        self, element: tuple[arithmetic.BucketKey, arithmetic.CrowdBucket | None]
+        self, element: tuple[arithmetic.AnalysisBucketKey, arithmetic.CrowdBucket | None]
     ) -> Iterator[Any]:
         unit, bucket = element
         if bucket is None:

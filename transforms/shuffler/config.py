@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from schemas.release.crowd_buckets import DEFAULT_CROWD_BUCKETS, MAX_CROWD_BUCKETS
+from transforms.common import counters
 from transforms.shuffler.params import DeletionParameters, ValidationRules, WindowSpec
 
 METRICS_NAMESPACE = "esa.shuffle"
@@ -100,21 +101,13 @@ class ShuffleConfig:
 def metrics_summary(counts: Mapping[str, int]) -> dict[str, Any]:
     """metrics.json: read, rejected by reason, released, deleted, withheld, presence, and the
     balance check read = released + deleted + withheld + dead-lettered + presence (in records)."""
-    rejected = {
-        name[len(REJECTED_PREFIX) :]: value
-        for name, value in sorted(counts.items())
-        if name.startswith(REJECTED_PREFIX)
-    }
+    rejected = counters.by_suffix(counts, REJECTED_PREFIX)
     read = int(counts.get(READ, 0))
     released = int(counts.get(RELEASED, 0))
     deleted = int(counts.get(DELETED, 0))
     withheld = int(counts.get(WITHHELD, 0))
     presence = int(counts.get(PRESENCE, 0))
-    unknown = {
-        name[len(UNKNOWN_PREFIX) :]: value
-        for name, value in sorted(counts.items())
-        if name.startswith(UNKNOWN_PREFIX)
-    }
+    unknown = counters.by_suffix(counts, UNKNOWN_PREFIX)
     dead_lettered = sum(rejected.values())
     accounted = released + deleted + withheld + dead_lettered + presence
     return {

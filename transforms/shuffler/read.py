@@ -25,8 +25,7 @@ from privacy.noise import os_random_source
 from schemas import schema_json
 from transforms.common import avro_io
 from transforms.common.memory import release_freed_memory
-from transforms.shuffler import report_rows
-from transforms.shuffler import spill as spill
+from transforms.shuffler import report_rows, spill
 from transforms.shuffler.config import READ, REJECTED_PREFIX, STAGE_READ, UNKNOWN_PREFIX
 from transforms.shuffler.spill import Piece
 from transforms.shuffler.steps import bucket_rows, rejected_dead_letters

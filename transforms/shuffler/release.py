@@ -21,9 +21,7 @@ import pyarrow as pa
 
 from privacy.noise import os_random_source
 from schemas.release.crowd_buckets import BucketKey, crowd_order
-from transforms.shuffler import decide as decide
-from transforms.shuffler import report_rows
-from transforms.shuffler import spill as spill
+from transforms.shuffler import decide, report_rows, spill
 from transforms.shuffler.config import DELETED, RELEASED, ShuffleConfig
 from transforms.shuffler.sinks import CrowdTable, ReleasedGroup
 from transforms.shuffler.spill import Piece, crowd_of_text, pack_ints, unpack_ints, unpack_texts

@@ -59,9 +59,7 @@ from apache_beam.utils.windowed_value import PaneInfoTiming
 
 from privacy.noise import os_random_source
 from schemas.release.crowd_buckets import BucketKey, crowd_order
-from transforms.shuffler import decide as decide
-from transforms.shuffler import report_rows
-from transforms.shuffler import spill as spill
+from transforms.shuffler import decide, report_rows, spill
 from transforms.shuffler.config import (  # noqa: F401 - re-exported names of this stage
     DELETED,
     METRICS_NAMESPACE,

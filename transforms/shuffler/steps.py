@@ -13,24 +13,19 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from apache_beam.metrics import Metrics
 
 from schemas import SCHEMA_VERSION
 from schemas.dead_letters import dead_letter
 from schemas.release.crowd_buckets import BucketKey, crowd_bucket
-from transforms.common import avro_io, grouping
-from transforms.shuffler import decide as decide
-from transforms.shuffler import report_rows
-from transforms.shuffler import spill as spill
+from transforms.common import avro_io, counters, grouping
+from transforms.shuffler import decide, report_rows, spill
 from transforms.shuffler.config import METRICS_NAMESPACE, STAGE_VALIDATE
 from transforms.shuffler.spill import CrowdKey, crowd_of_text, crowd_text
 
 
 def count(counts: dict[str, int], name: str, value: int) -> None:
-    """Add ``value`` to ``counts[name]`` and to the Beam counter of that name."""
-    if value:
-        counts[name] = counts.get(name, 0) + int(value)
-        Metrics.counter(METRICS_NAMESPACE, name.replace(":", "_")).inc(int(value))
+    """Add ``value`` to ``counts[name]`` and to the shuffler's Beam counter of that name."""
+    counters.count(counts, METRICS_NAMESPACE, name, value)
 
 
 # ---------------------------------------------------------------------------------------------

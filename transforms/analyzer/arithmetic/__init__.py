@@ -48,7 +48,7 @@ from transforms.analyzer.arithmetic.batches import (
 from transforms.analyzer.arithmetic.buckets import (
     ANALYZER_BUCKETS,
     CROWDS_PER_BUCKET,
-    BucketKey,
+    AnalysisBucketKey,
     CrowdBucket,
     WithheldRecord,
     analyzer_buckets,
@@ -89,7 +89,7 @@ __all__ = [
     "ALGORITHM_3",
     "ANALYZER_BUCKETS",
     "CROWDS_PER_BUCKET",
-    "BucketKey",
+    "AnalysisBucketKey",
     "CrowdBucket",
     "WithheldRecord",
     "analyzer_buckets",

@@ -48,13 +48,13 @@ def analyzer_buckets(crowds: int, crowds_per_bucket: int = CROWDS_PER_BUCKET) ->
 
 # (kind, window_start, window_end, bucket): window_start 0 and window_end the window length for
 # longitudinal crowds, as in their crowd keys (a round spans windows).
-BucketKey = tuple[str, int, int, int]
+AnalysisBucketKey = tuple[str, int, int, int]
 # A withheld crowd as one instance's commit record states it:
 # (window_start_ms, window_end_ms, channel, recipe_id, crowd_id, instance).
 WithheldRecord = tuple[int, int, str, str, "str | None", int]
 
 
-def bucket_key(key: CrowdKey, buckets: int = ANALYZER_BUCKETS) -> BucketKey:
+def bucket_key(key: CrowdKey, buckets: int = ANALYZER_BUCKETS) -> AnalysisBucketKey:
     """The unit a crowd is added, estimated and written in."""
     kind, start, stop, channel, recipe_id, crowd_id = key
     return (kind, int(start), int(stop), crowd_bucket(channel, recipe_id, crowd_id, buckets))
@@ -198,9 +198,9 @@ def _unpack(blob: bytes | None) -> tuple[dict[CrowdKey, Accumulator], list[Withh
 
 def bucket_accumulators(
     accumulators: Mapping[CrowdKey, Accumulator], buckets: int = ANALYZER_BUCKETS
-) -> dict[BucketKey, CrowdBucket]:
+) -> dict[AnalysisBucketKey, CrowdBucket]:
     """Partial accumulators per crowd (one batch's) as partial buckets."""
-    out: dict[BucketKey, CrowdBucket] = {}
+    out: dict[AnalysisBucketKey, CrowdBucket] = {}
     for key, accumulator in accumulators.items():
         unit = bucket_key(key, buckets)
         bucket = out.get(unit)
@@ -214,13 +214,13 @@ def commit_buckets(
     crowds: Iterable[tuple[int, Mapping[str, Any]]],
     book: RecipeBook,
     buckets: int = ANALYZER_BUCKETS,
-) -> dict[BucketKey, CrowdBucket]:
+) -> dict[AnalysisBucketKey, CrowdBucket]:
     """``(instance, commit crowd record)`` pairs as partial buckets: each released crowd of a
     known recipe as an accumulator holding only n_u (``respondent_accumulators``; counts kept
     empty and sparse until :meth:`CrowdBucket.densify`), each withheld crowd as a
     :data:`WithheldRecord` in the bucket its estimate would be in (a histogram bucket when
     its recipe is unknown). ValueError on a malformed released record."""
-    out: dict[BucketKey, CrowdBucket] = {}
+    out: dict[AnalysisBucketKey, CrowdBucket] = {}
 
     def bucket_of(key: CrowdKey) -> CrowdBucket:
         unit = bucket_key(key, buckets)
@@ -270,7 +270,7 @@ def withheld_records(records: Iterable[WithheldRecord]) -> list[dict[str, Any]]:
 __all__ = [
     "ANALYZER_BUCKETS",
     "CROWDS_PER_BUCKET",
-    "BucketKey",
+    "AnalysisBucketKey",
     "CrowdBucket",
     "WithheldRecord",
     "analyzer_buckets",

@@ -11,7 +11,7 @@ from schemas.crypto import signing_keys as sk
 from schemas.release import commit as rel
 from schemas.release import crowd_tables as rc
 from tests import release_fixtures as fx
-from tests.schemas.test_release import TABLE, _release
+from tests.schemas.release.test_commit import TABLE, _release
 
 
 @pytest.fixture(scope="module")

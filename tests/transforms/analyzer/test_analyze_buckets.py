@@ -15,7 +15,7 @@ from schemas.avro.container import encode_container
 from schemas.avro.crc32c import crc32c_many
 from schemas.payloads import encode_payloads
 from schemas.release.crowd_buckets import crowd_bucket
-from tests.transforms.analyzer_messages import BOOK, DAY, ONE_HOT, T0, TREE, commit_crowd
+from tests.transforms.analyzer.analyzer_messages import BOOK, DAY, ONE_HOT, T0, TREE, commit_crowd
 from transforms.analyzer import arithmetic
 from transforms.analyzer.aggregate import CombineBucket, DecodeReleaseFile
 

@@ -19,11 +19,7 @@ from schemas.release.crowd_buckets import BucketKey, crowd_bucket
 from schemas.release.crowd_tables import iter_crowds
 from tests.transforms import report_factory as rf
 from transforms.common import avro_io
-from transforms.shuffler import decide as decide
-from transforms.shuffler import report_rows
-from transforms.shuffler import sinks as sinks
-from transforms.shuffler import spill as spill
-from transforms.shuffler import steps as steps
+from transforms.shuffler import decide, report_rows, sinks, spill, steps
 from transforms.shuffler.config import metrics_summary
 
 KEY = np.arange(1, 67, dtype=np.uint64) | np.uint64(1)

@@ -13,11 +13,8 @@ import pytest
 
 from privacy.noise import seeded_random_source
 from tests.transforms import report_factory as rf
-from transforms.shuffler import decide as decide
-from transforms.shuffler import report_rows
+from transforms.shuffler import decide, report_rows, spill, steps
 from transforms.shuffler import shuffle as sh
-from transforms.shuffler import spill as spill
-from transforms.shuffler import steps as steps
 
 TEXTS = [
     spill.crowd_text("ch", "r@1", None),

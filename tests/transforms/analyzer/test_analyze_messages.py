@@ -9,7 +9,7 @@ import pytest
 
 from privacy.rng import seeded_generator
 from schemas.payloads import EncodedPayloads, encode_payloads
-from tests.transforms.analyzer_messages import (
+from tests.transforms.analyzer.analyzer_messages import (
     BOOK,
     CENSUS_BYTES,
     DAY,

@@ -8,7 +8,7 @@ import pytest
 from privacy.accounting import BOUND_DESCRIPTIONS
 from privacy.rng import seeded_generator
 from schemas.recipes import load_recipe
-from tests.transforms.analyzer_messages import DAY, ONE_HOT, T0, TREE, recipe_of
+from tests.transforms.analyzer.analyzer_messages import DAY, ONE_HOT, T0, TREE, recipe_of
 from transforms.analyzer.arithmetic import (
     HISTOGRAM,
     CrowdAccumulator,

@@ -22,10 +22,8 @@ from schemas import parsed_schema, schema_json
 from schemas.release.crowd_buckets import crowd_bucket, crowd_order, parse_release_path
 from tests.transforms import report_factory as rf
 from transforms.common.dead_letters import WriteDeadLetters
-from transforms.shuffler import decide as decide
-from transforms.shuffler import report_rows
+from transforms.shuffler import decide, report_rows, sinks
 from transforms.shuffler import shuffle as sh
-from transforms.shuffler import sinks as sinks
 
 SHUFFLED_FIELDS = {field["name"] for field in schema_json("shuffled_message")["fields"]}
 # Reasons of the read stage: one dead letter holds all records of a chunk.
