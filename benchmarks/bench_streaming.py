@@ -33,7 +33,7 @@ from typing import Any
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines import stream_simulate
+from pipelines import simulate, stream_simulate
 from pipelines.engines import runners
 from schemas.windows import window_name
 
@@ -108,7 +108,7 @@ def _fleet(root: Path, windows: int, respondents: int) -> tuple[list[Path], int]
         simulate_windows=windows,
         simulate_output=str(root / "sim"),
     )
-    summary = stream_simulate.prepare(options)
+    summary = stream_simulate.prepare(options, simulate.run)
     ready = root / "ready"
     ready.mkdir()
     window_ms = int(summary["window_ms"])

@@ -126,7 +126,7 @@ def _handle(args: argparse.Namespace, pipeline_args: list[str]) -> int:
     if options.view_as(StandardOptions).streaming:  # window by window, as they are committed
         from pipelines import stream_analyze
 
-        summary = stream_analyze.run(options)
+        summary = stream_analyze.run(options, run)
         print(
             f"windows analyzed: {summary.get('windows_analyzed', 0)}; results: {args.analyze_output}"
         )

@@ -105,7 +105,7 @@ def _handle_simulate(args: argparse.Namespace, pipeline_args: list[str]) -> int:
     if args.simulate_stream:  # files appear window after window
         from pipelines import stream_simulate
 
-        summary = stream_simulate.run(options)
+        summary = stream_simulate.run(options, run)
     else:
         summary = run(options)
     print(json.dumps(summary, indent=2, sort_keys=True))

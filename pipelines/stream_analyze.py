@@ -44,7 +44,6 @@ from typing import Any
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines import analyze as batch_analyze
 from pipelines.commandline.analyze_options import AnalyzeOptions
 from pipelines.commandline.main import UsageError
 from schemas.release import commit as release_format
@@ -87,11 +86,16 @@ def _read_json(path: str) -> dict[str, Any] | None:
 
 def instance_folders(root: str, expected: int | None) -> list[str]:
     """The instance folders expected: ``instance=0..K-1`` with ``--instances K``, else every
-    ``instance=<u>`` (or folder with a progress record) present."""
+    ``instance=<u>`` (or folder with a progress record) present, or ``root`` itself when it is
+    one instance's folder."""
     if expected is not None:
         return [os.path.join(root, f"instance={u}") for u in range(expected)]
     if not os.path.isdir(root):
         return []
+    if os.path.isfile(os.path.join(root, PROGRESS_FILE)) or any(
+        parse_window_name(name) is not None for name in os.listdir(root)
+    ):
+        return [root]  # one instance's folder given itself
     return sorted(
         os.path.join(root, name)
         for name in os.listdir(root)
@@ -143,8 +147,15 @@ def missing_instances(entry: WindowCommits, folders: Sequence[str]) -> tuple[lis
 class WindowAnalyzer:
     """Analyzes one window with the batch analyzer and moves its results into place."""
 
-    def __init__(self, output: str, base: Mapping[str, Any], say: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        output: str,
+        base: Mapping[str, Any],
+        analyze_window: Callable[[PipelineOptions], dict[str, Any]],
+        say: Callable[[str], None],
+    ) -> None:
         self._output = output
+        self._analyze_window = analyze_window
         self._base = dict(base)
         self._say = say
         self.analyzed: list[dict[str, Any]] = []
@@ -173,7 +184,7 @@ class WindowAnalyzer:
             analyze_overwrite=True,
         )
         started = time.time()
-        summary = batch_analyze.run(PipelineOptions([], **values))
+        summary = self._analyze_window(PipelineOptions([], **values))
         reports = read_reports(work)
         line = window_line(name, summary, reports, missing)
         for product in PARTITIONED:
@@ -275,8 +286,14 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
-def run(options: PipelineOptions, say: Callable[[str], None] = _say) -> dict[str, Any]:
-    """Follow the releases until ``--watch-for`` ends; returns summary.json's content."""
+def run(
+    options: PipelineOptions,
+    analyze_window: Callable[[PipelineOptions], dict[str, Any]],
+    say: Callable[[str], None] = _say,
+) -> dict[str, Any]:
+    """Follow the releases until ``--watch-for`` ends, analyzing each window with
+    ``analyze_window`` (the batch analyzer's ``run``, given by pipelines/analyze.py); returns
+    summary.json's content."""
     values = options.view_as(AnalyzeOptions)
     inputs = values.analyze_input or []
     if len(inputs) != 1:
@@ -294,7 +311,7 @@ def run(options: PipelineOptions, say: Callable[[str], None] = _say) -> dict[str
     base = options.get_all_options(drop_default=True, retain_unknown_options=True)
     base.pop("streaming", None)
     base.setdefault("runner", "FnApiRunner")
-    analyzer = WindowAnalyzer(output, base, say)
+    analyzer = WindowAnalyzer(output, base, analyze_window, say)
     timeout = values.analyze_instance_timeout
     deadline = None if values.analyze_watch_for is None else time.time() + values.analyze_watch_for
     known: dict[int, WindowCommits] = {}

@@ -19,7 +19,6 @@ Everything stops by itself: the followers watch for the replay's length plus a m
 
 from __future__ import annotations
 
-import json
 import math
 import subprocess
 import sys
@@ -30,11 +29,11 @@ from typing import Any
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from pipelines import simulate as simulate_pipeline
 from pipelines import stream_simulate
 from pipelines.commandline import keys as keys_cli
-from pipelines.commandline.main import UsageError
 from pipelines.commandline.run_options import RunOptions
-from schemas.recipes import load_recipe
+from schemas.recipes import Recipe
 
 # Seconds the followers watch beyond the replay: Prism's start and the last poll.
 MARGIN_SECONDS = 15.0
@@ -57,27 +56,19 @@ def _forward(process: subprocess.Popen, prefix: str, lines: list[str], echo: boo
             print(line.rstrip("\n"), flush=True)
 
 
-def run(options: PipelineOptions, echo: bool = True) -> dict[str, Any]:
-    from pipelines import run as batch_run
-
+def run(
+    options: PipelineOptions, recipe: Recipe, population: str, echo: bool = True
+) -> dict[str, Any]:
+    """The live run in ``--output`` (prepared by pipelines/run.py, which wrote ``recipe`` to
+    ``OUTPUT/recipe.json``); returns the files written and each process's exit code."""
     values = options.view_as(RunOptions)
     output = Path(values.run_output)
-    try:
-        recipe = batch_run.recipe_for_instances(
-            load_recipe(values.run_recipe), values.run_instances
-        )
-    except ValueError as error:
-        raise UsageError(str(error)) from error
-    throwaway = not values.run_unsealed and values.run_keys is None
-    batch_run._prepare(output, values.run_overwrite, throwaway_keys=throwaway)
     recipe_path = output / "recipe.json"
-    recipe_path.write_text(recipe.to_json())
     keys = None if values.run_unsealed else keys_cli.run_keys(output, values.run_keys)
     signing = (
         {} if values.run_unsigned else keys_cli.run_signing_keys(output, recipe.shuffler_instances)
     )
     simulation_dir = output / "simulation"
-    population = values.run_population or batch_run.default_population(recipe)
     simulate_options = PipelineOptions(
         ["--runner=FnApiRunner"],
         simulate_recipe=str(recipe_path),
@@ -91,7 +82,7 @@ def run(options: PipelineOptions, echo: bool = True) -> dict[str, Any]:
     )
     say = print if echo else (lambda text: None)
     say(f"simulate: {recipe.id}, population {population}, {values.run_windows} windows")
-    simulation = stream_simulate.prepare(simulate_options)
+    simulation = stream_simulate.prepare(simulate_options, simulate_pipeline.run)
     replay_seconds = values.run_windows * values.run_window_seconds
     watch_for = replay_seconds + MARGIN_SECONDS
     interval = max(0.5, min(5.0, values.run_window_seconds / 4))
@@ -151,6 +142,4 @@ def run(options: PipelineOptions, echo: bool = True) -> dict[str, Any]:
         print(f"esa run: {name} exited {failed[name]}:", file=sys.stderr)
         print("\n".join(logs[name][-20:]), file=sys.stderr)
     say(f"results: {output / 'analysis'}/ (summary.json, histograms.parquet/window=<start>/)")
-    result = {"files": len(files), "exit_codes": codes, "adds_up": not failed}
-    (output / batch_run.RUN_FILE).write_text(json.dumps(result, indent=2))
-    return result
+    return {"files": len(files), "exit_codes": codes, "adds_up": not failed}

@@ -35,7 +35,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import apache_beam as beam
@@ -44,7 +44,6 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 from apache_beam.runners.runner import PipelineState
 from apache_beam.utils.timestamp import Timestamp
 
-from pipelines import shuffle as batch_shuffle
 from pipelines.commandline import shuffler_key_flags
 from pipelines.commandline.flags import parse_lateness_ms
 from pipelines.commandline.main import UsageError
@@ -52,7 +51,7 @@ from pipelines.commandline.shuffle_options import ShuffleOptions
 from pipelines.engines import runners as engines
 from schemas.release import commit as release_format
 from transforms.shuffler import report_rows, stream
-from transforms.shuffler.config import REJECTED_PREFIX, UNKNOWN_PREFIX
+from transforms.shuffler.config import REJECTED_PREFIX, UNKNOWN_PREFIX, ShuffleConfig
 
 PROGRESS_FILE = "_STREAM.json"
 METRICS_FILE = "metrics.json"
@@ -146,12 +145,12 @@ class WindowCommitter:
         self,
         layout: stream.StreamLayout,
         values: Mapping[str, Any],
-        routes: Mapping[str, report_rows.RecipeRoute] | None,
+        shuffle_window: Callable[[PipelineOptions], dict[str, Any]],
         runner_flags: list[str],
     ) -> None:
         self._layout = layout
         self._values = dict(values)
-        self._routes = routes
+        self._shuffle_window = shuffle_window
         self._runner_flags = runner_flags
         self.committed: list[dict[str, Any]] = []
 
@@ -178,7 +177,7 @@ class WindowCommitter:
             overwrite=True,
         )
         started = time.time()
-        summary = batch_shuffle.run(PipelineOptions(self._runner_flags, **values), self._routes)
+        summary = self._shuffle_window(PipelineOptions(self._runner_flags, **values))
         if not summary.get("adds_up"):
             raise RuntimeError(
                 f"{layout.window_private(start)}/metrics.json: the records do not add up"
@@ -300,18 +299,20 @@ def stream_metrics(layout: stream.StreamLayout) -> dict[str, Any]:
 
 
 def run(
-    options: PipelineOptions, routes: Mapping[str, report_rows.RecipeRoute] | None = None
+    options: PipelineOptions,
+    config: ShuffleConfig,
+    private: str,
+    shuffle_window: Callable[[PipelineOptions], dict[str, Any]],
 ) -> dict[str, Any]:
-    """Follow ``--input`` until ``--watch-for`` ends, committing each window as it closes;
-    returns the instance's metrics (also in PDIR/metrics.json)."""
+    """Follow ``--input`` until ``--watch-for`` ends, committing each window as it closes with
+    ``shuffle_window`` (the batch shuffler's ``run``, given by pipelines/shuffle.py with the run's
+    ``config`` and private directory); returns the instance's metrics (PDIR/metrics.json)."""
     shuffle_options = options.view_as(ShuffleOptions)
     if not shuffle_options.input or not shuffle_options.output:
         raise UsageError("--input and --output are required")
     streaming_options = streaming_runner(options)  # before anything is touched
-    config = batch_shuffle.shuffle_config(shuffle_options, True, routes)
     lateness_ms = parse_lateness_ms(shuffle_options.allowed_lateness)
     output = shuffle_options.output
-    private = batch_shuffle.private_path(output, shuffle_options.private_output)
     shuffler_key_flags.check_signing_key(shuffle_options.signing_key, config.rules.instance)
     layout = stream.StreamLayout(output, private)
     _refuse_foreign(layout, bool(shuffle_options.overwrite))
@@ -323,7 +324,7 @@ def run(
         ShuffleOptions.dest(flag): getattr(shuffle_options, ShuffleOptions.dest(flag))
         for flag in ShuffleOptions.FLAGS
     }
-    committer = WindowCommitter(layout, values, routes, ["--runner=FnApiRunner"])
+    committer = WindowCommitter(layout, values, shuffle_window, ["--runner=FnApiRunner"])
     committer.commit_ready()  # publishes _STREAM.json at once: the analyzer sees the instance
     match: dict[str, Any] = {"interval": shuffle_options.watch_interval}
     if shuffle_options.watch_for is not None:

@@ -25,7 +25,6 @@ import numpy as np
 import pyarrow as pa
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines import simulate as simulate_pipeline
 from pipelines.commandline.main import UsageError
 from pipelines.commandline.simulate_options import SimulateOptions
 from schemas import parsed_schema, schema_json
@@ -33,6 +32,7 @@ from schemas.avro.container import encode_container
 from transforms.common import avro_io
 
 FLEET_DIR = "_fleet"
+SUMMARY_FILE = "simulation.json"  # the fleet's, copied beside its truth
 CHUNKS = 2
 
 
@@ -72,9 +72,12 @@ def write_atomically(path: Path, rows: pa.Table) -> None:
     os.replace(hidden, path)
 
 
-def prepare(options: PipelineOptions) -> dict[str, Any]:
-    """Simulate the whole fleet into ``DIR/_fleet`` and put its truth and summary in DIR;
-    returns simulation.json's content."""
+def prepare(
+    options: PipelineOptions, simulate: Callable[[PipelineOptions], dict[str, Any]]
+) -> dict[str, Any]:
+    """Simulate the whole fleet with ``simulate`` (the batch simulation's ``run``, given by
+    pipelines/simulate.py) into ``DIR/_fleet`` and put its truth and summary in DIR; returns
+    simulation.json's content."""
     values = options.view_as(SimulateOptions)
     output = Path(values.simulate_output)
     if output.exists() and any(output.iterdir()):
@@ -89,8 +92,8 @@ def prepare(options: PipelineOptions) -> dict[str, Any]:
         simulate_stream=False,
         simulate_overwrite=True,
     )
-    summary = simulate_pipeline.run(PipelineOptions([], **given))
-    for name in (simulate_pipeline.TRUTH_FILE, simulate_pipeline.SUMMARY_FILE):
+    summary = simulate(PipelineOptions([], **given))
+    for name in (summary["truth"], SUMMARY_FILE):
         shutil.copyfile(output / FLEET_DIR / name, output / name)
     return summary
 
@@ -140,10 +143,12 @@ def replay(
     return written
 
 
-def run(options: PipelineOptions) -> dict[str, Any]:
+def run(
+    options: PipelineOptions, simulate: Callable[[PipelineOptions], dict[str, Any]]
+) -> dict[str, Any]:
     """``esa simulate --stream``: prepare, then replay; returns simulation.json plus the files."""
     values = options.view_as(SimulateOptions)
-    summary = prepare(options)
+    summary = prepare(options, simulate)
     files = replay(Path(values.simulate_output), summary, values.simulate_window_seconds)
     return {
         **summary,

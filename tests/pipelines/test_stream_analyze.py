@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipelines import stream_analyze, stream_simulate
+from pipelines import analyze, simulate, stream_analyze, stream_simulate
 from pipelines.commandline import main as cli
 from pipelines.commandline.analyze_options import AnalyzeOptions
 from schemas.windows import window_name
@@ -86,7 +86,7 @@ def _analyze(releases: Path, output: Path, recipe: Path, **extra) -> dict:
     options = PipelineOptions(["--streaming"], **values)
     assert not options.view_as(AnalyzeOptions).validate()
     lines: list[str] = []
-    summary = stream_analyze.run(options, say=lines.append)
+    summary = stream_analyze.run(options, analyze.run, say=lines.append)
     summary["lines"] = lines
     return summary
 
@@ -176,7 +176,7 @@ def test_simulate_stream_writes_window_after_window(simulation, tmp_path: Path) 
         simulate_windows=2,
         simulate_output=str(output),
     )
-    summary = stream_simulate.prepare(options)
+    summary = stream_simulate.prepare(options, simulate.run)
     assert (output / "truth.parquet").is_file() and not list(output.glob("instance=*"))
     began = time.monotonic()
     files = stream_simulate.replay(output, summary, window_seconds=1.0)
@@ -228,3 +228,13 @@ def test_runners_that_cannot_follow_files_are_refused(tmp_path: Path, capsys, ru
         f"esa shuffle: error: --streaming cannot follow files on --runner={runner}"
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_one_instance_folder_given_itself(simulation, tmp_path: Path) -> None:
+    recipe, sim = simulation
+    split, releases, output = tmp_path / "split", tmp_path / "shuffled", tmp_path / "analysis"
+    _split_by_window(sim, split)
+    _release(recipe, split, releases, 0, DAY0)
+    summary = _analyze(releases / "instance=0", output, recipe)
+    assert [line.split()[0] for line in summary["lines"]] == [DAY0]
+    assert summary["windows"][0]["missing_instances"] == []
