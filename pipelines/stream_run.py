@@ -88,7 +88,9 @@ def run(
     interval = max(0.5, min(5.0, values.run_window_seconds / 4))
     shufflers = []
     for u in range(recipe.shuffler_instances):
+        # The devices write in event-time order: a window is final once the next one starts.
         argv = ["shuffle", "--streaming", "--instance", str(u), "--recipe", str(recipe_path),
+                "--allowed-lateness", "0",
                 "--input", str(simulation_dir / f"instance={u}" / "*.avro"),
                 "--output", str(output / "shuffled" / f"instance={u}"),
                 "--watch-interval", str(interval), "--watch-for", str(watch_for)]  # fmt: skip

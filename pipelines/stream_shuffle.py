@@ -89,6 +89,15 @@ def streaming_runner(options: PipelineOptions) -> PipelineOptions:
     return PipelineOptions([*flags, "--streaming"], **given)
 
 
+def allowed_lateness_ms(lateness: str | None, window: str) -> int:
+    """``--allowed-lateness`` in ms; by default one window: a window is final once the input
+    has moved a whole window past its end (reports uploaded a window late, or a file holding
+    two windows' reports, still count)."""
+    if lateness is None:
+        return report_rows.parse_duration_ms(window)
+    return parse_lateness_ms(lateness)
+
+
 def _refuse_foreign(layout: stream.StreamLayout, overwrite: bool) -> None:
     for path, flag in ((layout.output, "--output"), (layout.private, "--private-output")):
         if os.path.exists(path) and not os.path.isdir(path):
@@ -215,7 +224,9 @@ class WindowCommitter:
             {
                 "instance": self._values.get("instance"),
                 "window_ms": report_rows.parse_duration_ms(self._values["window"]),
-                "allowed_lateness_ms": parse_lateness_ms(self._values["allowed_lateness"]),
+                "allowed_lateness_ms": allowed_lateness_ms(
+                    self._values["allowed_lateness"], self._values["window"]
+                ),
                 "committed_through_ms": watermark["watermark_ms"],
                 "finished": bool(finished),
             },
@@ -311,7 +322,7 @@ def run(
     if not shuffle_options.input or not shuffle_options.output:
         raise UsageError("--input and --output are required")
     streaming_options = streaming_runner(options)  # before anything is touched
-    lateness_ms = parse_lateness_ms(shuffle_options.allowed_lateness)
+    lateness_ms = allowed_lateness_ms(shuffle_options.allowed_lateness, shuffle_options.window)
     output = shuffle_options.output
     shuffler_key_flags.check_signing_key(shuffle_options.signing_key, config.rules.instance)
     layout = stream.StreamLayout(output, private)

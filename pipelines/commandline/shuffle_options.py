@@ -129,8 +129,8 @@ class ShuffleOptions(StageFlags, PipelineOptions):
         Flag(
             "allowed_lateness",
             "Streaming: a window is committed once the watermark (the largest event time seen) "
-            "passes its end plus this much (0, 30s, 1h, ...). Default 0.",
-            default="0",
+            "passes its end plus this much (0, 30s, 1h, ...). Default: one window (--window), "
+            "so that reports of a window may still arrive while the next one is under way.",
         ),
     ) + shuffler_key_flags.SHUFFLE_FLAGS  # --signing-key (signed commit records)
 

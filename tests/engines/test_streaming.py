@@ -86,7 +86,7 @@ def _shuffle(inbox: Path, output: Path, recipe: str, watch_for: float) -> subpro
     return _esa(
         "shuffle", "--streaming", "--input", str(inbox / "*.avro"), "--output", str(output),
         "--instance", "0", "--recipe", recipe, "--crowd-threshold", "3",
-        "--watch-interval", "1", "--watch-for", str(watch_for),
+        "--watch-interval", "1", "--watch-for", str(watch_for), "--allowed-lateness", "0",
     )  # fmt: skip
 
 

@@ -148,3 +148,16 @@ def test_unreadable_files_are_dead_lettered_at_ingest(tmp_path: Path, garbage: b
     assert notice.staged == () and notice.max_event_ms is None
     ingest = json.loads(Path(layout.ingest, stream.file_digest(str(path)) + ".json").read_text())
     assert any(name.startswith("unknown_records:") for name in ingest["counts"])
+
+
+def test_the_default_lateness_is_one_window() -> None:
+    from pipelines.stream_shuffle import allowed_lateness_ms
+
+    assert allowed_lateness_ms(None, "1d") == DAY and allowed_lateness_ms(None, "6h") == DAY // 4
+    assert allowed_lateness_ms("0", "1d") == 0 and allowed_lateness_ms("30s", "1d") == 30_000
+    # With it, a file holding the next day's reports closes nothing yet.
+    state = stream.OpenWindows(period_ms=DAY, allowed_lateness_ms=allowed_lateness_ms(None, "1d"))
+    state.add(_notice("a", (rf.T0, 1), (rf.T0 + DAY, 1), max_event=rf.T0 + DAY + 5))
+    assert state.advance() == [] and state.add(_notice("b", (rf.T0, 2))) == []
+    state.add(_notice("c", (rf.T0 + 2 * DAY, 1)))
+    assert [window.window_start for window in state.advance()] == [rf.T0]
