@@ -238,3 +238,47 @@ def test_one_instance_folder_given_itself(simulation, tmp_path: Path) -> None:
     summary = _analyze(releases / "instance=0", output, recipe)
     assert [line.split()[0] for line in summary["lines"]] == [DAY0]
     assert summary["windows"][0]["missing_instances"] == []
+
+
+def test_an_analyzer_killed_mid_window_analyzes_it_once_after_a_restart(
+    simulation, tmp_path: Path
+) -> None:
+    """SIGKILL while a window's batch analysis runs, then the same command again."""
+    import signal
+    import subprocess
+    import sys
+
+    recipe, sim = simulation
+    split, releases, output = tmp_path / "split", tmp_path / "shuffled", tmp_path / "analysis"
+    _split_by_window(sim, split)
+    for u in (0, 1):
+        _release(recipe, split, releases, u, DAY0)
+    argv = [sys.executable, "-m", "pipelines.commandline.main", "analyze", "--streaming",
+            "--input", str(releases), "--output", str(output), "--recipe", str(recipe),
+            "--instances", "2", "--no-pictures", "--watch-interval", "0.2"]  # fmt: skip
+    root = Path(__file__).resolve().parents[2]
+    analyzer = subprocess.Popen(
+        [*argv, "--watch-for", "60"], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    work = output / "_work" / DAY0
+    deadline = time.time() + 60
+    while not work.exists():
+        assert time.time() < deadline and analyzer.poll() is None
+        time.sleep(0.05)
+    analyzer.send_signal(signal.SIGKILL)  # mid-analysis of day 0
+    analyzer.communicate()
+    assert not (output / "windows" / f"{DAY0}.json").exists()
+    for u in (0, 1):
+        _release(recipe, split, releases, u, DAY1)
+    again = subprocess.run(
+        [*argv, "--watch-for", "1", "--instance-timeout", "0"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    lines = [line.split()[0] for line in again.stdout.splitlines() if line.startswith("window=")]
+    assert lines == [DAY0, DAY1]
+    table = pq.read_table(output / "histograms.parquet")
+    assert table.num_rows == 2 * 16  # each window's rows once
+    assert not (output / "_work").exists() or not os.listdir(output / "_work")
