@@ -161,3 +161,48 @@ def test_the_default_lateness_is_one_window() -> None:
     assert state.advance() == [] and state.add(_notice("b", (rf.T0, 2))) == []
     state.add(_notice("c", (rf.T0 + 2 * DAY, 1)))
     assert [window.window_start for window in state.advance()] == [rf.T0]
+
+
+def test_the_follower_on_a_test_stream_closes_windows_per_poll(tmp_path: Path) -> None:
+    """``FollowReports`` on Beam's TestStream (DirectRunner): two polls, each a batch of file
+    paths at one processing time; the watermark timers decide after each whole poll."""
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.testing.test_stream import TestStream
+    from apache_beam.transforms.window import TimestampedValue
+
+    layout = _layout(tmp_path)
+    day0 = rf.write_reports(tmp_path / "day0.avro", rf.crowd(4, 1))
+    day1 = rf.write_reports(
+        tmp_path / "day1.avro", rf.crowd(3, 1, prefix="d1", event_time=rf.T0 + DAY + 9)
+    )
+    late = rf.write_reports(tmp_path / "late.avro", rf.crowd(2, 1, prefix="late"))
+    hidden = rf.write_reports(tmp_path / ".partial.avro", rf.crowd(2, 1, prefix="half"))
+    polls = (
+        TestStream()
+        .add_elements([TimestampedValue(day1, 10), TimestampedValue(day0, 10)])  # one poll
+        .advance_watermark_to(11)
+        .add_elements([TimestampedValue(late, 12), TimestampedValue(hidden, 12)])
+        .advance_watermark_to_infinity()
+    )
+    pipeline = beam.Pipeline(options=PipelineOptions(streaming=True))
+    _ = pipeline | polls | stream.FollowReports(rf.rules(), SPEC, 0, layout, 1000)
+    pipeline.run().wait_until_finish()
+
+    closed = {
+        path.name: json.loads(path.read_text())
+        for path in Path(layout.root, "closed").glob("*.json")
+    }
+    # Day 0 closed after the first poll with its file (read after day 1's in the same poll);
+    # day 1 when the input ended; the late file's rows dead-lettered; the hidden file unread.
+    day0_record = closed[stream.window_name(rf.T0) + ".json"]
+    assert [source for _, source, _ in day0_record["staged"]] == [day0]
+    day1_record = closed[stream.window_name(rf.T0 + DAY) + ".json"]
+    assert [source for _, source, _ in day1_record["staged"]] == [day1]
+    late_counts = json.loads(
+        Path(layout.late(rf.T0), stream.file_digest(late) + ".json").read_text()
+    )
+    assert late_counts["rows"] == 2
+    assert json.loads(Path(layout.watermark).read_text())["final"] is True
+    ingested = {json.loads(p.read_text())["source"] for p in Path(layout.ingest).glob("*.json")}
+    assert ingested == {day0, day1, late}
