@@ -259,6 +259,8 @@ def test_streaming_analyzer_analyzes_each_window_once_all_instances_committed_it
             "1",
             "--watch-for",
             "30",
+            "--allowed-lateness",
+            "0",
         )  # fmt: skip
         for u, inbox in enumerate(inboxes)
     ]
