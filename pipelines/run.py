@@ -118,7 +118,13 @@ def _run_stream(options: PipelineOptions) -> dict[str, Any]:
     _prepare(output, values.run_overwrite, not values.run_unsealed and values.run_keys is None)
     (output / "recipe.json").write_text(recipe.to_json())
     population = values.run_population or default_population(recipe)
-    result = stream_run.run(options, recipe, population)
+    result = stream_run.run(
+        options,
+        recipe,
+        population,
+        output / RELEASES_DIR,
+        lambda instance: shuffler_private_dir(output, instance),
+    )
     (output / RUN_FILE).write_text(json.dumps(result, indent=2))
     return result
 

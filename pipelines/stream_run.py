@@ -7,8 +7,10 @@
    with the truth in ``OUTPUT/simulation``), sealed to a throwaway analyzer key and with one
    throwaway signing key per shuffler instance, as ``esa run`` does.
 2. K streaming shufflers (``esa shuffle --streaming --instance u``, each its own process on
-   Prism, following ``OUTPUT/simulation/instance=<u>/``) and the streaming analyzer (``esa
-   analyze --streaming --instances K``) start on empty folders.
+   Prism, following ``OUTPUT/simulation/instance=<u>/``, committing into
+   ``OUTPUT/releases/instance=<u>/`` with its private outputs in ``OUTPUT/shuffler-<u>/private``)
+   and the streaming analyzer (``esa analyze --streaming --instances K`` on
+   ``OUTPUT/releases``, results in ``OUTPUT/analysis``) start on empty folders.
 3. The devices' files appear window after window, ``--window-seconds`` apart. Each window is
    committed by every shuffler once the next window's reports arrive (the watermark passes it;
    the last when the input ends), and analyzed once all K committed it: the analyzer's line
@@ -24,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,10 +60,17 @@ def _forward(process: subprocess.Popen, prefix: str, lines: list[str], echo: boo
 
 
 def run(
-    options: PipelineOptions, recipe: Recipe, population: str, echo: bool = True
+    options: PipelineOptions,
+    recipe: Recipe,
+    population: str,
+    releases: Path,
+    private_of: Callable[[int], Path],
+    echo: bool = True,
 ) -> dict[str, Any]:
     """The live run in ``--output`` (prepared by pipelines/run.py, which wrote ``recipe`` to
-    ``OUTPUT/recipe.json``); returns the files written and each process's exit code."""
+    ``OUTPUT/recipe.json``): instance u's releases in ``releases/instance=<u>/``, its private
+    outputs in ``private_of(u)``, outside what the analyzer is given; returns the files written
+    and each process's exit code."""
     values = options.view_as(RunOptions)
     output = Path(values.run_output)
     recipe_path = output / "recipe.json"
@@ -92,7 +102,8 @@ def run(
         argv = ["shuffle", "--streaming", "--instance", str(u), "--recipe", str(recipe_path),
                 "--allowed-lateness", "0",
                 "--input", str(simulation_dir / f"instance={u}" / "*.avro"),
-                "--output", str(output / "shuffled" / f"instance={u}"),
+                "--output", str(releases / f"instance={u}"),
+                "--private-output", str(private_of(u)),
                 "--watch-interval", str(interval), "--watch-for", str(watch_for)]  # fmt: skip
         if values.run_crowd_threshold is not None:
             argv += ["--crowd-threshold", str(values.run_crowd_threshold)]
@@ -102,8 +113,8 @@ def run(
         if signing:
             argv += ["--signing-key", str(signing[u])]
         shufflers.append(_esa(argv))
-    (output / "shuffled").mkdir(parents=True, exist_ok=True)
-    analyze_argv = ["analyze", "--streaming", "--input", str(output / "shuffled"),
+    releases.mkdir(parents=True, exist_ok=True)
+    analyze_argv = ["analyze", "--streaming", "--input", str(releases),
                     "--output", str(output / "analysis"), "--recipe", str(recipe_path),
                     "--truth", str(simulation_dir), "--instances", str(recipe.shuffler_instances),
                     "--watch-interval", str(interval), "--watch-for", str(watch_for)]  # fmt: skip
@@ -124,8 +135,7 @@ def run(
     # The shufflers say they are up (their progress record) before the first file appears.
     deadline = time.monotonic() + MARGIN_SECONDS * 4
     while not all(
-        (output / "shuffled" / f"instance={u}" / "_STREAM.json").exists()
-        for u in range(len(shufflers))
+        (releases / f"instance={u}" / "_STREAM.json").exists() for u in range(len(shufflers))
     ):
         if time.monotonic() > deadline or any(p.poll() is not None for p in shufflers):
             break

@@ -416,10 +416,15 @@ def test_run_stream_prints_one_line_per_window_as_it_is_analyzed(tmp_path: Path)
     assert all("n=400" in line and "rmse=" in line for line in lines)
     summary = json.loads((output / "analysis" / "summary.json").read_text())
     assert [w["instances"] for w in summary["windows"]] == [[0, 1], [0, 1]]
+    # Shuffler-private outputs stay outside what the analyzer is given.
+    assert sorted(p.name for p in (output / "releases").iterdir()) == ["instance=0", "instance=1"]
+    for u in (0, 1):
+        metrics = json.loads((output / f"shuffler-{u}" / "private" / "metrics.json").read_text())
+        assert metrics["adds_up"] and metrics["windows_committed"] == 2
     # Sealed to the analyzer and signed by each instance (the analyzer verified both).
     for u in (0, 1):
         for name in (DAY0_2024, DAY1_2024):
             commit = json.loads(
-                (output / "shuffled" / f"instance={u}" / name / "_COMMIT.json").read_text()
+                (output / "releases" / f"instance={u}" / name / "_COMMIT.json").read_text()
             )
             assert commit["signature"]["algorithm"] == "Ed25519"
