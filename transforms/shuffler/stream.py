@@ -2,7 +2,7 @@
 
 A streaming shuffler (``esa shuffle --streaming``, pipelines/stream_shuffle.py) runs this Beam
 streaming pipeline (on Prism) beside a driver that commits each closed window with the batch
-shuffler's own pipeline (transforms/shuffle.py): validation, per-origin caps, distinct
+shuffler's own pipeline (transforms/shuffler/shuffle.py): validation, per-origin caps, distinct
 respondents, thresholds, Algorithm 3 deletion, the uniform permutation and the signed commit are
 the same code in both modes, run on exactly the window's records.
 
