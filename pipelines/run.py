@@ -1,7 +1,7 @@
 """``esa run``: the whole product on one machine: simulated devices -> K shufflers -> analyzer.
 
     esa run [--output results] [--recipe image_grid_sealed] [--population image:horse]
-        [--respondents 40000] [--instances K] [--seed S] [--deletion-epsilon E --deletion-delta D]
+        [--respondents N] [--instances K] [--seed S] [--deletion-epsilon E --deletion-delta D]
         [--parallel-shuffles P] [Beam runner flags, passed to every stage]
 
 Steps (each a Beam pipeline on the same runner flags):
@@ -26,9 +26,10 @@ K defaults to the recipe's own number of shuffler instances. Given another K, th
 re-issued for K instances as ``<name>-k<K>`` (uniform instance weights; everything else
 unchanged) in ``OUTPUT/recipe.json``, so its id still names every parameter; a zero-sum recipe,
 whose sums hide a respondent only inside one shuffler, is never re-issued. The defaults (the
-64x64 image-grid one-hot recipe, its four instances, 120,000 respondents: just above the recipe's
-minimum crowd of 100,000) take under a minute on two cores. ``make run`` calls
-``esa run --output results``.
+sealed 32x32 image-grid recipe image_grid_sealed, its two instances, 40,000 respondents: its
+minimum crowd) take under a minute on two cores; ``make run`` calls ``esa run --output results``.
+Without ``--respondents`` a recipe that states ``default_respondents`` (the ``small_*`` recipes,
+``esa recipes list``) is simulated at that size.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from pipelines import shuffle as shuffle_pipeline
 from pipelines import simulate as simulate_pipeline
 from pipelines.commandline import keys as keys_cli
 from pipelines.commandline.main import UsageError
-from pipelines.commandline.run_options import RunOptions
+from pipelines.commandline.run_options import DEFAULT_RESPONDENTS, RunOptions
 from pipelines.engines import runners
 from schemas.recipes import Recipe, load_recipe, recipe_from_dict
 
@@ -207,6 +208,7 @@ def _run(
     recipe_path = output / "recipe.json"
     recipe_path.write_text(recipe.to_json())
     population = values.run_population or default_population(recipe)
+    respondents = values.run_respondents or recipe.default_respondents or DEFAULT_RESPONDENTS
     flags = resources.enter_context(runners.one_job_server(flags))
     seconds: dict[str, float] = {}
     # Sealed by default: devices seal to the newest public key, the analyzer opens with the ring.
@@ -222,7 +224,7 @@ def _run(
 
     started = time.monotonic()
     say(
-        f"simulate: {recipe.id}, population {population}, {values.run_respondents or 'natural'} "
+        f"simulate: {recipe.id}, population {population}, {respondents:,} "
         f"respondents, {recipe.shuffler_instances} shuffler instances"
     )
     simulation_dir = output / "simulation"
@@ -231,7 +233,7 @@ def _run(
             flags,
             simulate_recipe=str(recipe_path),
             simulate_population=population,
-            simulate_respondents=values.run_respondents,
+            simulate_respondents=respondents,
             simulate_output=str(simulation_dir),
             simulate_seed=values.run_seed,
             # A recipe without local privacy (zero-sum) cannot pass an on-device accountant.

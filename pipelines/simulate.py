@@ -1,11 +1,10 @@
-"""``esa simulate``: a simulated device fleet writing Report files; ``esa recipes list``.
+"""``esa simulate``: a simulated device fleet writing Report files.
 
     esa simulate --recipe NAME|FILE --population SPEC [--respondents N] --output DIR [--seed S]
         [--rounds R] [--start 2024-01-01] [--device-budget EPS] [--query-class-fields F,G]
         [--instance-weights W,W,...] [--no-device-budget] [--codec deflate|null|snappy]
         [--runner=FnApiRunner | --direct_running_mode=multi_processing --direct_num_workers=2 |
          --runner=PortableRunner --job_endpoint=embed --environment_type=LOOPBACK]
-    esa recipes list [--verbose]
 
 Population specs: ``uniform``, ``zipf[,exponent=S]``, ``heavy-hitters[,heavy=H,exponent=A]``
 (esa-privacy-revisited VII-A), ``image:NAME[,size=RxC]`` (VII-B: one respondent per unit of
@@ -53,7 +52,7 @@ from pipelines.commandline.main import UsageError
 from pipelines.commandline.options import with_default_runner
 from pipelines.commandline.simulate_options import SimulateOptions, parse_start_ms
 from schemas import SCHEMA_VERSION
-from schemas.recipes import load_recipe, recipe_names, shipped_recipes
+from schemas.recipes import load_recipe
 from schemas.release import commit
 from simulators.plan import ShardSummary, SimulationPlan
 from simulators.sealing import sealing_metadata
@@ -67,7 +66,7 @@ SUMMARY_FILE = "simulation.json"
 
 
 def register(subparsers: Any) -> None:
-    """Add ``esa simulate`` and ``esa recipes list``."""
+    """Add ``esa simulate``."""
     parser = subparsers.add_parser(
         "simulate",
         help="Simulate a device fleet: populations in, sharded Avro report files out.",
@@ -76,28 +75,6 @@ def register(subparsers: Any) -> None:
     )
     SimulateOptions.add_cli_arguments(parser)
     parser.set_defaults(handler=_handle_simulate, accepts_pipeline_args=True)
-
-    recipes = subparsers.add_parser("recipes", help="Shipped recipes.")
-    actions = recipes.add_subparsers(dest="recipes_command", required=True, metavar="ACTION")
-    listing = actions.add_parser("list", help="Print the shipped recipe names, one per line.")
-    listing.add_argument(
-        "--verbose", action="store_true", help="Also print id, channel, randomizer and epsilons."
-    )
-    listing.set_defaults(handler=_handle_recipes_list)
-
-
-def _handle_recipes_list(args: argparse.Namespace) -> int:
-    if not args.verbose:
-        print("\n".join(recipe_names()))
-        return 0
-    for recipe_id, recipe in sorted(shipped_recipes().items()):
-        print(
-            f"{recipe.name}\t{recipe_id}\tchannel={recipe.channel}\trandomizer={recipe.randomizer}"
-            f"\tepsilon_local={recipe.epsilon_local:g}"
-            f"\tepsilon_central_target={recipe.epsilon_central_target:g}"
-            f"\tinstances={recipe.shuffler_instances}"
-        )
-    return 0
 
 
 def _handle_simulate(args: argparse.Namespace, pipeline_args: list[str]) -> int:

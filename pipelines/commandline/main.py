@@ -19,7 +19,7 @@ from typing import NoReturn
 # imported, so `esa privacy ...` does not pay for importing Beam.
 COMMANDS = {
     "privacy": "pipelines.commandline.privacy",
-    "recipes": "pipelines.simulate",
+    "recipes": "pipelines.commandline.recipes",
     "simulate": "pipelines.simulate",
     "shuffle": "pipelines.shuffle",
     "analyze": "pipelines.analyze",
