@@ -67,7 +67,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
-from pipelines import pictures
+from pipelines import pictures, recipe_check
 from pipelines.commandline import analyzer_key_flags
 from pipelines.commandline.analyze_options import AnalyzeOptions
 from pipelines.commandline.main import UsageError
@@ -591,10 +591,10 @@ def summary_table(
             lines.append("  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)))
     else:
         lines.append("no crowd was estimated")
-    for note in reports["withheld"]:
+    for note in recipe_check.explain_withheld_in(reports["withheld"], summary):
         lines.append(
             f"note: {note['channel']} {note['crowd_id'] or ''} {pictures.day(note['window_start'])}: "
-            f"{note['note']} (by instance {', '.join(map(str, note['withheld_by']))})"
+            f"{note['note']}: {note['reason']}"
         )
     totals = summary.get("reports", {})
     shown = len(reports["histograms"]) + len(reports["longitudinal"])

@@ -29,6 +29,7 @@ __all__ = [
     "CrowdOutlook",
     "device_refusal",
     "explain_withheld",
+    "explain_withheld_in",
     "outlook",
     "smallest_releasing_population",
     "threshold_reason",
@@ -179,20 +180,57 @@ def explain_withheld(
     for note in notes:
         entry = dict(note)
         recipe = recipes.get(note.get("recipe_id", ""))
-        reasons = []
+        reasons: dict[str, list[int]] = {}
         for instance in note.get("withheld_by", []):
             release = by_instance.get(int(instance), {})
-            configured = release.get("crowd_threshold")
-            if recipe is None or configured is None:
-                reasons.append(f"instance {instance}: below its threshold")
-                continue
-            threshold, why = threshold_reason(recipe, int(configured))
-            text = f"instance {instance}: fewer than T = {threshold:,} distinct respondents, {why}"
-            if release.get("deletion"):
-                text += (
-                    ", or fewer after its randomized deletion (Algorithm 3), which may also abort"
-                )
-            reasons.append(text)
-        entry["reason"] = "; ".join(reasons) or note.get("note", "withheld")
+            reasons.setdefault(_instance_reason(recipe, release), []).append(int(instance))
+        entry["reason"] = "; ".join(
+            f"{'instance' if len(who) == 1 else 'instances'} {', '.join(map(str, who))}: {text}"
+            for text, who in reasons.items()
+        ) or str(note.get("note", "withheld"))
         out.append(entry)
     return out
+
+
+def _instance_reason(recipe: Recipe | None, release: Mapping[str, Any]) -> str:
+    configured = release.get("crowd_threshold")
+    if recipe is None or configured is None:
+        return "fewer distinct respondents than its threshold"
+    configured, minimum = int(configured), int(recipe.min_crowd_size)
+    threshold = max(configured, minimum, 1)
+    if minimum >= configured:
+        text = (
+            f"fewer than {threshold:,} distinct respondents, the devices' demand (recipe "
+            f"min_crowd_size, shuffler threshold {configured:,})"
+        )
+    else:
+        text = (
+            f"fewer than {threshold:,} distinct respondents, the shuffler's --crowd-threshold "
+            f"(recipe min_crowd_size {minimum:,})"
+        )
+    if release.get("deletion"):
+        text += ", or fewer after randomized deletion (Algorithm 3), which may also abort"
+    return text
+
+
+def shipped_or_given(recipe_ids: Sequence[str]) -> dict[str, Recipe]:
+    """The recipes of ``recipe_ids`` that load by id (shipped ones); others are left out."""
+    from schemas.recipes import load_recipe
+
+    out = {}
+    for recipe_id in recipe_ids:
+        try:
+            out[recipe_id] = load_recipe(recipe_id)
+        except ValueError:
+            continue
+    return out
+
+
+def explain_withheld_in(
+    notes: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """:func:`explain_withheld` with the releases and recipes an analysis's ``summary.json``
+    names."""
+    inputs = summary.get("inputs", {})
+    ids = sorted({note.get("recipe_id", "") for note in notes} | set(inputs.get("recipes", [])))
+    return explain_withheld(notes, inputs.get("releases", []), shipped_or_given(ids))

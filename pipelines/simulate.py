@@ -10,6 +10,9 @@ Population specs: ``uniform``, ``zipf[,exponent=S]``, ``heavy-hitters[,heavy=H,e
 (esa-privacy-revisited VII-A), ``image:NAME[,size=RxC]`` (VII-B: one respondent per unit of
 luminosity; ``disc`` and ``gradient`` are generated, ``horse``, ``camera`` and ``moon`` need
 ``pip install .[images]``, anything else is read as an image file), ``longitudinal[,changes=K]``.
+Any spec takes natural crowds (``simulators/crowds.py``): ``crowds=C[,crowd_exponent=S]
+[,crowd_name=NAME]`` gives each respondent one of C crowd ids (``NAME-0`` ..), sizes ∝ rank^-S, so
+shufflers threshold each crowd on its own and small crowds are withheld.
 
 Output (DIR): ``instance=<u>/reports-<shard>.avro`` (schemas/report.avsc; each shuffler instance
 can run alone on its own directory), ``truth.parquet`` (true counts per window and bucket of the
@@ -268,6 +271,10 @@ def run(options: PipelineOptions) -> dict[str, Any]:
         "truth": TRUTH_FILE,
         "sealing": sealing_metadata(context.recipe, context.sealing),  # simulators/sealing.py
     }
+    if context.crowds is not None:  # natural crowds: respondents per crowd id
+        metadata["crowds"] = dict(
+            zip(context.crowds.names, context.crowds.sizes.tolist(), strict=True)
+        )
     output.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_staging(output)
     staging = output.parent / f".{output.name}.tmp-{secrets.token_hex(4)}"

@@ -108,6 +108,11 @@ def test_withheld_notes_get_a_reason():
     ]
     (explained,) = recipe_check.explain_withheld(notes, releases, {recipe.id: recipe})
     first, second = explained["reason"].split("; ")
-    assert first.startswith("instance 0: fewer than T = 2,000") and "devices' demand" in first
-    assert second.startswith("instance 1: fewer than T = 5,000") and "--crowd-threshold" in second
+    assert first.startswith("instance 0: fewer than 2,000 distinct respondents, the devices'")
+    assert second.startswith("instance 1: fewer than 5,000 distinct respondents, the shuffler's")
     assert "randomized deletion" in second
+    same = [dict(release, crowd_threshold=100, deletion=None) for release in releases]
+    (explained,) = recipe_check.explain_withheld(notes, same, {recipe.id: recipe})
+    assert explained["reason"].startswith("instances 0, 1: fewer than 2,000 distinct")
+    (unknown,) = recipe_check.explain_withheld(notes, same, {})
+    assert "fewer distinct respondents than its threshold" in unknown["reason"]
