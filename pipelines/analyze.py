@@ -67,7 +67,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
-from pipelines import pictures, recipe_check
+from pipelines import pictures, recipe_check, report_html
 from pipelines.commandline import analyzer_key_flags
 from pipelines.commandline.analyze_options import AnalyzeOptions
 from pipelines.commandline.main import UsageError
@@ -122,6 +122,7 @@ def _handle(args: argparse.Namespace, pipeline_args: list[str]) -> int:
     summary = run(options)
     print(summary_table(summary))
     print(f"results: {summary['inputs']['output']}")
+    print(f"report: {report_html.write_report(summary['inputs']['output'])}")
     return 0 if summary["metrics"]["adds_up"] else 1
 
 

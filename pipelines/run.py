@@ -50,6 +50,7 @@ from typing import Any
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines import analyze as analyze_pipeline
+from pipelines import report_html
 from pipelines import shuffle as shuffle_pipeline
 from pipelines import simulate as simulate_pipeline
 from pipelines.commandline import keys as keys_cli
@@ -327,12 +328,14 @@ def _run(
         "adds_up": bool(analysis["metrics"]["adds_up"])
         and all(summary.get("adds_up") for summary in shuffles),
     }
+    result["paths"]["report"] = str(analysis_dir / report_html.REPORT_FILE)
     (output / RUN_FILE).write_text(json.dumps(result, indent=2))
+    report_html.write_report(analysis_dir, run=result)
     say("")
     say(analyze_pipeline.summary_table(analysis))
     say("")
     say(f"results ({seconds['total']} s): {analysis_dir}/")
-    for name in ("histograms", "longitudinal", "summary"):
+    for name in ("report", "histograms", "longitudinal", "summary"):
         say(f"  {result['paths'][name]}")
     for picture in result["paths"]["pictures"]:
         say(f"  {picture}")
