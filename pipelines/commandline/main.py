@@ -98,8 +98,54 @@ def _check_stage_flags(command: str, args: argparse.Namespace, extra: list[str])
     return errors[0] if errors else None
 
 
+HELP_FLAGS = ("-h", "--help")
+HELP_COLUMNS = 100  # the width help_texts.py is rendered at
+
+
+def render_help(command: str | None) -> str:
+    """What ``esa --help`` (command None) or ``esa COMMAND --help`` prints, at
+    :data:`HELP_COLUMNS` columns (importing the command's module, and so Beam)."""
+    import contextlib
+    import io
+    import os
+
+    previous = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = str(HELP_COLUMNS)
+    try:
+        parser = build_parser(command)
+        if command is not None:
+            parser = parser._subparsers._group_actions[0].choices[command]
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            parser.print_help()
+        return out.getvalue()
+    finally:
+        if previous is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = previous
+
+
+def _cached_help(argv: list[str]) -> str | None:
+    """``esa --help`` and ``esa COMMAND --help`` answered from help_texts.py without importing
+    any command (Beam takes seconds to import); None for anything else."""
+    if argv in ([flag] for flag in HELP_FLAGS):
+        key = ""
+    elif len(argv) == 2 and argv[0] in COMMANDS and argv[1] in HELP_FLAGS:
+        key = argv[0]
+    else:
+        return None
+    from pipelines.commandline.help_texts import HELP
+
+    return HELP.get(key)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    cached = _cached_help(argv)
+    if cached is not None:
+        sys.stdout.write(cached)
+        return 0
     command = next((arg for arg in argv if not arg.startswith("-")), None)
     parser = build_parser(command)
     # Beam's own flags (--runner, --direct_num_workers, ...) are left over; nothing else may be.
