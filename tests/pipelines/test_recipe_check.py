@@ -116,3 +116,12 @@ def test_withheld_notes_get_a_reason():
     assert explained["reason"].startswith("instances 0, 1: fewer than 2,000 distinct")
     (unknown,) = recipe_check.explain_withheld(notes, same, {})
     assert "fewer distinct respondents than its threshold" in unknown["reason"]
+
+
+@pytest.mark.parametrize("name", SMALL)
+def test_the_analyzers_epsilon_at_the_minimum_crowd_meets_the_target(name):
+    """What the analyzer will state for the smallest crowd a small recipe releases stays within
+    the recipe's central target (not only the devices' own check of it)."""
+    recipe = load_recipe(name)
+    verdict = recipe_check.outlook(recipe, recipe.min_crowd_size)
+    assert verdict.epsilon_central <= recipe.epsilon_central_target
