@@ -77,13 +77,21 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     SimulateOptions.add_cli_arguments(parser)
+    parser.add_argument(
+        "--json", action="store_true", help="Print simulation.json instead of a short summary."
+    )
     parser.set_defaults(handler=_handle_simulate, accepts_pipeline_args=True)
 
 
 def _handle_simulate(args: argparse.Namespace, pipeline_args: list[str]) -> int:
     options = PipelineOptions(pipeline_args, **SimulateOptions.cli_values(args))
     summary = run(options)
-    print(json.dumps(summary, indent=2, sort_keys=True))
+    if args.json:
+        print(json.dumps(summary, indent=2, sort_keys=True))
+    else:
+        from pipelines.commandline.summaries import simulation_summary
+
+        print(simulation_summary(summary, options.view_as(SimulateOptions).simulate_output))
     return 0
 
 
