@@ -154,9 +154,8 @@ in this crowd. <b>ε_c with deletion</b>: ε_c plus each instance's randomized-d
 de-biased with (routing weights π_u). <b>RMSE</b> compares the estimates with the simulation's truth;
 <b>s.e. (rms)</b> is the estimator's own standard error (they should agree), and for longitudinal
 crowds the column holds Theorem 6's error bound instead, as labelled. The results table printed by
-<code>esa analyze</code> and <code>esa run</code> calls ε_c without attribute fragmentation
-<code>eps_c w/o frag</code>: Table X's comparison, the guarantee if the whole report were one
-message.</p>
+<code>esa analyze</code> and <code>esa run</code> also shows <code>eps_c 1-msg</code>: Table X's
+comparison, the guarantee if each whole report were one message (no attribute fragmentation).</p>
 """
 
 
