@@ -85,7 +85,8 @@ def test_report_renders_in_chromium_with_the_runs_numbers(crowded_run):
         privacy = report["privacy"]
         assert f'data-field="epsilon_central">{report_html.fmt(privacy["epsilon_central"])}<' in dom
         assert f'data-field="respondents">{report_html.fmt(privacy["respondents"])}<' in dom
-        assert report_html.fmt(report["accuracy"]["rmse"]) in dom
+        assert report_html.fmt(privacy["respondents_effective"]) in dom
+        assert "accuracy" not in report  # the truth is not split by crowd: no RMSE to show
     summary = json.loads((output / "analysis" / "summary.json").read_text())
     read = summary["metrics"]["read"]
     assert f"messages read <b>{report_html.fmt(read)}</b>" in dom
