@@ -12,7 +12,10 @@ setup(
     python_requires=">=3.11",
     # Namespace discovery also lists data-only directories (schemas/recipes) as packages, so
     # their files are declared package data and setuptools has nothing to warn about.
-    packages=find_namespace_packages(include=[f"{layer}*" for layer in LAYERS]),
+    # schemas/prio3 is a Rust crate with its own build (the Makefile installs it), not a package.
+    packages=find_namespace_packages(
+        include=[f"{layer}*" for layer in LAYERS], exclude=["schemas.prio3", "schemas.prio3.*"]
+    ),
     package_data={"schemas": ["*.avsc", "*.json"], "schemas.recipes": ["*.json"]},
     install_requires=[
         "apache-beam>=2.60",

@@ -57,13 +57,15 @@ from pipelines.commandline import keys as keys_cli
 from pipelines.commandline.main import UsageError
 from pipelines.commandline.run_options import DEFAULT_RESPONDENTS, RunOptions
 from pipelines.engines import runners
+from schemas.crypto.verify_keys import generate_verify_key, write_verify_key
 from schemas.recipes import Recipe, load_recipe, recipe_from_dict
 
 __all__ = ["register", "run", "recipe_for_instances"]
 
 RUN_FILE = "run.json"
 RELEASES_DIR = "releases"  # the K releases: all the analyzer is given
-SUBDIRECTORIES = ("simulation", RELEASES_DIR, "analysis")
+AGGREGATORS_DIR = "aggregators"  # prio3 recipes: the two aggregators' directories
+SUBDIRECTORIES = ("simulation", RELEASES_DIR, "analysis", AGGREGATORS_DIR)
 
 
 def shuffler_private_dir(output: Path, instance: int) -> Path:
@@ -213,7 +215,13 @@ def _run(
     flags = resources.enter_context(runners.one_job_server(flags))
     seconds: dict[str, float] = {}
     # Sealed by default: devices seal to the newest public key, the analyzer opens with the ring.
-    keys = None if values.run_unsealed else keys_cli.run_keys(output, values.run_keys)
+    # A prio3 recipe always has an analyzer key: its aggregate shares are sealed to it.
+    keys = (
+        None
+        if values.run_unsealed and not recipe.is_prio3
+        else keys_cli.run_keys(output, values.run_keys)
+    )
+    aggregator_keys = _aggregator_keys(output) if recipe.is_prio3 else None
     # Signed by default: each instance signs its commit record, the analyzer requires it.
     signing = (
         {} if values.run_unsigned else keys_cli.run_signing_keys(output, recipe.shuffler_instances)
@@ -240,6 +248,7 @@ def _run(
             # A recipe without local privacy (zero-sum) cannot pass an on-device accountant.
             simulate_no_device_budget=not math.isfinite(recipe.epsilon_local),
             simulate_public_key=keys and str(keys_cli.newest_public_key(keys)),
+            simulate_aggregator_keys=aggregator_keys and aggregator_keys["public"],
         )
     )
     seconds["simulate"] = round(time.monotonic() - started, 2)
@@ -284,6 +293,12 @@ def _run(
                 _say_shuffled(say, instance, summaries[instance], began)
     shuffles = [summaries[instance] for instance in sorted(summaries)]
     seconds["shuffle"] = round(time.monotonic() - began, 2)
+
+    if recipe.is_prio3:
+        return _aggregate_and_unshard(
+            output, recipe, flags, keys, aggregator_keys, simulation, shuffles, seconds, say,
+            started, population,
+        )  # fmt: skip
 
     began = time.monotonic()
     say("analyze")
@@ -339,4 +354,145 @@ def _run(
         say(f"  {result['paths'][name]}")
     for picture in result["paths"]["pictures"]:
         say(f"  {picture}")
+    return result
+
+
+def _aggregator_keys(output: Path) -> dict[str, Any]:
+    """Throwaway keys of the two aggregators (valid for every event time) and their shared
+    verify key, in OUTPUT/aggregators/keys."""
+    from schemas.crypto.analyzer_keys import generate_key, write_key_pair
+    from schemas.crypto.signing_keys import generate_signing_key
+
+    directory = output / AGGREGATORS_DIR / "keys"
+    public, rings = [], []
+    for agg_id in range(2):
+        ring = directory / f"aggregator{agg_id}"
+        public.append(str(write_key_pair(generate_key(), ring)[1]))
+        rings.append(str(ring))
+    verify_key = write_verify_key(directory / "verify_key.json", generate_verify_key())
+    # Each aggregator signs its aggregate.json; the analyzer requires both signatures.
+    now_ms = int(time.time() * 1000)
+    signing = [
+        str(
+            write_key_pair(
+                generate_signing_key(j, valid_from_ms=now_ms - 60_000), directory / "signing"
+            )[0]
+        )
+        for j in range(2)
+    ]
+    return {
+        "public": public,
+        "rings": rings,
+        "verify_key": str(verify_key),
+        "signing": signing,
+        "signing_public": str(directory / "signing"),
+    }
+
+
+def _aggregate_and_unshard(
+    output: Path,
+    recipe: Recipe,
+    flags: list[str],
+    keys: Path,
+    aggregator_keys: dict[str, Any],
+    simulation: dict[str, Any],
+    shuffles: list[dict[str, Any]],
+    seconds: dict[str, float],
+    say: Any,
+    started: float,
+    population: str,
+) -> dict[str, Any]:
+    """A prio3 recipe's last stages: both aggregators' two phases, then the analyzer's unshard."""
+    from pipelines import aggregate as aggregate_pipeline
+    from pipelines import unshard as unshard_pipeline
+    from pipelines.commandline.flags import with_default_runner
+
+    began = time.monotonic()
+    directories = [output / AGGREGATORS_DIR / f"aggregator{j}" for j in range(2)]
+    recipe_path = output / "recipe.json"
+    phases = []
+    for agg_id in range(2):
+        phases.append(
+            aggregate_pipeline.run_verify(
+                agg_id,
+                [str(output / RELEASES_DIR)],
+                str(recipe_path),
+                aggregator_keys["rings"][agg_id],
+                aggregator_keys["verify_key"],
+                str(directories[agg_id]),
+                with_default_runner(PipelineOptions(flags)),
+                shuffler_keys=str(output / keys_cli.SIGNING_KEYS_DIR)
+                if (output / keys_cli.SIGNING_KEYS_DIR).is_dir()
+                else None,
+            )
+        )
+        say(
+            f"aggregate {agg_id} (verify): {phases[-1]['initialized']:,} reports opened, "
+            f"{phases[-1]['rejected']:,} rejected ({phases[-1]['seconds']} s)"
+        )
+    analyzer_public = str(keys_cli.newest_public_key(keys))
+    for agg_id in range(2):
+        phases.append(
+            aggregate_pipeline.run_finish(
+                agg_id,
+                str(directories[agg_id]),
+                str(directories[1 - agg_id]),
+                analyzer_public,
+                with_default_runner(PipelineOptions(flags)),
+                signing_key=aggregator_keys["signing"][agg_id],
+            )
+        )
+        say(
+            f"aggregate {agg_id} (finish): {phases[-1]['verified']:,} valid, "
+            f"{phases[-1]['published']} crowds published, {phases[-1]['withheld']} withheld "
+            f"({phases[-1]['seconds']} s)"
+        )
+    seconds["aggregate"] = round(time.monotonic() - began, 2)
+    began = time.monotonic()
+    analysis_dir = output / "analysis"
+    analysis = unshard_pipeline.run(
+        [str(d) for d in directories],
+        str(keys),
+        str(analysis_dir),
+        str(output / "simulation"),
+        aggregator_keys=aggregator_keys["signing_public"],
+    )
+    seconds["analyze"] = round(time.monotonic() - began, 2)
+    seconds["total"] = round(time.monotonic() - started, 2)
+    result = {
+        "recipe": recipe.id,
+        "aggregation": "prio3",
+        "population": population,
+        "seed": simulation.get("seed"),
+        "respondents": simulation.get("respondents"),
+        "messages": simulation.get("messages"),
+        "instances": recipe.shuffler_instances,
+        "aggregators": phases,
+        "paths": {
+            "recipe": str(recipe_path),
+            "simulation": str(output / "simulation"),
+            "releases": str(output / RELEASES_DIR),
+            "aggregators": [str(d) for d in directories],
+            "analysis": str(analysis_dir),
+            "histograms": str(analysis_dir / unshard_pipeline.HISTOGRAMS_FILE),
+            "summary": str(analysis_dir / unshard_pipeline.SUMMARY_FILE),
+        },
+        "seconds": seconds,
+        "adds_up": all(p.get("adds_up") for p in phases)
+        and all(summary.get("adds_up") for summary in shuffles),
+    }
+    (output / RUN_FILE).write_text(json.dumps(result, indent=2))
+    say("")
+    for crowd in analysis["crowds"]:
+        if "refused" in crowd:
+            say(f"window {crowd['window_start']}: refused: {crowd['refused']}")
+            continue
+        privacy = crowd["privacy"]
+        say(
+            f"window {crowd['window_start']}: n = {crowd['n']:,} valid reports, "
+            f"eps_c = {privacy['epsilon_central']:.3g} ({privacy['bound']}) at delta "
+            f"{privacy['delta']:g}, eps_l = {privacy['epsilon_local']:g}"
+            + (f", rms z vs truth {crowd['rms_z']:.2f}" if "rms_z" in crowd else "")
+        )
+    say(f"results ({seconds['total']} s): {analysis_dir}/")
     return result

@@ -58,6 +58,7 @@ from schemas import SCHEMA_VERSION
 from schemas.recipes import load_recipe
 from schemas.release import commit
 from simulators.plan import ShardSummary, SimulationPlan
+from simulators.prio3_devices import prio3_metadata
 from simulators.sealing import sealing_metadata
 from simulators.shards import ShardContext, shard_file_name
 from transforms.devices.encode import CombineShardSummaries, WriteReportShards
@@ -145,6 +146,9 @@ def plan_from_options(options: PipelineOptions) -> SimulationPlan:
         public_key_json=device_key_flags.public_key_json(
             values.simulate_public_key
         ),  # sealed payloads
+        aggregator_keys_json=device_key_flags.aggregator_keys_json(
+            values.simulate_aggregator_keys, recipe
+        ),  # prio3 recipes: the two aggregators' keys
     )
 
 
@@ -278,6 +282,7 @@ def run(options: PipelineOptions) -> dict[str, Any]:
         "layout": "instance=<u>/reports-<shard>.avro",
         "truth": TRUTH_FILE,
         "sealing": sealing_metadata(context.recipe, context.sealing),  # simulators/sealing.py
+        "prio3": prio3_metadata(context.prio3),  # simulators/prio3_devices.py
     }
     if context.crowds is not None:  # natural crowds: respondents per crowd id
         metadata["crowds"] = dict(

@@ -22,6 +22,15 @@ micro-epsilon (the unit of device budgets, ``privacy.budget``), and it fills bot
 epsilon_local and the randomizer's ``epsilon``. The frozen Recipe and its JSON form state the
 solved number beside expected_crowd and solve_bound; loading that form solves again and refuses
 a number that is not the solver's.
+
+``"aggregation": "prio3"`` (default ``"shuffle"``) puts the recipe in the aggregate model of
+samplable-anonymous-aggregation (§3.1.2, §4.4.1): a device randomizes as always, then splits its
+whole randomized report into two additive shares with a Prio3 validity proof
+(``schemas.crypto.vdaf``), one sealed to each of two aggregators, and sends it as one message
+through the shuffler. The VDAF type is the one the randomizer's output calls for
+(:meth:`Recipe.build_vdaf`): the bit vector of a one-hot randomizer is Prio3MultihotCountVec with
+1-bit entries and no weight bound (any bit pattern is a valid randomized report; only 0/1 entries
+are enforced). Chaff (sealed to the analyzer) has no place there: ``chaff_rate`` must be 0.
 """
 
 from __future__ import annotations
@@ -36,15 +45,20 @@ from dataclasses import MISSING, dataclass, field, fields
 from fractions import Fraction
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from privacy import accounting
 from privacy.budget import MICRO_PER_EPSILON, Query
 from privacy.randomizers import RANDOMIZERS, LocalRandomizer, build_randomizer
 
+if TYPE_CHECKING:  # the VDAF is imported where it is built: shufflers never load crypto code
+    from schemas.crypto.vdaf import Prio3
+
 __all__ = [
     "RECIPE_DIR",
     "RecipeError",
+    "SHUFFLE",
+    "PRIO3",
     "Recipe",
     "recipe_from_dict",
     "load_recipe",
@@ -62,6 +76,12 @@ _WINDOW = re.compile(r"^([1-9][0-9]*)([smhd])$")
 _WINDOW_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _REPORT_KEYS = ("tau", "epsilon_backstop", "epsilon_fragment")
 SOLVE = "solve"
+SHUFFLE = "shuffle"
+PRIO3 = "prio3"
+AGGREGATIONS = (SHUFFLE, PRIO3)
+# Randomizers whose output is a vector of bits, one message per set bit, signs all +1: their
+# randomized report is one Prio3MultihotCountVec measurement.
+PRIO3_RANDOMIZERS = ("one_hot_rappor", "symmetric_one_hot", "asymmetric_one_hot", "binary_rr")
 # Randomizers whose epsilon_local can be solved for, and the accounting mechanism of each (with
 # attribute fragmentation: every set bit is its own message, Section III).
 _SOLVABLE = {"one_hot_rappor": accounting.ONE_HOT_RAPPOR, "binary_rr": accounting.BINARY_RR}
@@ -116,6 +136,7 @@ class Recipe:
     expected_crowd: int | None = None  # epsilon_local solved for this crowd (issue 13)
     solve_bound: str | None = None  # the bound it is solved with (default variation_ratio)
     default_respondents: int | None = None  # what `esa run` simulates when not told (issue 27)
+    aggregation: str = SHUFFLE  # or PRIO3: two aggregators sum additive shares (issue 25)
     description: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -132,6 +153,7 @@ class Recipe:
         object.__setattr__(self, "_randomizer", built)
         self._check_fragmentation(built)
         self._check_privacy(built)
+        self._check_aggregation()
 
     # -- validation -----------------------------------------------------------------------
 
@@ -350,7 +372,39 @@ class Recipe:
                 "is calibrated for",
             )
 
+    def _check_aggregation(self) -> None:
+        if self.aggregation not in AGGREGATIONS:
+            raise self._fail(
+                "aggregation", f"must be one of {list(AGGREGATIONS)}, got {self.aggregation!r}"
+            )
+        if self.aggregation != PRIO3:
+            return
+        if self.randomizer not in PRIO3_RANDOMIZERS or self.fragmentation != ATTRIBUTE:
+            raise self._fail(
+                "aggregation",
+                f"prio3 needs a bit-vector randomizer ({', '.join(PRIO3_RANDOMIZERS)}) with "
+                f"attribute fragmentation, got {self.randomizer!r}",
+            )
+        if self.chaff_rate:
+            raise self._fail("chaff_rate", "must be 0 with aggregation prio3 (no sealed chaff)")
+
     # -- derived values ---------------------------------------------------------------------
+
+    @property
+    def is_prio3(self) -> bool:
+        """True in the aggregate model (two aggregators, Prio3 shares)."""
+        return self.aggregation == PRIO3
+
+    def build_vdaf(self) -> Prio3:
+        """The Prio3 instance of a prio3 recipe: Prio3MultihotCountVec over the randomizer's
+        message domain, 1-bit entries, any weight; its XOF context is the recipe id, so shares
+        of one recipe never verify under another."""
+        if not self.is_prio3:
+            raise RecipeError(f"recipe {self.id}: aggregation is {self.aggregation!r}, not prio3")
+        from schemas.crypto.vdaf import Prio3
+
+        length = int(self.build_randomizer().message_domain_size)
+        return Prio3("multihot", length, max_weight=length, context=self.id.encode("utf-8"))
 
     @property
     def id(self) -> str:
@@ -405,6 +459,8 @@ class Recipe:
             del result["expected_crowd"], result["solve_bound"]
         if self.default_respondents is None:
             del result["default_respondents"]
+        if self.aggregation == SHUFFLE:
+            del result["aggregation"]
         return result
 
     def to_json(self) -> str:

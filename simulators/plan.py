@@ -67,6 +67,8 @@ class SimulationPlan:
     messages_per_chunk: int = DEFAULT_MESSAGES_PER_CHUNK
     # Sealed payloads (simulators/sealing.py): the analyzer's PUBLIC key file's JSON, or None.
     public_key_json: str | None = None
+    # Prio3 recipes (simulators/prio3_devices.py): the two aggregators' PUBLIC key files' JSON.
+    aggregator_keys_json: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.seed, int) or not 0 <= self.seed < 2**128:
@@ -89,6 +91,8 @@ class SimulationPlan:
             object.__setattr__(self, "query_class_fields", tuple(self.query_class_fields))
         if self.instance_weights is not None:
             object.__setattr__(self, "instance_weights", tuple(self.instance_weights))
+        if self.aggregator_keys_json is not None:
+            object.__setattr__(self, "aggregator_keys_json", tuple(self.aggregator_keys_json))
         # Validates the rest (rounds, start, window, weights) once, in the driver.
         self.fleet_config()
 
@@ -163,7 +167,7 @@ class ShardSpec:
 
     def generator(self, stream: int) -> np.random.Generator:
         """Independent generator ``stream`` of this shard (0: fleet randomness, 1: file sync
-        markers)."""
+        markers, 2: instances and times of prio3 reports)."""
         sequence = np.random.SeedSequence(self.entropy, spawn_key=(*self.spawn_key, stream))
         return np.random.Generator(np.random.PCG64DXSM(sequence))
 
@@ -183,12 +187,16 @@ class ShardSummary:
     truth_bucket: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     truth_count: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
-    def add_fleet_batch(self, batch: FleetBatch, num_instances: int) -> None:
+    def add_fleet_batch(
+        self, batch: FleetBatch, num_instances: int, data_per_instance: np.ndarray | None = None
+    ) -> None:
+        """``data_per_instance``: data messages sent per instance when they are not the fleet's
+        messages (a prio3 device sends one report for all its messages)."""
         self.device_rounds += batch.device_rounds
         self.refusals += batch.refusals
-        self.messages = _add_padded(
-            self.messages, np.bincount(batch.message_instance, minlength=num_instances)
-        )
+        if data_per_instance is None:
+            data_per_instance = np.bincount(batch.message_instance, minlength=num_instances)
+        self.messages = _add_padded(self.messages, data_per_instance)
         self.presence = _add_padded(
             self.presence, np.bincount(batch.presence_instance, minlength=num_instances)
         )

@@ -24,6 +24,7 @@ from simulators.crowds import CrowdAssignment, crowd_assignment, split_crowd_key
 from simulators.fleet import DeviceFleet, FleetBatch, device_policy_for, format_origins
 from simulators.plan import ShardSpec, ShardSummary, SimulationPlan
 from simulators.populations import Population, PopulationContext, build_population
+from simulators.prio3_devices import prio3_devices_for
 from simulators.reports import ReportBatch
 from simulators.sealing import sealing_for
 
@@ -57,7 +58,13 @@ class ShardContext:
             config=plan.fleet_config(),
         )
         self.sketch_width = getattr(self.randomizer, "width", None)
-        self.sealing = sealing_for(self.recipe, plan.public_key_json, self.fleet.window_ms)
+        # A prio3 report is sealed to the two aggregators instead (simulators/prio3_devices.py).
+        self.prio3 = prio3_devices_for(self.recipe, plan.aggregator_keys_json, self.fleet.window_ms)
+        self.sealing = (
+            None
+            if self.prio3 is not None
+            else sealing_for(self.recipe, plan.public_key_json, self.fleet.window_ms)
+        )
 
     @property
     def device_budget(self) -> float:
@@ -128,8 +135,15 @@ class ShardContext:
             last = min(shard.stop, first + step)
             yield self.fleet.run(self.population.values(first, last), first, rng)
 
-    def report_batches(self, batch: FleetBatch) -> list[ReportBatch]:
-        """One ReportBatch per shuffler instance: its data messages, then its presence messages."""
+    def report_batches(
+        self, batch: FleetBatch, rng: np.random.Generator | None = None
+    ) -> list[ReportBatch]:
+        """One ReportBatch per shuffler instance: its data messages, then its presence messages.
+        ``rng``: the instances and times of prio3 reports (a prio3 recipe needs it)."""
+        if self.prio3 is not None:
+            if rng is None:
+                raise ValueError("prio3 reports need a generator for their instances and times")
+            return self.prio3.report_batches(batch, self.fleet, rng)
         batches = report_batches_for(
             batch,
             self.recipe,
@@ -275,9 +289,17 @@ def simulate_shard(
 ) -> Iterator[tuple[int, list[ReportBatch]] | ShardSummary]:
     """The pure core of a shard: ``(chunk index, report batches)`` per chunk, then its summary."""
     summary = ShardSummary(shards=1, respondents=shard.respondents)
+    report_rng = shard.generator(2)
     for chunk, batch in enumerate(context.fleet_batches(shard)):
-        summary.add_fleet_batch(batch, context.fleet.num_instances)
-        reports = context.report_batches(batch)
+        reports = context.report_batches(batch, report_rng)
+        data = None
+        if context.prio3 is not None:  # one report per device and window, not its messages
+            data = np.zeros(context.fleet.num_instances, dtype=np.int64)
+            presence = np.bincount(batch.presence_instance, minlength=data.size)
+            for report in reports:
+                data[report.shuffler_instance] += len(report)
+            data -= presence[: data.size]
+        summary.add_fleet_batch(batch, context.fleet.num_instances, data)
         if context.sealing is not None:  # sealed chaff: what each instance got beyond the plan
             summary.add_chaff(reports, batch, context.fleet.num_instances)
         yield chunk, reports

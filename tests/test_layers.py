@@ -197,6 +197,7 @@ PARTIES = {
         + (
             "pipelines.release_counts",
             "pipelines.pictures",
+            "pipelines.unshard",
             "pipelines.commandline.analyzer_key_flags",
         ),
         SHUFFLER_CODE + DEVICE_CODE,
@@ -205,6 +206,11 @@ PARTIES = {
         DEVICE_CODE
         + ("pipelines.commandline.simulate_options", "pipelines.commandline.device_key_flags"),
         SHUFFLER_CODE + ANALYZER_CODE + ("transforms.analyzer.opening",),
+    ),
+    # The two Prio3 aggregators of the aggregate model: their own keys and the VDAF only.
+    "aggregators": (
+        ("transforms.aggregators", "pipelines.aggregate"),
+        SHUFFLER_CODE + ANALYZER_CODE + DEVICE_CODE,
     ),
     # LDP-SGD's devices and server as transforms; the server opens sealed reports with the
     # analyzer's own code, and shuffling is the shuffler pipeline's job (pipelines/train.py).

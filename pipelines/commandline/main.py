@@ -23,6 +23,8 @@ COMMANDS = {
     "simulate": "pipelines.simulate",
     "shuffle": "pipelines.shuffle",
     "analyze": "pipelines.analyze",
+    "aggregate": "pipelines.aggregate",
+    "unshard": "pipelines.unshard",
     "run": "pipelines.run",
     "experiment": "pipelines.experiment",
     "train": "pipelines.train",

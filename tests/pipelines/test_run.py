@@ -341,6 +341,7 @@ def test_the_default_population_fits_the_recipe():
     assert chosen == {
         "heavy_hitters_cms": "heavy-hitters",
         "image_grid_onehot": default_image(),
+        "image_grid_prio3": default_image(),
         "image_grid_report_fragmented": default_image(),
         "image_grid_sealed": default_image(),
         "longitudinal_boolean": "longitudinal",

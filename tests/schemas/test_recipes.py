@@ -253,3 +253,38 @@ def test_defaults_and_unreadable_files(tmp_path) -> None:
     broken.write_text("{not json")
     with pytest.raises(recipes.RecipeError, match="broken.json"):
         recipes.load_recipe(broken)
+
+
+def test_a_prio3_recipe_names_its_vdaf_from_the_randomizer_output() -> None:
+    recipe = recipes.load_recipe("image_grid_prio3")
+    assert recipe.is_prio3 and recipe.aggregation == recipes.PRIO3
+    vdaf = recipe.build_vdaf()
+    domain = recipe.build_randomizer().message_domain_size
+    assert (vdaf.kind, vdaf.length, vdaf.max_weight) == ("multihot", domain, domain)
+    assert vdaf.context == recipe.id.encode()
+    assert recipe.to_dict()["aggregation"] == "prio3"
+    shuffled = recipes.load_recipe("image_grid_sealed")
+    assert not shuffled.is_prio3 and "aggregation" not in shuffled.to_dict()
+    with pytest.raises(recipes.RecipeError, match="not prio3"):
+        shuffled.build_vdaf()
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "words"),
+    [
+        ({"aggregation": "secure_sum"}, "aggregation", "must be one of"),
+        ({"chaff_rate": 0.5}, "chaff_rate", "must be 0 with aggregation prio3"),
+    ],
+)
+def test_bad_prio3_recipes_are_refused_naming_the_field(changes, field, words) -> None:
+    data = mutated("image_grid_prio3", **changes)
+    with pytest.raises(recipes.RecipeError, match=rf"field '{field}': .*{words}"):
+        recipes.recipe_from_dict(data)
+
+
+def test_prio3_needs_a_bit_vector_randomizer() -> None:
+    for base in ("zero_sum_histogram", "heavy_hitters_cms", "image_grid_report_fragmented"):
+        data = mutated(base, aggregation="prio3")
+        data.pop("chaff_rate", None)
+        with pytest.raises(recipes.RecipeError, match="field 'aggregation': prio3 needs a bit"):
+            recipes.recipe_from_dict(data)

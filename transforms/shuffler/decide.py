@@ -167,8 +167,13 @@ def recipe_origin_caps(recipe: Any, window_ms: int | None = None) -> tuple[int, 
     (``schemas.recipes.Recipe``), for crowds of a ``window_ms`` shuffler window, plus
     the recipe's chaff allowance (``Recipe.chaff_allowance``, sealed cover messages a device adds
     per crowd, recipe window and instance), so an honest device's chaff is never
-    ``over_origin_cap``."""
+    ``over_origin_cap``. A prio3 recipe's device sends one report per recipe window: its cap is
+    the number of recipe windows in a crowd."""
     reports = reports_per_crowd(window_ms, int(recipe.window_seconds) * 1000)
+    if getattr(recipe, "is_prio3", False):
+        # Aggregate model: a device's whole randomized report is ONE message per recipe window
+        # (simulators/prio3_devices.py), so a second report of one origin is never counted.
+        return (reports,) * int(recipe.shuffler_instances)
     randomizer = recipe.build_randomizer()
     chaff = int(getattr(recipe, "chaff_allowance", 0) or 0)
     return tuple(

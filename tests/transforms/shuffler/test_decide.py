@@ -310,3 +310,19 @@ def test_every_shipped_recipe_has_caps_for_its_instances() -> None:
     assert decide.reports_per_crowd(86_400_000, 86_400_000) == 1
     assert decide.reports_per_crowd(3_600_000, 86_400_000) == 1
     assert decide.reports_per_crowd(int(1.5 * 86_400_000), 86_400_000) == 3
+
+
+def test_a_prio3_device_may_put_one_report_per_recipe_window_into_a_crowd() -> None:
+    """Every report of the aggregate model is a whole valid vector: a device that sent two would
+    count twice, so the shuffler keeps one per recipe window and origin (over_origin_cap)."""
+    recipe = shipped_recipes()["image_grid_prio3@1"]
+    assert decide.recipe_origin_caps(recipe) == (1,) * recipe.shuffler_instances
+    assert decide.recipe_origin_caps(recipe, 7 * 86_400_000) == (7,) * recipe.shuffler_instances
+    hashes = np.array([5, 5, 5, 9], dtype=np.uint64)
+    codes = decide.screen_origin_messages(hashes, np.zeros(4, dtype=bool), 1)
+    assert codes.tolist() == [
+        decide.DATA,
+        decide.OVER_ORIGIN_CAP,
+        decide.OVER_ORIGIN_CAP,
+        decide.DATA,
+    ]
