@@ -67,7 +67,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
 
-from pipelines import pictures, recipe_check, report_html
+from pipelines import pictures, report_html, withheld_reasons
 from pipelines.commandline import analyzer_key_flags
 from pipelines.commandline.analyze_options import AnalyzeOptions
 from pipelines.commandline.main import UsageError
@@ -594,7 +594,7 @@ def summary_table(
         lines.append(TABLE_LEGEND)
     else:
         lines.append("no crowd was estimated")
-    for note in recipe_check.explain_withheld_in(reports["withheld"], summary):
+    for note in withheld_reasons.explain_withheld_in(reports["withheld"], summary):
         lines.append(
             f"note: {note['channel']} {note['crowd_id'] or ''} {pictures.day(note['window_start'])}: "
             f"{note['note']}: {note['reason']}"

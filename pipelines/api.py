@@ -205,9 +205,9 @@ class Results:
 
     def withheld(self) -> pa.Table:
         """One row per withheld crowd and window with the instances that withheld it and why."""
-        from pipelines import recipe_check
+        from pipelines import withheld_reasons
 
-        notes = recipe_check.explain_withheld_in(self._reports()["withheld"], self.summary)
+        notes = withheld_reasons.explain_withheld_in(self._reports()["withheld"], self.summary)
         rows = [
             {
                 "channel": note.get("channel"),

@@ -11,7 +11,7 @@ deletion composed in (basic composition, Theorem V.1 of esa-privacy-revisited), 
 the bound that gave ε_c, n (the fewest respondents any instance released: what ε_c is computed
 for) beside n_eff (Σ_u π_u n_u: what the estimates are de-biased with), RMSE against the truth and
 the estimator's standard error or, for longitudinal crowds, Theorem 6's error bound (labelled as
-such); withheld crowds with their reasons (``pipelines.recipe_check.explain_withheld``); the
+such); withheld crowds with their reasons (``pipelines.withheld_reasons``); the
 counters (read = randomized + chaff + dead-lettered); histograms with ±1.96 s.e. error bars;
 pictures; longitudinal estimates with their error band; the run's parameters.
 """
@@ -162,9 +162,9 @@ comparison, the guarantee if each whole report were one message (no attribute fr
 def _withheld_section(
     reports: Mapping[str, list[dict[str, Any]]], summary: Mapping[str, Any]
 ) -> str:
-    from pipelines import recipe_check
+    from pipelines import withheld_reasons
 
-    notes = recipe_check.explain_withheld_in(reports["withheld"], summary)
+    notes = withheld_reasons.explain_withheld_in(reports["withheld"], summary)
     if not notes:
         return "<p>No crowd was withheld.</p>"
     rows = [
