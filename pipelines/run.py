@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
-import importlib.util
 import json
 import math
 import multiprocessing
@@ -56,6 +55,11 @@ from pipelines import simulate as simulate_pipeline
 from pipelines.commandline import keys as keys_cli
 from pipelines.commandline.main import UsageError
 from pipelines.commandline.run_options import DEFAULT_RESPONDENTS, RunOptions
+from pipelines.default_populations import (  # noqa: F401 - default_image re-exported
+    IMAGE_RANDOMIZERS,
+    default_image,
+    default_population,
+)
 from pipelines.engines import runners
 from schemas.crypto.verify_keys import generate_verify_key, write_verify_key
 from schemas.recipes import Recipe, load_recipe, recipe_from_dict
@@ -89,30 +93,6 @@ def _handle(args: argparse.Namespace, pipeline_args: list[str]) -> int:
     options = PipelineOptions(pipeline_args, **RunOptions.cli_values(args))
     result = run(options, pipeline_args, echo=True)
     return 0 if result["adds_up"] else 1
-
-
-def default_image() -> str:
-    """image:horse when scikit-image is installed (``pip install .[images]``), else image:disc."""
-    return "image:horse" if importlib.util.find_spec("skimage") is not None else "image:disc"
-
-
-# Randomizers whose shipped recipes count cells of a picture (Section VII-B's image experiments).
-IMAGE_RANDOMIZERS = frozenset({"one_hot_rappor", "report_fragmented"})
-
-
-def default_population(recipe: Recipe) -> str:
-    """A population that fits ``recipe`` (esa-privacy-revisited, Section VII): the longitudinal
-    population for longitudinal recipes, the heavy-hitter population (VII-A) for sketches, an
-    image (VII-B) for one-hot recipes over a square grid, and a Zipf population otherwise."""
-    randomizer = recipe.build_randomizer()
-    if getattr(randomizer, "payload_kind", None) == "tree_node":
-        return "longitudinal"
-    if recipe.randomizer == "count_mean_sketch":
-        return "heavy-hitters"
-    domain = int(randomizer.domain_size)
-    if recipe.randomizer in IMAGE_RANDOMIZERS and math.isqrt(domain) ** 2 == domain:
-        return default_image()
-    return "zipf"
 
 
 def recipe_for_instances(recipe: Recipe, instances: int | None) -> Recipe:

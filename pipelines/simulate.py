@@ -54,6 +54,7 @@ from pipelines.commandline import device_key_flags
 from pipelines.commandline.main import UsageError
 from pipelines.commandline.options import with_default_runner
 from pipelines.commandline.simulate_options import SimulateOptions, parse_start_ms
+from pipelines.default_populations import default_population
 from schemas import SCHEMA_VERSION
 from schemas.recipes import load_recipe
 from schemas.release import commit
@@ -126,9 +127,13 @@ def plan_from_options(options: PipelineOptions) -> SimulationPlan:
         raise UsageError(f"--seed must be >= 0, got {seed}")
     if values.simulate_rounds is None or values.simulate_rounds < 1:
         raise UsageError(f"--rounds must be >= 1, got {values.simulate_rounds}")
+    population = values.simulate_population
+    if population is None:  # image recipes keep the generated disc; others what esa run picks
+        fitting = default_population(recipe)
+        population = "image:disc" if fitting.startswith("image:") else fitting
     return SimulationPlan.for_recipe(
         recipe,
-        values.simulate_population,
+        population,
         seed,
         respondents=values.simulate_respondents,
         rounds=values.simulate_rounds,

@@ -68,7 +68,20 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     modules = [COMMANDS[command]] if command in COMMANDS else COMMAND_MODULES
     for module_name in modules:
         importlib.import_module(module_name).register(subparsers)
+    _add_verbose(parser)
     return parser
+
+
+def _add_verbose(parser: argparse.ArgumentParser) -> None:
+    """``--verbose`` on every command that runs pipelines (pipelines/commandline/stage_logs.py)."""
+    from pipelines.commandline.stage_logs import VERBOSE_HELP
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                if sub.get_default("accepts_pipeline_args"):
+                    sub.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
+                _add_verbose(sub)
 
 
 def _fail(command: str, message: str) -> int:
@@ -161,10 +174,13 @@ def main(argv: list[str] | None = None) -> int:
         problem = _check_stage_flags(args.command, args, extra)
         if problem:
             return _fail(args.command, problem)
+        from pipelines.commandline.stage_logs import stage_logs
         from pipelines.engines.runners import quiet_worker_hangups
 
         quiet_worker_hangups()  # Flink's job-end hang-up is not an error (pipelines/engines/runners.py)
-        return int(handler(args, extra) or 0)
+        verbose = getattr(args, "verbose", False)
+        with stage_logs(args.command, verbose, usage_errors=(UsageError, ValueError)):
+            return int(handler(args, extra) or 0)
     except (UsageError, ValueError) as error:
         return _fail(args.command, str(error))
 
