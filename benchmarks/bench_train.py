@@ -1,7 +1,7 @@
 """Devices per second for one LDP-SGD epoch, next to the plain numpy epoch in the same run.
 
-Rows (synthetic devices, d = 650, one shuffler instance, FnApiRunner, pipeline start-ups
-included):
+Rows (MNIST devices, ``mnist:N``, d = 500, when ``make mnist`` has installed the digits, else
+synthetic devices, d = 650; one shuffler instance, FnApiRunner, pipeline start-ups included):
 
 * ``ldp_sgd_epoch``: one epoch of ``esa train`` (devices' Beam pipeline writing Report files,
   the shuffler run, the server's Beam pipeline and its update) against
@@ -27,12 +27,13 @@ from pipelines.train import run_epoch
 from simulators.sgd_data import load_device_data
 from simulators.sgd_devices import EpochPlan, reference_epoch
 
-devices = json.loads(sys.argv[1])
-spec = f"synthetic:{devices}"
+devices, family = json.loads(sys.argv[1])
+spec = f"{family}:{devices}"
 data = load_device_data(spec)
 settings = {"dataset": spec, "data_seed": 0, "epsilon": 1.9, "clip_norm": 1.0, "radius": 5.0,
             "instances": 1, "reports_per_device": 1, "seed": 1, "devices_per_shard": 5000,
-            "crowd_threshold": 100, "deletion_epsilon": None, "deletion_delta": None}
+            "crowd_threshold": 100, "deletion_epsilon": None, "deletion_delta": None,
+            "learning_rate_scale": 1.0}
 theta = np.zeros(data.dimension)
 with tempfile.TemporaryDirectory() as scratch:
     started = time.perf_counter()
@@ -49,8 +50,14 @@ print(json.dumps({"beam_seconds": beam_seconds, "numpy_seconds": numpy_seconds,
 
 
 def run(quick: bool) -> list[dict]:
-    sizes = (5_000, 20_000) if quick else (20_000, 100_000)
-    results = {devices: run_child(CHILD, devices) for devices in sizes}
+    from simulators.mnist_digits import installed
+
+    if installed():  # the issue's sizes: 2,000 and 8,000 real devices
+        family, sizes, what = "mnist", (2_000, 8_000), "MNIST devices, d = 500"
+    else:
+        family = "synthetic"
+        sizes, what = (5_000, 20_000) if quick else (20_000, 100_000), "synthetic devices, d = 650"
+    results = {devices: run_child(CHILD, [devices, family]) for devices in sizes}
     rows = []
     for devices, result in results.items():
         beam_rate = devices / result["beam_seconds"]
@@ -62,7 +69,7 @@ def run(quick: bool) -> list[dict]:
                 "value": beam_rate,
                 "baseline": numpy_rate,
                 "ratio": beam_rate / numpy_rate,
-                "note": f"{devices} synthetic devices, d = 650, K = 1: devices + shuffle + server "
+                "note": f"{devices} {what}, K = 1: devices + shuffle + server "
                 "pipelines (FnApiRunner, start-ups included) vs the numpy epoch, same run",
             }
         )

@@ -19,6 +19,13 @@ Steps (each a Beam pipeline on the same runner flags):
    must carry its instance's valid signature) with the simulation's truth: ``OUTPUT/analysis/``
    (histograms.parquet, longitudinal.parquet, summary.json, pictures/*.png).
 
+``--collect`` puts the network in between: the devices are enrolled (``OUTPUT/devices``), one
+``esa collect`` per instance listens on 127.0.0.1 (a free port, TLS from
+``OUTPUT/collector_tls``), every simulated device uploads its reports to its instances'
+collectors, the collectors are stopped with SIGTERM (each commits its open file), and each
+shuffler reads its collector's committed files (``OUTPUT/collected/instance=<u>/*.avro``), whose
+origins are the authenticated devices.
+
 ``--unsigned`` leaves the commit records unsigned (and the analyzer says it read them
 unauthenticated).
 
@@ -42,6 +49,10 @@ import math
 import multiprocessing
 import os
 import shutil
+import signal
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -69,7 +80,10 @@ __all__ = ["register", "run", "recipe_for_instances"]
 RUN_FILE = "run.json"
 RELEASES_DIR = "releases"  # the K releases: all the analyzer is given
 AGGREGATORS_DIR = "aggregators"  # prio3 recipes: the two aggregators' directories
-SUBDIRECTORIES = ("simulation", RELEASES_DIR, "analysis", AGGREGATORS_DIR)
+SUBDIRECTORIES = (
+    "simulation", RELEASES_DIR, "analysis", AGGREGATORS_DIR, "collected", "devices", "collector_tls"
+)  # fmt: skip
+COLLECTOR_START_S = 60.0
 
 
 def shuffler_private_dir(output: Path, instance: int) -> Path:
@@ -121,6 +135,71 @@ def recipe_for_instances(recipe: Recipe, instances: int | None) -> Recipe:
         f"{recipe.id} re-issued for {instances} shuffler instances. " + recipe.description
     )
     return recipe_from_dict(data, source=f"{recipe.id} for {instances} instances")
+
+
+def start_collector(
+    instance: int, output: Path, registry: Path, tls: Path
+) -> tuple[subprocess.Popen[str], str]:
+    """``esa collect --instance u`` on 127.0.0.1 and a free port; returns it and its URL."""
+    command = [
+        sys.executable, "-m", "pipelines.commandline.main", "collect",
+        "--instance", str(instance), "--listen", "127.0.0.1:0",
+        "--output", str(output), "--registry", str(registry), "--tls", str(tls),
+        "--device-rate", "1000", "--device-burst", "1000",
+    ]  # fmt: skip
+    log = open(output.parent / f"collector-{instance}.log", "w")  # noqa: SIM115
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
+    log.close()
+    ready: list[str] = []
+    reader = threading.Thread(target=lambda: ready.append(process.stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(COLLECTOR_START_S)
+    if not ready or not ready[0].strip():
+        process.kill()
+        raise RuntimeError(f"collector {instance} did not start; see {log.name}")
+    return process, json.loads(ready[0])["listening"]
+
+
+def collect(
+    output: Path,
+    simulation_dir: Path,
+    instances: int,
+    devices: int,
+    connections: int,
+    say: Any,
+) -> dict[str, Any]:
+    """Fleet -> K collectors: enrol the devices, make the collectors' TLS, start one
+    ``esa collect`` per instance, upload, stop them with SIGTERM (each commits its open file)."""
+    keys_cli.enrol_devices(devices, output / "devices")
+    tls = output / "collector_tls"
+    keys_cli.collector_tls(tls, "127.0.0.1,localhost")
+    collected = output / "collected"
+    collected.mkdir()
+    processes: list[subprocess.Popen[str]] = []
+    try:
+        urls = []
+        for instance in range(instances):
+            process, url = start_collector(
+                instance, collected / f"instance={instance}", output / "devices", tls
+            )
+            processes.append(process)
+            urls.append(url)
+        say(f"collect: {instances} collectors at {', '.join(urls)}")
+        uploads = simulate_pipeline.upload_simulation(
+            simulation_dir, instances, urls, str(output / "devices"), str(tls / "ca.crt"),
+            connections,
+        )  # fmt: skip
+    finally:
+        for process in processes:
+            process.send_signal(signal.SIGTERM)
+        for process in processes:
+            try:
+                process.wait(COLLECTOR_START_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+    if uploads["failed"] or any(process.returncode for process in processes):
+        raise RuntimeError(f"uploads to the collectors failed: {uploads}")
+    return uploads
 
 
 def _shuffle_instance(flags: list[str], values: dict[str, Any]) -> dict[str, Any]:
@@ -236,9 +315,26 @@ def _run(
     say(f"  {simulation['messages']:,} messages, " + (f"{chaff:,} chaff, " if chaff else "")
         + f"{simulation['presence_messages']:,} presence ({seconds['simulate']} s)")  # fmt: skip
 
+    shuffler_inputs = simulation_dir
+    if values.run_collect:
+        began = time.monotonic()
+        uploads = collect(
+            output,
+            simulation_dir,
+            recipe.shuffler_instances,
+            int(simulation["respondents"]),
+            values.run_connections,
+            say,
+        )
+        seconds["collect"] = round(time.monotonic() - began, 2)
+        say(
+            f"  {uploads['stored']:,} uploads stored ({uploads['reports']:,} reports, "
+            f"{uploads['retries']:,} retries) ({seconds['collect']} s)"
+        )
+        shuffler_inputs = output / "collected"
     shuffle_jobs = {
         instance: {
-            "input": str(simulation_dir / f"instance={instance}" / "*.avro"),
+            "input": str(shuffler_inputs / f"instance={instance}" / "*.avro"),
             "output": str(output / RELEASES_DIR / f"instance={instance}"),
             "private_output": str(shuffler_private_dir(output, instance)),
             "instance": instance,

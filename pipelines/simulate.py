@@ -3,6 +3,8 @@
     esa simulate --recipe NAME|FILE --population SPEC [--respondents N] --output DIR [--seed S]
         [--rounds R] [--start 2024-01-01] [--device-budget EPS] [--query-class-fields F,G]
         [--instance-weights W,W,...] [--no-device-budget] [--codec deflate|null|snappy]
+        [--collector URL,URL,... --device-credentials DIR [--collector-ca ca.crt]
+         [--connections N] [--upload-retries R]]
         [--runner=FnApiRunner | --direct_running_mode=multi_processing --direct_num_workers=2 |
          --runner=PortableRunner --job_endpoint=embed --environment_type=LOOPBACK]
 
@@ -25,6 +27,13 @@ record count and SHA-256). Everything is first written to a hidden temporary sib
 with its ``_COMMIT.json`` or not at all, and is removed on failure (a killed run leaves nothing
 under DIR; its stale temporary sibling is removed by the next run). An existing DIR is
 replaced only with ``--overwrite``. DIR must be a local directory, or one mounted on every worker.
+
+With ``--collector`` (one ``https://`` URL per shuffler instance, ``esa collect``), each
+simulated device then uploads its reports for each instance to that instance's collector,
+signed with its enrolment key (``--device-credentials``, ``esa keys enrol``), over
+``--connections`` concurrent connections with retries and idempotent report ids
+(``simulators/uploads.py``); the summary printed gains ``uploads`` (stored, duplicates,
+retries, failed) and the exit status is 1 if any upload failed.
 
 The pipeline passes shard descriptors (index, respondent range, SeedSequence child of the seed)
 through ``beam.Create``; each worker generates its shard's population slice, runs the devices,
@@ -94,7 +103,42 @@ def _handle_simulate(args: argparse.Namespace, pipeline_args: list[str]) -> int:
         from pipelines.commandline.summaries import simulation_summary
 
         print(simulation_summary(summary, options.view_as(SimulateOptions).simulate_output))
-    return 0
+    uploads = summary.get("uploads")
+    return 1 if uploads and uploads["failed"] else 0
+
+
+def _collector_urls(values: SimulateOptions, instances: int) -> list[str] | None:
+    if values.simulate_collector is None:
+        return None
+    urls = [url.strip() for url in values.simulate_collector.split(",")]
+    if len(urls) != instances:
+        raise UsageError(
+            f"--collector needs one URL per shuffler instance: {instances}, got {len(urls)}"
+        )
+    return urls
+
+
+def upload_simulation(
+    directory: Path,
+    instances: int,
+    urls: list[str],
+    credentials_path: str,
+    ca_file: str | None,
+    connections: int = 16,
+    retries: int = 8,
+) -> dict[str, Any]:
+    """Each simulated device uploads its reports to its instances' collectors
+    (``simulators/uploads.py``); returns what the uploads did."""
+    from schemas.crypto.device_keys import load_credentials
+    from schemas.crypto.key_files import KeyError_
+    from simulators.uploads import upload_files
+
+    try:
+        credentials = load_credentials(credentials_path)
+    except KeyError_ as error:
+        raise UsageError(str(error)) from None
+    summary = upload_files(directory, instances, urls, credentials, ca_file, connections, retries)
+    return summary.as_dict()
 
 
 def _parse_start(text: str) -> int:
@@ -268,6 +312,7 @@ def run(options: PipelineOptions) -> dict[str, Any]:
         )
         raise UsageError(f"every device refuses recipe {context.recipe.id}: {reasons}{hint}")
     shards = context.shards()
+    urls = _collector_urls(values, context.fleet.num_instances)
     with_default_runner(options)
     metadata = {
         "recipe_id": context.recipe.id,
@@ -319,4 +364,14 @@ def run(options: PipelineOptions) -> dict[str, Any]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+    if urls is not None:
+        summary["uploads"] = upload_simulation(
+            output,
+            context.fleet.num_instances,
+            urls,
+            values.simulate_device_credentials,
+            values.simulate_collector_ca,
+            values.simulate_connections,
+            values.simulate_upload_retries,
+        )
     return summary

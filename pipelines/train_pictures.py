@@ -11,7 +11,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-__all__ = ["accuracy_vs_epoch", "accuracy_vs_epsilon"]
+__all__ = ["accuracy_vs_devices", "accuracy_vs_epoch", "accuracy_vs_epsilon"]
 
 
 def _png(figure: Figure) -> bytes:
@@ -69,6 +69,34 @@ def accuracy_vs_epsilon(metrics: dict[str, Any]) -> bytes:
     axes.set_ylabel("test accuracy")
     axes.set_ylim(0.0, 1.0)
     axes.set_title(f"{metrics['dataset']}: accuracy vs central epsilon (numpy epochs)")
+    axes.legend(loc="lower right", fontsize="small")
+    axes.grid(alpha=0.3, which="both")
+    return _png(figure)
+
+
+def accuracy_vs_devices(curve: dict[str, Any]) -> bytes:
+    """Test accuracy against the number of devices n (log scale): LDP-SGD (mean over seeds, with
+    each seed's point), the non-private baseline, and the fitted trend extended to ``trend_to``
+    (``experiments.ldp_sgd.devices_curve``'s content)."""
+    figure = Figure(figsize=(6.4, 4.2))
+    axes = figure.add_subplot()
+    rows = curve["rows"]
+    counts = [row["devices"] for row in rows]
+    for row in rows:
+        axes.scatter([row["devices"]] * len(row["accuracy"]), row["accuracy"], s=8, c="C0")
+    axes.plot(counts, [row["mean_accuracy"] for row in rows], marker="o", color="C0",
+              label=f"LDP-SGD, eps_le = {curve['epsilon_local_epoch']:g}, T = {curve['epochs']}")  # fmt: skip
+    axes.plot(counts, [row["nonprivate_accuracy"] for row in rows], linestyle="--", color="C1",
+              label="non-private, same model, C and T")  # fmt: skip
+    trend = curve["trend"]
+    extended = [counts[0], *trend["devices"]]
+    axes.plot(extended, [trend["a"] - trend["b"] / n**0.5 for n in extended], linestyle=":",
+              color="C0", label="fit a - b/sqrt(n), extended")  # fmt: skip
+    axes.set_xscale("log")
+    axes.set_xlabel("devices n (one image each)")
+    axes.set_ylabel("test accuracy")
+    axes.set_ylim(0.0, 1.0)
+    axes.set_title(f"{curve['dataset']}: accuracy vs devices")
     axes.legend(loc="lower right", fontsize="small")
     axes.grid(alpha=0.3, which="both")
     return _png(figure)

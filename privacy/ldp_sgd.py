@@ -264,12 +264,18 @@ def server_step(
     step: int,
     randomizer: LdpSgdRandomizer,
     radius: float,
+    rate_scale: float = 1.0,
 ) -> tuple[np.ndarray, float, float]:
-    """Algorithm 5, steps 5-6 for epoch ``step`` (1-based): returns (theta_next, eta_t, |g_t|)."""
+    """Algorithm 5, steps 5-6 for epoch ``step`` (1-based): returns (theta_next, eta_t, |g_t|).
+
+    ``rate_scale`` k multiplies eta_t (k c/sqrt(t)): Theorem .4's c minimizes a worst-case bound,
+    and a smaller constant trades its guarantee for less noise per step; any k is
+    post-processing of the released reports, so the privacy is the same."""
     if not isinstance(reports, int) or reports < 1:
         raise ValueError(f"reports must be an integer >= 1, got {reports!r}")
+    scale = _check_positive(rate_scale, "rate_scale")
     gradient = randomizer.scale * np.asarray(direction_sum, dtype=np.float64) / reports
-    eta = learning_rate(
+    eta = scale * learning_rate(
         step, 2.0 * radius, reports, randomizer.epsilon, randomizer.clip_norm, randomizer.dimension
     )
     return project_to_ball(theta - eta * gradient, radius), eta, float(np.linalg.norm(gradient))

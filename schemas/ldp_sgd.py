@@ -66,6 +66,14 @@ class SgdChannel:
             f"-tau{self.reports_per_device}@1"
         )
 
+    @property
+    def origin_caps(self) -> tuple[int, ...]:
+        """Per shuffler instance, the most data messages one origin may send to this epoch's
+        crowd: an honest device sends exactly tau reports, all to one instance, so the cap is
+        tau everywhere (no tail to allow for; ``transforms.shuffler.decide`` screens the rest as
+        ``over_origin_cap``)."""
+        return (self.reports_per_device,) * self.instances
+
 
 def encode_sgd_payloads(seeds: np.ndarray, signs: np.ndarray) -> pa.BinaryArray:
     """One 18-byte payload per report, as an Arrow binary array (no per-report Python)."""

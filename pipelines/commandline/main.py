@@ -30,6 +30,7 @@ COMMANDS = {
     "train": "pipelines.train",
     "keys": "pipelines.commandline.keys",
     "analysis": "pipelines.interactive",
+    "collect": "pipelines.collect",
 }
 COMMAND_MODULES = list(dict.fromkeys(COMMANDS.values()))
 # command -> (module, class) of its options (validated before the handler runs); one module per

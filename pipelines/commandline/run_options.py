@@ -85,6 +85,20 @@ class RunOptions(StageFlags, PipelineOptions):
             choices=POSTPROCESSING,
         ),
         Flag("overwrite", "Replace an existing --output directory.", default=False, switch=True),
+        Flag(
+            "collect",
+            "Devices upload over HTTPS to one esa collect per shuffler instance (on 127.0.0.1, "
+            "free ports; enrolment keys in OUTPUT/devices, TLS in OUTPUT/collector_tls); the "
+            "shufflers read the collectors' committed files in OUTPUT/collected/instance=<u>.",
+            default=False,
+            switch=True,
+        ),
+        Flag(
+            "connections",
+            "Concurrent HTTPS connections of the fleet's uploads (with --collect). Default 16.",
+            default=16,
+            type=int,
+        ),
     ) + keys_cli.RUN_FLAGS  # --keys, --unsealed (sealed payloads), --unsigned (commits)
 
     def validate(self, validator: Any = None) -> list[str]:
@@ -94,6 +108,7 @@ class RunOptions(StageFlags, PipelineOptions):
             int_in("--instances", value("instances"), 1, 1024),
             int_in("--parallel-shuffles", value("parallel_shuffles"), 1, 1024),
             int_in("--seed", value("seed"), 0),
+            int_in("--connections", value("connections"), 1, 10_000),
             int_in("--crowd-threshold", value("crowd_threshold"), 1),
             deletion_errors(value("deletion_epsilon"), value("deletion_delta")),
             output_directory("--output", value("output")),

@@ -160,6 +160,34 @@ class SimulateOptions(StageFlags, PipelineOptions):
             default=False,
             switch=True,
         ),
+        Flag(
+            "collector",
+            "Upload the fleet's reports over HTTPS to the collectors (esa collect), one URL "
+            "per shuffler instance, comma-separated, in instance order (needs "
+            "--device-credentials). The files in --output are written as well.",
+        ),
+        Flag(
+            "device_credentials",
+            "The devices' enrolment keys (esa keys enrol: devices.private.jsonl or its "
+            "directory); the i-th simulated device signs with the i-th key.",
+        ),
+        Flag(
+            "collector_ca",
+            "CA certificate the collectors' TLS certificates are checked with "
+            "(esa keys tls: ca.crt). Default: the system's.",
+        ),
+        Flag(
+            "connections",
+            "Concurrent HTTPS connections of the uploads. Default 16.",
+            default=16,
+            type=int,
+        ),
+        Flag(
+            "upload_retries",
+            "Retries per upload (408, 429, 5xx, connection errors). Default 8.",
+            default=8,
+            type=int,
+        ),
     ) + device_key_flags.SIMULATE_FLAGS  # --public-key (sealed payloads)
 
     def validate(self, validator: Any = None) -> list[str]:
@@ -173,7 +201,18 @@ class SimulateOptions(StageFlags, PipelineOptions):
             int_in("--messages-per-shard", value("messages_per_shard"), 1),
             int_in("--messages-per-chunk", value("messages_per_chunk"), 1),
             output_directory("--output", value("output")),
+            int_in("--connections", value("connections"), 1, 10_000),
+            int_in("--upload-retries", value("upload_retries"), 0, 100),
         )
+        collector = value("collector")
+        if collector is not None:
+            urls = [url.strip() for url in collector.split(",")]
+            if not all(url.startswith("https://") and len(url) > 8 for url in urls):
+                errors.append(
+                    f"--collector must be https:// URLs, comma-separated, got {collector!r}"
+                )
+            if value("device_credentials") is None:
+                errors.append("--collector needs --device-credentials (esa keys enrol)")
         try:
             start_ms = parse_start_ms(value("start"))
         except ValueError as error:

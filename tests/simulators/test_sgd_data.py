@@ -38,7 +38,7 @@ def test_synthetic_devices_are_generated_by_range():
     with pytest.raises(ValueError, match="outside"):
         data.examples(0, 10_001)
     with pytest.raises(ValueError, match="unknown dataset"):
-        load_device_data("mnist")
+        load_device_data("fashion-mnist")
 
 
 def test_per_example_gradients_match_finite_differences():

@@ -5,6 +5,11 @@
   shard so a retried shard overwrites its own files), and per-shard counts. Each shard computes
   its devices' gradients at theta_t, clips and randomizes them (seed + sign payloads,
   ``schemas.ldp_sgd``) in numpy.
+* :class:`CommittedMessageFiles`: the verified commit records of one epoch's releases in
+  (``(instance, release directory, SHA-256 of its verified _COMMIT.json)``), the message files
+  they commit out: the analyzer's pinned reader (``transforms.analyzer.aggregate.pinned_message_paths``),
+  which re-reads each record on the worker and refuses one whose SHA-256 is not the verified
+  one, so the server reads exactly the committed files (no glob, no file the record omits).
 * :class:`AggregateEpoch`: released ShuffledMessage files in (every shuffler instance of one
   epoch), one :class:`EpochUpdate` out: each batch of messages is checked (recipe, channel,
   CRC32C, payload format), its directions regenerated from the seeds in numpy blocks and summed;
@@ -49,11 +54,13 @@ from schemas.dead_letters import dead_letter
 from schemas.ldp_sgd import PAYLOAD_BYTES, SgdChannel, decode_sgd_payloads, encode_sgd_payloads
 from simulators.sgd_data import DeviceData, load_device_data
 from simulators.sgd_devices import DeviceShard, EpochPlan, shard_reports
+from transforms.analyzer.aggregate import pinned_message_paths
 from transforms.analyzer.opening import ReleaseOpener, open_in_window, seal_fixed
 from transforms.common.avro_io import ColumnBatch, read_avro_batches, write_avro, write_avro_columns
 
 __all__ = [
     "WriteEpochReports",
+    "CommittedMessageFiles",
     "AggregateEpoch",
     "EpochUpdate",
     "SumDirections",
@@ -175,6 +182,19 @@ class WriteEpochReports(beam.PTransform):
 
     def expand(self, shards: beam.PCollection) -> beam.PCollection:
         return shards | "EncodeShards" >> beam.ParDo(self._fn)
+
+
+class CommittedMessageFiles(beam.PTransform):
+    """Verified commit records ``(instance, directory, SHA-256)`` -> the paths of the message
+    files each commits (never its crowd tables), spread over workers. A record changed since it
+    was verified fails the pipeline (``ValueError`` from the pinned read)."""
+
+    def expand(self, commits: beam.PCollection) -> beam.PCollection:
+        return (
+            commits
+            | "CommittedFiles" >> beam.FlatMap(pinned_message_paths)
+            | "SpreadFiles" >> beam.Reshuffle()
+        )
 
 
 @dataclass
@@ -372,6 +392,7 @@ def _update(
     epoch: int,
     randomizer: LdpSgdRandomizer,
     radius: float,
+    rate_scale: float = 1.0,
 ) -> EpochUpdate:
     if parts.reports == 0:
         # Nothing released (e.g. every crowd withheld): the model stays where it is.
@@ -379,7 +400,7 @@ def _update(
             epoch, theta, 0, parts.read, dict(parts.rejected), 0.0, 0.0, parts.unknown_chunks
         )
     theta_next, eta, norm = server_step(
-        theta, parts.total, parts.reports, epoch, randomizer, radius
+        theta, parts.total, parts.reports, epoch, randomizer, radius, rate_scale
     )
     return EpochUpdate(
         epoch,
@@ -405,8 +426,10 @@ class AggregateEpoch(beam.PTransform):
         dead_letter_dir: str | None = None,
         key_ring: str | None = None,
         event_time_ms: int = 0,
+        rate_scale: float = 1.0,
     ) -> None:
         super().__init__()
+        self._rate_scale = float(rate_scale)
         self._key_ring = key_ring  # sealed payloads: the key ring's path
         self._window = epoch_window(event_time_ms)
         self._channel = channel
@@ -436,5 +459,6 @@ class AggregateEpoch(beam.PTransform):
                 epoch=self._channel.epoch,
                 randomizer=self._randomizer,
                 radius=self._radius,
+                rate_scale=self._rate_scale,
             )
         )

@@ -7,6 +7,7 @@ import glob
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that
 
@@ -273,3 +274,34 @@ def test_sealed_epoch_reports_open_to_the_same_update_and_tampering_is_rejected(
                 | AggregateEpoch(channel, plan.randomizer, theta, radius=3.0, **options)
             )
             assert_that(updates, check(reports, rejected))
+
+
+def test_the_server_reads_only_the_files_of_the_verified_commit_record(tmp_path):
+    import hashlib
+    import json
+
+    from transforms.training.epochs import CommittedMessageFiles
+
+    release = tmp_path / "instance=0"
+    (release / "messages").mkdir(parents=True)
+    (release / "crowds").mkdir()
+    for name in ("messages/a-g0.avro", "messages/stray.avro", "crowds/a.avro"):
+        (release / name).write_bytes(b"")
+    commit = release / "_COMMIT.json"
+    commit.write_text(json.dumps({"format": "esa-release/2", "files": [
+        {"path": "messages/a-g0.avro"}, {"path": "crowds/a.avro"}]}))  # fmt: skip
+    pinned = (0, str(release), hashlib.sha256(commit.read_bytes()).hexdigest())
+    with beam.Pipeline(options=OPTIONS) as pipeline:
+        paths = pipeline | beam.Create([pinned]) | CommittedMessageFiles()
+        # The committed message file only: no stray file beside it, no crowd table.
+        assert_that(paths, lambda got: got == [str(release / "messages" / "a-g0.avro")])
+    # A record changed after it was verified (here: one more file listed) is refused.
+    commit.write_text(json.dumps({"format": "esa-release/2", "files": [
+        {"path": "messages/a-g0.avro"}, {"path": "messages/stray.avro"}]}))  # fmt: skip
+    with pytest.raises(Exception, match="not the commit record that was verified"):
+        with beam.Pipeline(options=OPTIONS) as pipeline:
+            _ = pipeline | beam.Create([pinned]) | CommittedMessageFiles()
+    commit.unlink()  # and a missing one
+    with pytest.raises(Exception, match="_COMMIT.json"):
+        with beam.Pipeline(options=OPTIONS) as pipeline:
+            _ = pipeline | beam.Create([pinned]) | CommittedMessageFiles()
