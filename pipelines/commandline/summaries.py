@@ -32,6 +32,12 @@ def simulation_summary(summary: Mapping[str, Any], output: str) -> str:
         )
     if summary.get("refusals"):
         lines.append(f"  {summary['refusals']:,} device rounds refused the recipe")
+    uploads = summary.get("uploads")
+    if uploads:
+        counts = ", ".join(
+            f"{key} {value:,}" for key, value in uploads.items() if isinstance(value, int)
+        )
+        lines.append(f"  uploads to the collectors: {counts}")
     sealed = (summary.get("sealing") or {}).get("key_id")
     lines.append(
         f"  payloads {'sealed to key ' + sealed if sealed else 'not sealed'}; files, truth and "
