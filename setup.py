@@ -38,6 +38,8 @@ setup(
         # server and client in one package (one event loop holds thousands of slow connections
         # without a thread each); TLS stays with the standard library's ssl.
         "aiohttp>=3.9",
+        # The progress line of long stages (pipelines/commandline/progress.py).
+        "tqdm",
     ],
     extras_require={
         "images": ["scikit-image"],

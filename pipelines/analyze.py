@@ -119,7 +119,10 @@ def register(subparsers: Any) -> None:
 
 def _handle(args: argparse.Namespace, pipeline_args: list[str]) -> int:
     options = PipelineOptions(pipeline_args, **AnalyzeOptions.cli_values(args))
-    summary = run(options)
+    from pipelines.commandline.progress import stage_progress
+
+    with stage_progress("analyze"):
+        summary = run(options)
     print(summary_table(summary))
     print(f"results: {summary['inputs']['output']}")
     print(f"report: {report_html.write_report(summary['inputs']['output'])}")

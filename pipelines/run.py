@@ -65,6 +65,7 @@ from pipelines import shuffle as shuffle_pipeline
 from pipelines import simulate as simulate_pipeline
 from pipelines.commandline import keys as keys_cli
 from pipelines.commandline.main import UsageError
+from pipelines.commandline.progress import stage_progress
 from pipelines.commandline.run_options import DEFAULT_RESPONDENTS, RunOptions
 from pipelines.default_populations import (  # noqa: F401 - default_image re-exported
     IMAGE_RANDOMIZERS,
@@ -350,6 +351,11 @@ def _run(
     workers = min(len(shuffle_jobs), values.run_parallel_shuffles or os.cpu_count() or 1)
     say(f"shuffle: {len(shuffle_jobs)} instances, {workers} at a time")
     summaries: dict[int, dict[str, Any]] = {}
+    stage = contextlib.ExitStack()  # the progress line, closed below or when the run fails
+    resources.callback(stage.close)
+    stage.enter_context(
+        stage_progress("shuffle", len(shuffle_jobs), "instances", count=lambda: len(summaries))
+    )
     if workers <= 1:
         for instance, job in shuffle_jobs.items():
             summaries[instance] = _shuffle_instance(flags, job)
@@ -367,6 +373,7 @@ def _run(
                 instance = futures[future]
                 summaries[instance] = future.result()
                 _say_shuffled(say, instance, summaries[instance], began)
+    stage.close()
     shuffles = [summaries[instance] for instance in sorted(summaries)]
     seconds["shuffle"] = round(time.monotonic() - began, 2)
 
@@ -379,6 +386,9 @@ def _run(
     began = time.monotonic()
     say("analyze")
     analysis_dir = output / "analysis"
+    stage = contextlib.ExitStack()
+    resources.callback(stage.close)
+    stage.enter_context(stage_progress("analyze"))
     analysis = analyze_pipeline.run(
         PipelineOptions(
             flags,
@@ -393,6 +403,7 @@ def _run(
             analyze_shuffler_keys=str(output / keys_cli.SIGNING_KEYS_DIR) if signing else None,
         )
     )
+    stage.close()
     seconds["analyze"] = round(time.monotonic() - began, 2)
     seconds["total"] = round(time.monotonic() - started, 2)
     result = {

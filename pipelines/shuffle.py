@@ -101,7 +101,10 @@ def register(subparsers: Any) -> None:
 def _handle(args: argparse.Namespace, pipeline_args: list[str]) -> int:
     values = stage_option_values(args, ShuffleOptions)
     options = PipelineOptions(pipeline_args, **values)
-    summary = run(options)
+    from pipelines.commandline.progress import stage_progress
+
+    with stage_progress("shuffle"):
+        summary = run(options)
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))
     else:

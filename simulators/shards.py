@@ -20,6 +20,7 @@ import numpy as np
 
 from schemas.avro.crc32c import crc32c_many
 from schemas.payloads import EncodedPayloads, encode_message_batch
+from simulators import progress
 from simulators.crowds import CrowdAssignment, crowd_assignment, split_crowd_keys
 from simulators.fleet import DeviceFleet, FleetBatch, device_policy_for, format_origins
 from simulators.plan import ShardSpec, ShardSummary, SimulationPlan
@@ -38,6 +39,7 @@ __all__ = [
 ]
 
 _PILOT_RESPONDENTS = 256
+PROGRESS_COUNTER = "device_rounds_simulated"  # simulators/progress.py
 
 
 class ShardContext:
@@ -99,6 +101,8 @@ class ShardContext:
     def crowds(self) -> CrowdAssignment | None:
         """Each respondent's natural crowd, when the population spec names crowds."""
         _, keys = split_crowd_keys(self.plan.population)
+        if keys and self.prio3 is not None:
+            raise ValueError("natural crowds (crowds=C) are not simulated for prio3 recipes")
         return crowd_assignment(keys, self.population.size, self.plan.population_seed)
 
     def messages_per_respondent(self) -> float:
@@ -300,6 +304,7 @@ def simulate_shard(
                 data[report.shuffler_instance] += len(report)
             data -= presence[: data.size]
         summary.add_fleet_batch(batch, context.fleet.num_instances, data)
+        progress.add(PROGRESS_COUNTER, batch.device_rounds)
         if context.sealing is not None:  # sealed chaff: what each instance got beyond the plan
             summary.add_chaff(reports, batch, context.fleet.num_instances)
         yield chunk, reports
