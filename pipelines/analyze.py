@@ -125,6 +125,7 @@ def _handle(args: argparse.Namespace, pipeline_args: list[str]) -> int:
         summary = run(options)
     print(summary_table(summary))
     print(f"results: {summary['inputs']['output']}")
+    withheld_reasons.record_reasons(summary["inputs"]["output"])
     print(f"report: {report_html.write_report(summary['inputs']['output'])}")
     return 0 if summary["metrics"]["adds_up"] else 1
 

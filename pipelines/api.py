@@ -100,11 +100,12 @@ def analyze(
 ) -> Results:
     """``esa analyze`` over released directories: the analysis in ``output`` (report.html
     included) as :class:`Results`."""
-    from pipelines import report_html
+    from pipelines import report_html, withheld_reasons
 
     values = {"input": input, "output": output, **flags}
     options, _ = _options("analyze", values, beam_flags)
     summary = _module("analyze").run(options)
+    withheld_reasons.record_reasons(summary["inputs"]["output"])
     report_html.write_report(summary["inputs"]["output"])
     return Results(summary["inputs"]["output"])
 

@@ -60,7 +60,7 @@ from typing import Any
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines import analyze as analyze_pipeline
-from pipelines import report_html
+from pipelines import report_html, withheld_reasons
 from pipelines import shuffle as shuffle_pipeline
 from pipelines import simulate as simulate_pipeline
 from pipelines.commandline import keys as keys_cli
@@ -432,6 +432,7 @@ def _run(
     }
     result["paths"]["report"] = str(analysis_dir / report_html.REPORT_FILE)
     (output / RUN_FILE).write_text(json.dumps(result, indent=2))
+    withheld_reasons.record_reasons(str(analysis_dir))
     report_html.write_report(analysis_dir, run=result)
     say("")
     say(analyze_pipeline.summary_table(analysis))

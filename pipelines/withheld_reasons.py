@@ -111,3 +111,26 @@ def explain_withheld_in(
     inputs = summary.get("inputs", {})
     ids = sorted({note.get("recipe_id", "") for note in notes} | set(inputs.get("recipes", [])))
     return explain_withheld(notes, inputs.get("releases", []), shipped_or_given(ids))
+
+
+def record_reasons(analysis_dir: str) -> dict[str, int]:
+    """Add ``withheld.reasons`` (each reason's count of withheld crowd windows, so its size
+    grows with the distinct reasons, never the crowds) to the analysis's ``summary.json``,
+    rewritten atomically; returns it."""
+    import json
+    import os
+    from collections import Counter
+
+    from transforms.analyzer.report_files import read_reports
+
+    path = os.path.join(analysis_dir, "summary.json")
+    with open(path, encoding="utf-8") as handle:
+        summary = json.load(handle)
+    notes = explain_withheld_in(read_reports(analysis_dir)["withheld"], summary)
+    reasons = dict(Counter(note["reason"] for note in notes).most_common())
+    summary.setdefault("withheld", {})["reasons"] = reasons
+    temporary = f"{path}.tmp"
+    with open(temporary, "w", encoding="utf-8") as handle:
+        json.dump(summary, handle, indent=2, allow_nan=False)
+    os.replace(temporary, path)
+    return reasons

@@ -68,6 +68,9 @@ def test_withheld_crowds_state_their_reason_in_table_and_report(crowded_run):
     assert page.count(html.escape(reason)) == 3
     run = json.loads((output / "run.json").read_text())
     assert run["paths"]["report"] == str(output / "analysis" / "report.html")
+    summary = json.loads((output / "analysis" / "summary.json").read_text())
+    ((text, count),) = summary["withheld"]["reasons"].items()  # in the summary too, counted
+    assert text.startswith(reason) and count == 3
     # Self-contained: every src/href is a data: URI; nothing else is loaded.
     assert not [u for u in re.findall(r'(?:src|href)="([^"]*)"', page) if not u.startswith("data:")]
     assert "data:image/png;base64," in page  # the analysis's picture, inlined
