@@ -65,7 +65,11 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
+from apache_beam.options.pipeline_options import (
+    GoogleCloudOptions,
+    PipelineOptions,
+    StandardOptions,
+)
 
 from pipelines import pictures, report_html, withheld_reasons
 from pipelines.commandline import analyzer_key_flags
@@ -119,6 +123,14 @@ def register(subparsers: Any) -> None:
 
 def _handle(args: argparse.Namespace, pipeline_args: list[str]) -> int:
     options = PipelineOptions(pipeline_args, **AnalyzeOptions.cli_values(args))
+    if options.view_as(StandardOptions).streaming:  # window by window, as they are committed
+        from pipelines import stream_analyze
+
+        summary = stream_analyze.run(options, run)
+        print(
+            f"windows analyzed: {summary.get('windows_analyzed', 0)}; results: {args.analyze_output}"
+        )
+        return 0
     from pipelines.commandline.progress import stage_progress
 
     with stage_progress("analyze"):

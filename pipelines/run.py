@@ -106,8 +106,34 @@ def register(subparsers: Any) -> None:
 
 def _handle(args: argparse.Namespace, pipeline_args: list[str]) -> int:
     options = PipelineOptions(pipeline_args, **RunOptions.cli_values(args))
+    if args.run_stream:  # live: one line per window as it is analyzed
+        return 0 if _run_stream(options)["adds_up"] else 1
     result = run(options, pipeline_args, echo=True)
     return 0 if result["adds_up"] else 1
+
+
+def _run_stream(options: PipelineOptions) -> dict[str, Any]:
+    """``esa run --stream`` (pipelines/stream_run.py) in a prepared --output."""
+    from pipelines import stream_run
+
+    values = options.view_as(RunOptions)
+    output = Path(values.run_output)
+    try:
+        recipe = recipe_for_instances(load_recipe(values.run_recipe), values.run_instances)
+    except ValueError as error:
+        raise UsageError(str(error)) from error
+    _prepare(output, values.run_overwrite, not values.run_unsealed and values.run_keys is None)
+    (output / "recipe.json").write_text(recipe.to_json())
+    population = values.run_population or default_population(recipe)
+    result = stream_run.run(
+        options,
+        recipe,
+        population,
+        output / RELEASES_DIR,
+        lambda instance: shuffler_private_dir(output, instance),
+    )
+    (output / RUN_FILE).write_text(json.dumps(result, indent=2))
+    return result
 
 
 def recipe_for_instances(recipe: Recipe, instances: int | None) -> Recipe:

@@ -334,6 +334,12 @@ def run(
     shuffle_options = options.view_as(ShuffleOptions)
     if not shuffle_options.input or not shuffle_options.output:
         raise UsageError("--input and --output are required")
+    if options.view_as(StandardOptions).streaming:  # one release per window, as they close
+        from pipelines import stream_shuffle
+
+        config = shuffle_config(shuffle_options, True, routes)
+        private = private_path(shuffle_options.output, shuffle_options.private_output)
+        return stream_shuffle.run(options, config, private, lambda window: run(window, routes))
     options = with_default_runner(options)
     streaming = bool(options.view_as(StandardOptions).streaming)
     config = shuffle_config(shuffle_options, streaming, routes)

@@ -98,7 +98,12 @@ def register(subparsers: Any) -> None:
 
 def _handle_simulate(args: argparse.Namespace, pipeline_args: list[str]) -> int:
     options = PipelineOptions(pipeline_args, **SimulateOptions.cli_values(args))
-    summary = run(options)
+    if args.simulate_stream:  # files appear window after window
+        from pipelines import stream_simulate
+
+        summary = stream_simulate.run(options, run)
+    else:
+        summary = run(options)
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))
     else:

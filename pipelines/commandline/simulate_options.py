@@ -101,6 +101,25 @@ class SimulateOptions(StageFlags, PipelineOptions):
             type=int,
         ),
         Flag(
+            "stream",
+            "Write the reports window after window in compressed real time (for streaming "
+            "shufflers): instance=<u>/reports-w<k>-c<j>.avro appear by atomic rename.",
+            default=False,
+            switch=True,
+        ),
+        Flag(
+            "windows",
+            "With --stream: the number of windows (the rounds). Default 2.",
+            default=2,
+            type=int,
+        ),
+        Flag(
+            "window_seconds",
+            "With --stream: wall-clock seconds per window of device time. Default 10.",
+            default=10.0,
+            type=float,
+        ),
+        Flag(
             "start",
             f"Start of window 0 (ISO 8601; UTC if no zone). Default {DEFAULT_START}.",
             default=DEFAULT_START,
@@ -196,6 +215,8 @@ class SimulateOptions(StageFlags, PipelineOptions):
             int_in("--respondents", value("respondents"), 1, MAX_RESPONDENTS),
             int_in("--seed", value("seed"), 0),
             int_in("--rounds", value("rounds"), 1, 2**31 - 1),
+            int_in("--windows", value("windows"), 1, 2**31 - 1),
+            positive_finite("--window-seconds", value("window_seconds")),
             positive_finite("--device-budget", value("device_budget"), allow_zero=True),
             int_in("--compression-level", value("compression_level"), -1, 9),
             int_in("--messages-per-shard", value("messages_per_shard"), 1),

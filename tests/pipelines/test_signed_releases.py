@@ -126,7 +126,7 @@ def test_an_altered_commit_is_refused_in_one_line(
     made: Path, tmp_path: Path, capsys, mutate: Mutation, words: str
 ) -> None:
     shuffled = tmp_path / "shuffled"
-    shutil.copytree(made / "shuffled", shuffled)
+    shutil.copytree(made / "releases", shuffled)
     shutil.copy(made / "recipe.json", tmp_path / "recipe.json")
     mutate(shuffled)
     assert _analyze(shuffled, tmp_path / "an", made / "shuffler_keys") == 2
@@ -141,7 +141,7 @@ def test_the_default_run_is_signed_and_authenticated(made: Path) -> None:
     assert summary["inputs"]["commit_records"].startswith("authenticated: Ed25519")
     keys = sk.load_shuffler_keys(made / "shuffler_keys")
     for instance in (0, 1):
-        commit = json.loads(_commit(made / "shuffled", instance).read_text())
+        commit = json.loads(_commit(made / "releases", instance).read_text())
         assert cs.verify_commit(commit, keys).instance == instance
     for private in (made / "shuffler_keys").glob("*.private.json"):
         assert os.stat(private).st_mode & 0o777 == 0o600
@@ -151,11 +151,11 @@ def test_signatures_change_no_result(made: Path, tmp_path: Path) -> None:
     """The signed releases analyzed with the keys, and the same releases stripped of their
     signatures analyzed without: the same tables, and the second summary says it plainly."""
     unsigned = tmp_path / "unsigned"
-    shutil.copytree(made / "shuffled", unsigned)
+    shutil.copytree(made / "releases", unsigned)
     shutil.copy(made / "recipe.json", tmp_path / "recipe.json")
     for instance in (0, 1):
         _edit(instance, lambda r: r.pop("signature"))(unsigned)
-    assert _analyze(made / "shuffled", tmp_path / "signed-an", made / "shuffler_keys") == 0
+    assert _analyze(made / "releases", tmp_path / "signed-an", made / "shuffler_keys") == 0
     assert _analyze(unsigned, tmp_path / "unsigned-an", None) == 0
     for table in ("histograms.parquet", "longitudinal.parquet"):
         signed = pq.read_table(tmp_path / "signed-an" / table)
@@ -203,7 +203,7 @@ def test_keys_cli_and_analyze_key_errors(made: Path, tmp_path: Path, capsys) -> 
     )
     assert "shuffler_instance" in _one_error(capsys, "keys")
     shutil.copy(made / "recipe.json", tmp_path / "recipe.json")
-    assert _analyze(made / "shuffled", tmp_path / "an", foreign) == 2
+    assert _analyze(made / "releases", tmp_path / "an", foreign) == 2
     assert "not among the shuffler keys" in _one_error(capsys, "analyze")
-    assert _analyze(made / "shuffled", tmp_path / "an", tmp_path / "missing") == 2
+    assert _analyze(made / "releases", tmp_path / "an", tmp_path / "missing") == 2
     assert "no such file" in _one_error(capsys, "analyze")
