@@ -92,14 +92,25 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_stage_arguments(parser, ShuffleOptions)
+    parser.add_argument(
+        "--json", action="store_true", help="Print metrics.json instead of a short summary."
+    )
     parser.set_defaults(handler=_handle, accepts_pipeline_args=True)
 
 
 def _handle(args: argparse.Namespace, pipeline_args: list[str]) -> int:
     values = stage_option_values(args, ShuffleOptions)
     options = PipelineOptions(pipeline_args, **values)
-    summary = run(options)
-    print(json.dumps(summary, indent=2, sort_keys=True))
+    from pipelines.commandline.progress import stage_progress
+
+    with stage_progress("shuffle"):
+        summary = run(options)
+    if args.json:
+        print(json.dumps(summary, indent=2, sort_keys=True))
+    else:
+        from pipelines.commandline.summaries import shuffle_summary
+
+        print(shuffle_summary(summary))
     if summary.get("adds_up"):
         return 0
     unknown = summary.get("chunks_of_unknown_records") or {}

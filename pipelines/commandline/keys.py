@@ -24,6 +24,7 @@ workers read the private keys from the path in ``DoFn.setup`` (``transforms/anal
 from __future__ import annotations
 
 import argparse
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,9 @@ def register(subparsers: Any) -> None:
         help="Write shuffler instance U's Ed25519 commit-signing key pair instead of an "
         "analyzer sealing key pair.",
     )
+    generate.add_argument(
+        "--json", action="store_true", help="Print the written paths as a JSON list."
+    )
     generate.set_defaults(handler=_handle_generate)
     enrol = actions.add_parser(
         "enrol",
@@ -127,8 +131,12 @@ def _handle_generate(args: argparse.Namespace) -> int:
     paths = generate_keys(
         args.output, args.valid_from, args.valid_until, args.key_id, args.shuffler_instance
     )
-    for path in paths:
-        print(path)
+    if args.json:
+        print(json.dumps([str(path) for path in paths]))
+    else:
+        from pipelines.commandline.summaries import keys_summary
+
+        print(keys_summary([str(path) for path in paths], args.shuffler_instance))
     return 0
 
 

@@ -24,6 +24,8 @@ from pipelines.commandline.flags import (
 from simulators.populations import MAX_RESPONDENTS
 from transforms.shuffler.shuffle import ShuffleConfig
 
+DEFAULT_RESPONDENTS = 40_000
+
 
 class RunOptions(StageFlags, PipelineOptions):
     """Flags of ``esa run`` (pipelines/run.py: simulate -> shuffle per instance -> analyze);
@@ -46,9 +48,9 @@ class RunOptions(StageFlags, PipelineOptions):
         ),
         Flag(
             "respondents",
-            "Simulated respondents. Default 40000 (each of the default recipe's two instances "
-            "keeps its minimum crowd).",
-            default=40_000,
+            "Simulated respondents. Default: the recipe's default_respondents (the small "
+            "recipes': a size every crowd releases at), else 40000 (each of the default "
+            "recipe's two instances keeps its minimum crowd).",
             type=int,
         ),
         Flag(

@@ -72,8 +72,9 @@ class SimulateOptions(StageFlags, PipelineOptions):
             "Population spec KIND[:NAME][,KEY=VALUE]...: uniform, zipf[,exponent=S], "
             "heavy-hitters[,heavy=H,exponent=A,heavy_fraction=F], image:NAME[,size=RxC] (disc, "
             "gradient; horse, camera, moon need .[images]; or an image file), "
-            "longitudinal[,changes=K]. Default image:disc.",
-            default="image:disc",
+            "longitudinal[,changes=K]; any of them with crowds=C[,crowd_exponent=S,"
+            "crowd_name=NAME] for natural crowds. Default: image:disc for image recipes, else "
+            "what esa run picks for the recipe (zipf, heavy-hitters, longitudinal).",
         ),
         Flag(
             "respondents",
