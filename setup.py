@@ -38,15 +38,20 @@ setup(
         # server and client in one package (one event loop holds thousands of slow connections
         # without a thread each); TLS stays with the standard library's ssl.
         "aiohttp>=3.9",
+        # The progress line of long stages (pipelines/commandline/progress.py).
+        "tqdm",
     ],
     extras_require={
         "images": ["scikit-image"],
+        # pipelines.api's Results.to_pandas(): results as DataFrames (Arrow tables without it).
+        "pandas": ["pandas"],
         # esa train: the digits dataset ships inside scikit-learn's wheel (no download), and its
         # LogisticRegression is the non-private optimum we compare LDP-SGD with.
         "train": ["scikit-learn"],
         # polars: only the baseline our Avro reader is measured against in `make bench`.
         # scikit-learn: the esa train tests read its bundled digits.
         # pynacl: benchmarks/bench_sealing.py measures libsodium sealed boxes beside HPKE.
+        # pandas: the README's Python API example (pipelines/api.py) runs in the tests.
         "test": [
             "pytest",
             "pytest-xdist",
@@ -56,6 +61,7 @@ setup(
             "polars",
             "scikit-learn",
             "pynacl",
+            "pandas",
         ],
     },
     entry_points={"console_scripts": ["esa=pipelines.commandline.main:main"]},

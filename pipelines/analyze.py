@@ -72,9 +72,13 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
+from apache_beam.options.pipeline_options import (
+    GoogleCloudOptions,
+    PipelineOptions,
+    StandardOptions,
+)
 
-from pipelines import pictures, release_keys, runs_ledger
+from pipelines import pictures, release_keys, report_html, runs_ledger, withheld_reasons
 from pipelines.commandline import analyzer_key_flags
 from pipelines.commandline.analyze_options import AnalyzeOptions
 from pipelines.commandline.main import UsageError
@@ -127,9 +131,22 @@ def register(subparsers: Any) -> None:
 
 def _handle(args: argparse.Namespace, pipeline_args: list[str]) -> int:
     options = PipelineOptions(pipeline_args, **AnalyzeOptions.cli_values(args))
-    summary = run(options)
+    if options.view_as(StandardOptions).streaming:  # window by window, as they are committed
+        from pipelines import stream_analyze
+
+        summary = stream_analyze.run(options, run)
+        print(
+            f"windows analyzed: {summary.get('windows_analyzed', 0)}; results: {args.analyze_output}"
+        )
+        return 0
+    from pipelines.commandline.progress import stage_progress
+
+    with stage_progress("analyze"):
+        summary = run(options)
     print(summary_table(summary))
     print(f"results: {summary['inputs']['output']}")
+    withheld_reasons.record_reasons(summary["inputs"]["output"])
+    print(f"report: {report_html.write_report(summary['inputs']['output'])}")
     return 0 if summary["metrics"]["adds_up"] else 1
 
 
@@ -570,8 +587,21 @@ def _fmt(value: Any, spec: str = ".3g") -> str:
     return str(value)
 
 
+def _count(value: Any) -> str:
+    return "-" if value is None else f"{float(value):,.0f}"
+
+
 # The console table shows the crowds of the first report parts, at least this many.
 TABLE_CROWDS = 40
+TABLE_LEGEND = (
+    "n: the respondents eps_c is computed for (the fewest any shuffler instance released); "
+    "n_eff: sum of pi_u n_u, the crowd the estimates are de-biased with.\n"
+    "eps_c: from shuffling alone; eps_c+del: with each instance's randomized deletion composed "
+    "in (- without deletion); eps_c 1-msg: eps_c if each report were one message (no "
+    "attribute fragmentation, Table X).\n"
+    "s.e. (rms): the estimator's standard error, which RMSE against the truth should match; "
+    "error bound: Theorem 6's bound on longitudinal estimates (95 %). report.html explains more."
+)
 
 
 def summary_table(
@@ -584,42 +614,30 @@ def summary_table(
     if reports is None:
         reports = read_reports(summary["inputs"]["output"], TABLE_CROWDS)
     header = (
-        "crowd", "window", "n", "eps_l_inf", "eps_l_1", "eps_c", "bound", "eps_c w/o frag",
-        "RMSE", "s.e. (rms)",
+        "crowd", "window", "n", "n_eff", "eps_l_inf", "eps_l_1", "eps_c", "eps_c+del", "bound",
+        "eps_c 1-msg", "RMSE", "s.e. (rms)", "error bound",
     )  # fmt: skip
     rows = []
-    for crowd in reports["histograms"]:
+    for crowd in reports["histograms"] + reports["longitudinal"]:
         privacy = crowd.get("privacy", {})
         accuracy = crowd.get("accuracy", {})
+        longitudinal = crowd.get("kind") == "longitudinal"
         rows.append(
             (
-                pictures.slug(crowd["channel"], crowd["crowd_id"]),
-                pictures.day(crowd["window_start"]),
-                _fmt(crowd.get("respondents_effective"), ",.0f"),
+                pictures.slug(crowd["channel"], crowd["crowd_id"])
+                + (" (f̃_t)" if longitudinal else ""),
+                pictures.day(crowd["round_start" if longitudinal else "window_start"]),
+                _count(privacy.get("respondents")),
+                _count(privacy.get("respondents_effective")),
                 _fmt(privacy.get("epsilon_local_all")),
                 _fmt(privacy.get("epsilon_local_one")),
-                _fmt(privacy.get("epsilon_central_total", privacy.get("epsilon_central"))),
+                _fmt(privacy.get("epsilon_central")),
+                _fmt(privacy.get("epsilon_central_total")) if privacy.get("deletion") else "-",
                 _fmt(privacy.get("bound")),
                 _fmt(privacy.get("epsilon_central_without_attribute_fragmentation")),
                 _fmt(accuracy.get("rmse"), ".4g"),
                 _fmt(accuracy.get("stderr_rms"), ".4g"),
-            )
-        )
-    for entry in reports["longitudinal"]:
-        privacy = entry.get("privacy", {})
-        accuracy = entry.get("accuracy", {})
-        rows.append(
-            (
-                pictures.slug(entry["channel"], entry["crowd_id"]) + " (f̃_t)",
-                pictures.day(entry["round_start"]),
-                _fmt(entry.get("respondents"), ",.0f"),
-                _fmt(privacy.get("epsilon_local_all")),
-                _fmt(privacy.get("epsilon_local_one")),
-                _fmt(privacy.get("epsilon_central_total", privacy.get("epsilon_central"))),
-                _fmt(privacy.get("bound")),
-                "-",
-                _fmt(accuracy.get("rmse"), ".4g"),
-                f"bound {entry['error_bound']:,.0f}",
+                f"{crowd['error_bound']:,.0f}" if longitudinal else "-",
             )
         )
     lines = []
@@ -628,13 +646,13 @@ def summary_table(
         lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
         for row in rows:
             lines.append("  ".join(str(v).ljust(w) for v, w in zip(row, widths, strict=True)))
+        lines.append(TABLE_LEGEND)
     else:
         lines.append("no crowd was estimated")
-    for note in reports["withheld"]:
-        by = note.get("withheld_by") or []
+    for note in withheld_reasons.explain_withheld_in(reports["withheld"], summary):
         lines.append(
             f"note: {note['channel']} {note['crowd_id'] or ''} {pictures.day(note['window_start'])}: "
-            f"{note['note']}" + (f" (by instance {', '.join(map(str, by))})" if by else "")
+            f"{note['note']}: {note['reason']}"
         )
     totals = summary.get("reports", {})
     shown = len(reports["histograms"]) + len(reports["longitudinal"])

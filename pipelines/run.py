@@ -1,7 +1,7 @@
 """``esa run``: the whole product on one machine: simulated devices -> K shufflers -> analyzer.
 
     esa run [--output results] [--recipe image_grid_sealed] [--population image:horse]
-        [--respondents 40000] [--instances K] [--seed S] [--deletion-epsilon E --deletion-delta D]
+        [--respondents N] [--instances K] [--seed S] [--deletion-epsilon E --deletion-delta D]
         [--parallel-shuffles P] [Beam runner flags, passed to every stage]
 
 Steps (each a Beam pipeline on the same runner flags):
@@ -33,9 +33,10 @@ K defaults to the recipe's own number of shuffler instances. Given another K, th
 re-issued for K instances as ``<name>-k<K>`` (uniform instance weights; everything else
 unchanged) in ``OUTPUT/recipe.json``, so its id still names every parameter; a zero-sum recipe,
 whose sums hide a respondent only inside one shuffler, is never re-issued. The defaults (the
-64x64 image-grid one-hot recipe, its four instances, 120,000 respondents: just above the recipe's
-minimum crowd of 100,000) take under a minute on two cores. ``make run`` calls
-``esa run --output results``.
+sealed 32x32 image-grid recipe image_grid_sealed, its two instances, 40,000 respondents: its
+minimum crowd) take under a minute on two cores; ``make run`` calls ``esa run --output results``.
+Without ``--respondents`` a recipe that states ``default_respondents`` (the ``small_*`` recipes,
+``esa recipes list``) is simulated at that size.
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
-import importlib.util
 import json
 import math
 import multiprocessing
@@ -60,11 +60,18 @@ from typing import Any
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines import analyze as analyze_pipeline
+from pipelines import report_html, withheld_reasons
 from pipelines import shuffle as shuffle_pipeline
 from pipelines import simulate as simulate_pipeline
 from pipelines.commandline import keys as keys_cli
 from pipelines.commandline.main import UsageError
-from pipelines.commandline.run_options import RunOptions
+from pipelines.commandline.progress import stage_progress
+from pipelines.commandline.run_options import DEFAULT_RESPONDENTS, RunOptions
+from pipelines.default_populations import (  # noqa: F401 - default_image re-exported
+    IMAGE_RANDOMIZERS,
+    default_image,
+    default_population,
+)
 from pipelines.engines import runners
 from schemas.crypto.verify_keys import generate_verify_key, write_verify_key
 from schemas.recipes import Recipe, load_recipe, recipe_from_dict
@@ -99,32 +106,34 @@ def register(subparsers: Any) -> None:
 
 def _handle(args: argparse.Namespace, pipeline_args: list[str]) -> int:
     options = PipelineOptions(pipeline_args, **RunOptions.cli_values(args))
+    if args.run_stream:  # live: one line per window as it is analyzed
+        return 0 if _run_stream(options)["adds_up"] else 1
     result = run(options, pipeline_args, echo=True)
     return 0 if result["adds_up"] else 1
 
 
-def default_image() -> str:
-    """image:horse when scikit-image is installed (``pip install .[images]``), else image:disc."""
-    return "image:horse" if importlib.util.find_spec("skimage") is not None else "image:disc"
+def _run_stream(options: PipelineOptions) -> dict[str, Any]:
+    """``esa run --stream`` (pipelines/stream_run.py) in a prepared --output."""
+    from pipelines import stream_run
 
-
-# Randomizers whose shipped recipes count cells of a picture (Section VII-B's image experiments).
-IMAGE_RANDOMIZERS = frozenset({"one_hot_rappor", "report_fragmented"})
-
-
-def default_population(recipe: Recipe) -> str:
-    """A population that fits ``recipe`` (esa-privacy-revisited, Section VII): the longitudinal
-    population for longitudinal recipes, the heavy-hitter population (VII-A) for sketches, an
-    image (VII-B) for one-hot recipes over a square grid, and a Zipf population otherwise."""
-    randomizer = recipe.build_randomizer()
-    if getattr(randomizer, "payload_kind", None) == "tree_node":
-        return "longitudinal"
-    if recipe.randomizer == "count_mean_sketch":
-        return "heavy-hitters"
-    domain = int(randomizer.domain_size)
-    if recipe.randomizer in IMAGE_RANDOMIZERS and math.isqrt(domain) ** 2 == domain:
-        return default_image()
-    return "zipf"
+    values = options.view_as(RunOptions)
+    output = Path(values.run_output)
+    try:
+        recipe = recipe_for_instances(load_recipe(values.run_recipe), values.run_instances)
+    except ValueError as error:
+        raise UsageError(str(error)) from error
+    _prepare(output, values.run_overwrite, not values.run_unsealed and values.run_keys is None)
+    (output / "recipe.json").write_text(recipe.to_json())
+    population = values.run_population or default_population(recipe)
+    result = stream_run.run(
+        options,
+        recipe,
+        population,
+        output / RELEASES_DIR,
+        lambda instance: shuffler_private_dir(output, instance),
+    )
+    (output / RUN_FILE).write_text(json.dumps(result, indent=2))
+    return result
 
 
 def recipe_for_instances(recipe: Recipe, instances: int | None) -> Recipe:
@@ -313,6 +322,7 @@ def _run(
     recipe_path = output / "recipe.json"
     recipe_path.write_text(recipe.to_json())
     population = values.run_population or default_population(recipe)
+    respondents = values.run_respondents or recipe.default_respondents or DEFAULT_RESPONDENTS
     flags = resources.enter_context(runners.one_job_server(flags))
     seconds: dict[str, float] = {}
     # Sealed by default: devices seal to the newest public key, the analyzer opens with the ring.
@@ -334,7 +344,7 @@ def _run(
 
     started = time.monotonic()
     say(
-        f"simulate: {recipe.id}, population {population}, {values.run_respondents or 'natural'} "
+        f"simulate: {recipe.id}, population {population}, {respondents:,} "
         f"respondents, {recipe.shuffler_instances} shuffler instances"
     )
     simulation_dir = output / "simulation"
@@ -343,7 +353,7 @@ def _run(
             flags,
             simulate_recipe=str(recipe_path),
             simulate_population=population,
-            simulate_respondents=values.run_respondents,
+            simulate_respondents=respondents,
             simulate_output=str(simulation_dir),
             simulate_seed=values.run_seed,
             # A recipe without local privacy (zero-sum) cannot pass an on-device accountant.
@@ -392,6 +402,11 @@ def _run(
     workers = min(len(shuffle_jobs), values.run_parallel_shuffles or os.cpu_count() or 1)
     say(f"shuffle: {len(shuffle_jobs)} instances, {workers} at a time")
     summaries: dict[int, dict[str, Any]] = {}
+    stage = contextlib.ExitStack()  # the progress line, closed below or when the run fails
+    resources.callback(stage.close)
+    stage.enter_context(
+        stage_progress("shuffle", len(shuffle_jobs), "instances", count=lambda: len(summaries))
+    )
     if workers <= 1:
         for instance, job in shuffle_jobs.items():
             summaries[instance] = _shuffle_instance(flags, job)
@@ -409,6 +424,7 @@ def _run(
                 instance = futures[future]
                 summaries[instance] = future.result()
                 _say_shuffled(say, instance, summaries[instance], began)
+    stage.close()
     shuffles = [summaries[instance] for instance in sorted(summaries)]
     seconds["shuffle"] = round(time.monotonic() - began, 2)
 
@@ -421,6 +437,9 @@ def _run(
     began = time.monotonic()
     say("analyze")
     analysis_dir = output / "analysis"
+    stage = contextlib.ExitStack()
+    resources.callback(stage.close)
+    stage.enter_context(stage_progress("analyze"))
     analysis = analyze_pipeline.run(
         PipelineOptions(
             flags,
@@ -435,6 +454,7 @@ def _run(
             analyze_shuffler_keys=str(output / keys_cli.SIGNING_KEYS_DIR) if signing else None,
         )
     )
+    stage.close()
     seconds["analyze"] = round(time.monotonic() - began, 2)
     seconds["total"] = round(time.monotonic() - started, 2)
     result = {
@@ -461,12 +481,15 @@ def _run(
         "adds_up": bool(analysis["metrics"]["adds_up"])
         and all(summary.get("adds_up") for summary in shuffles),
     }
+    result["paths"]["report"] = str(analysis_dir / report_html.REPORT_FILE)
     (output / RUN_FILE).write_text(json.dumps(result, indent=2))
+    withheld_reasons.record_reasons(str(analysis_dir))
+    report_html.write_report(analysis_dir, run=result)
     say("")
     say(analyze_pipeline.summary_table(analysis))
     say("")
     say(f"results ({seconds['total']} s): {analysis_dir}/")
-    for name in ("histograms", "longitudinal", "summary"):
+    for name in ("report", "histograms", "longitudinal", "summary"):
         say(f"  {result['paths'][name]}")
     for picture in result["paths"]["pictures"]:
         say(f"  {picture}")

@@ -103,14 +103,25 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_stage_arguments(parser, ShuffleOptions)
+    parser.add_argument(
+        "--json", action="store_true", help="Print metrics.json instead of a short summary."
+    )
     parser.set_defaults(handler=_handle, accepts_pipeline_args=True)
 
 
 def _handle(args: argparse.Namespace, pipeline_args: list[str]) -> int:
     values = stage_option_values(args, ShuffleOptions)
     options = PipelineOptions(pipeline_args, **values)
-    summary = run(options)
-    print(json.dumps(summary, indent=2, sort_keys=True))
+    from pipelines.commandline.progress import stage_progress
+
+    with stage_progress("shuffle"):
+        summary = run(options)
+    if args.json:
+        print(json.dumps(summary, indent=2, sort_keys=True))
+    else:
+        from pipelines.commandline.summaries import shuffle_summary
+
+        print(shuffle_summary(summary))
     if summary.get("adds_up"):
         return 0
     unknown = summary.get("chunks_of_unknown_records") or {}
@@ -399,6 +410,12 @@ def run(
     shuffle_options = options.view_as(ShuffleOptions)
     if not shuffle_options.input or not shuffle_options.output:
         raise UsageError("--input and --output are required")
+    if options.view_as(StandardOptions).streaming:  # one release per window, as they close
+        from pipelines import stream_shuffle
+
+        config = shuffle_config(shuffle_options, True, routes)
+        private = private_path(shuffle_options.output, shuffle_options.private_output)
+        return stream_shuffle.run(options, config, private, lambda window: run(window, routes))
     options = with_default_runner(options)
     streaming = bool(options.view_as(StandardOptions).streaming)
     config = shuffle_config(shuffle_options, streaming, routes)

@@ -1,4 +1,4 @@
-"""``esa simulate``: a simulated device fleet writing Report files; ``esa recipes list``.
+"""``esa simulate``: a simulated device fleet writing Report files.
 
     esa simulate --recipe NAME|FILE --population SPEC [--respondents N] --output DIR [--seed S]
         [--rounds R] [--start 2024-01-01] [--device-budget EPS] [--query-class-fields F,G]
@@ -7,12 +7,14 @@
          [--connections N] [--upload-retries R]]
         [--runner=FnApiRunner | --direct_running_mode=multi_processing --direct_num_workers=2 |
          --runner=PortableRunner --job_endpoint=embed --environment_type=LOOPBACK]
-    esa recipes list [--verbose]
 
 Population specs: ``uniform``, ``zipf[,exponent=S]``, ``heavy-hitters[,heavy=H,exponent=A]``
 (esa-privacy-revisited VII-A), ``image:NAME[,size=RxC]`` (VII-B: one respondent per unit of
 luminosity; ``disc`` and ``gradient`` are generated, ``horse``, ``camera`` and ``moon`` need
 ``pip install .[images]``, anything else is read as an image file), ``longitudinal[,changes=K]``.
+Any spec takes natural crowds (``simulators/crowds.py``): ``crowds=C[,crowd_exponent=S]
+[,crowd_name=NAME]`` gives each respondent one of C crowd ids (``NAME-0`` ..), sizes ∝ rank^-S, so
+shufflers threshold each crowd on its own and small crowds are withheld.
 
 Output (DIR): ``instance=<u>/reports-<shard>.avro`` (schemas/report.avsc; each shuffler instance
 can run alone on its own directory), ``truth.parquet`` (true counts per window and bucket of the
@@ -60,14 +62,17 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipelines.commandline import device_key_flags
 from pipelines.commandline.main import UsageError
 from pipelines.commandline.options import with_default_runner
+from pipelines.commandline.progress import stage_progress
 from pipelines.commandline.simulate_options import SimulateOptions, parse_start_ms
+from pipelines.default_populations import default_population
 from schemas import SCHEMA_VERSION
-from schemas.recipes import load_recipe, recipe_names, shipped_recipes
+from schemas.recipes import load_recipe
 from schemas.release import commit
+from simulators import progress
 from simulators.plan import ShardSummary, SimulationPlan
 from simulators.prio3_devices import prio3_metadata
 from simulators.sealing import sealing_metadata
-from simulators.shards import ShardContext, shard_file_name
+from simulators.shards import PROGRESS_COUNTER, ShardContext, shard_file_name
 from transforms.devices.encode import CombineShardSummaries, WriteReportShards
 
 __all__ = ["register", "run", "plan_from_options"]
@@ -77,7 +82,7 @@ SUMMARY_FILE = "simulation.json"
 
 
 def register(subparsers: Any) -> None:
-    """Add ``esa simulate`` and ``esa recipes list``."""
+    """Add ``esa simulate``."""
     parser = subparsers.add_parser(
         "simulate",
         help="Simulate a device fleet: populations in, sharded Avro report files out.",
@@ -85,35 +90,26 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     SimulateOptions.add_cli_arguments(parser)
-    parser.set_defaults(handler=_handle_simulate, accepts_pipeline_args=True)
-
-    recipes = subparsers.add_parser("recipes", help="Shipped recipes.")
-    actions = recipes.add_subparsers(dest="recipes_command", required=True, metavar="ACTION")
-    listing = actions.add_parser("list", help="Print the shipped recipe names, one per line.")
-    listing.add_argument(
-        "--verbose", action="store_true", help="Also print id, channel, randomizer and epsilons."
+    parser.add_argument(
+        "--json", action="store_true", help="Print simulation.json instead of a short summary."
     )
-    listing.set_defaults(handler=_handle_recipes_list)
-
-
-def _handle_recipes_list(args: argparse.Namespace) -> int:
-    if not args.verbose:
-        print("\n".join(recipe_names()))
-        return 0
-    for recipe_id, recipe in sorted(shipped_recipes().items()):
-        print(
-            f"{recipe.name}\t{recipe_id}\tchannel={recipe.channel}\trandomizer={recipe.randomizer}"
-            f"\tepsilon_local={recipe.epsilon_local:g}"
-            f"\tepsilon_central_target={recipe.epsilon_central_target:g}"
-            f"\tinstances={recipe.shuffler_instances}"
-        )
-    return 0
+    parser.set_defaults(handler=_handle_simulate, accepts_pipeline_args=True)
 
 
 def _handle_simulate(args: argparse.Namespace, pipeline_args: list[str]) -> int:
     options = PipelineOptions(pipeline_args, **SimulateOptions.cli_values(args))
-    summary = run(options)
-    print(json.dumps(summary, indent=2, sort_keys=True))
+    if args.simulate_stream:  # files appear window after window
+        from pipelines import stream_simulate
+
+        summary = stream_simulate.run(options, run)
+    else:
+        summary = run(options)
+    if args.json:
+        print(json.dumps(summary, indent=2, sort_keys=True))
+    else:
+        from pipelines.commandline.summaries import simulation_summary
+
+        print(simulation_summary(summary, options.view_as(SimulateOptions).simulate_output))
     uploads = summary.get("uploads")
     return 1 if uploads and uploads["failed"] else 0
 
@@ -182,9 +178,13 @@ def plan_from_options(options: PipelineOptions) -> SimulationPlan:
         raise UsageError(f"--seed must be >= 0, got {seed}")
     if values.simulate_rounds is None or values.simulate_rounds < 1:
         raise UsageError(f"--rounds must be >= 1, got {values.simulate_rounds}")
+    population = values.simulate_population
+    if population is None:  # image recipes keep the generated disc; others what esa run picks
+        fitting = default_population(recipe)
+        population = "image:disc" if fitting.startswith("image:") else fitting
     return SimulationPlan.for_recipe(
         recipe,
-        values.simulate_population,
+        population,
         seed,
         respondents=values.simulate_respondents,
         rounds=values.simulate_rounds,
@@ -341,12 +341,25 @@ def run(options: PipelineOptions) -> dict[str, Any]:
         "sealing": sealing_metadata(context.recipe, context.sealing),  # simulators/sealing.py
         "prio3": prio3_metadata(context.prio3),  # simulators/prio3_devices.py
     }
+    if context.crowds is not None:  # natural crowds: respondents per crowd id
+        metadata["crowds"] = dict(
+            zip(context.crowds.names, context.crowds.sizes.tolist(), strict=True)
+        )
     output.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_staging(output)
     staging = output.parent / f".{output.name}.tmp-{secrets.token_hex(4)}"
     try:
         staging.mkdir()
-        with beam.Pipeline(options=options) as pipeline:
+        progress.reset(PROGRESS_COUNTER)
+        with (
+            stage_progress(
+                "simulate",
+                total=context.population.size * plan.rounds,
+                unit="devices",
+                count=lambda: progress.read(PROGRESS_COUNTER),
+            ),
+            beam.Pipeline(options=options) as pipeline,
+        ):
             _ = (
                 pipeline
                 | "Shard descriptors" >> beam.Create(shards)

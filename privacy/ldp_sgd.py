@@ -9,8 +9,9 @@ Communication (Section VI, "Reducing communication cost using PRGs"): v depends 
 device sends a 128-bit seed s and one sign; v = Samp(PRG(s)). Here PRG is SHAKE-128 (a
 cryptographic extendable-output function, FIPS 202) over a domain-separation prefix and s, and
 Samp turns its output into d standard normals (Box-Muller on 32-bit uniforms) normalized to unit
-length. Devices draw s and the coins from the operating system's CSPRNG
-(:class:`SystemRandomSource`); tests inject a seeded ``numpy.random.Generator``.
+length. Devices draw s and the coins from a ``numpy.random.Generator`` like every randomizer of
+the project: seeded from the operating system's CSPRNG in production
+(``privacy.rng.secure_generator``), with a fixed seed in tests.
 
 Privacy: given s (independent of the data), the sign is +sgn(<x, v>) with probability
 1/2 + (|x|/(2L)) tanh(eps/2) (:func:`sign_probability`), which lies in
@@ -30,9 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-import secrets
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 from scipy import special
@@ -40,8 +39,6 @@ from scipy import special
 __all__ = [
     "SEED_BYTES",
     "PRG_DOMAIN",
-    "RandomSource",
-    "SystemRandomSource",
     "LdpSgdRandomizer",
     "RandomizedGradients",
     "clip_gradients",
@@ -57,29 +54,6 @@ __all__ = [
 SEED_BYTES = 16  # 128-bit seeds, as in Section VI
 PRG_DOMAIN = b"esa/ldp-sgd/direction/v1\x00"
 _UNIFORM_SCALE = 2.0**-53
-
-
-class RandomSource(Protocol):
-    """What the randomizer draws from: ``bytes(n)`` and uniform floats ``random(size)``.
-
-    ``numpy.random.Generator`` has both (seeded in tests); :class:`SystemRandomSource` is the
-    device's cryptographic source.
-    """
-
-    def bytes(self, length: int) -> bytes: ...
-
-    def random(self, size: int) -> np.ndarray: ...
-
-
-class SystemRandomSource:
-    """Seeds and coins straight from the operating system's CSPRNG (``secrets``)."""
-
-    def bytes(self, length: int) -> bytes:
-        return secrets.token_bytes(length)
-
-    def random(self, size: int) -> np.ndarray:
-        words = np.frombuffer(secrets.token_bytes(8 * size), dtype=np.uint64)
-        return (words >> np.uint64(11)).astype(np.float64) * _UNIFORM_SCALE
 
 
 def _check_positive(value: float, name: str) -> float:
@@ -206,7 +180,7 @@ class LdpSgdRandomizer:
     def scale(self) -> float:
         return unbiased_scale(self.epsilon, self.clip_norm, self.dimension)
 
-    def randomize(self, gradients: np.ndarray, source: RandomSource) -> RandomizedGradients:
+    def randomize(self, gradients: np.ndarray, source: np.random.Generator) -> RandomizedGradients:
         """Algorithm 4 for each row of ``gradients`` (clipped here), with the seed encoding."""
         x = clip_gradients(gradients, self.clip_norm)
         if x.shape[1] != self.dimension:

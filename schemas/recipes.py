@@ -136,6 +136,7 @@ class Recipe:
     chaff_rate: float = 0.0  # sealed cover messages per device, crowd and instance (issue 12)
     expected_crowd: int | None = None  # epsilon_local solved for this crowd (issue 13)
     solve_bound: str | None = None  # the bound it is solved with (default variation_ratio)
+    default_respondents: int | None = None  # what `esa run` simulates when not told (issue 27)
     aggregation: str = SHUFFLE  # or PRIO3: two aggregators sum additive shares (issue 25)
     description: str = field(default="", compare=False)
 
@@ -212,6 +213,11 @@ class Recipe:
             raise self._fail("chaff_rate", f"must be a number in [0, 16], got {self.chaff_rate!r}")
         if not isinstance(self.description, str):
             raise self._fail("description", "must be a string")
+        default = self.default_respondents
+        if default is not None and (
+            not isinstance(default, int) or isinstance(default, bool) or default < 1
+        ):
+            raise self._fail("default_respondents", f"must be a positive integer, got {default!r}")
         target = self.epsilon_central_target
         if not _is_number(target) or not math.isfinite(target) or target <= 0:
             raise self._fail(
@@ -452,6 +458,8 @@ class Recipe:
             result["epsilon_local"] = None
         if self.expected_crowd is None:
             del result["expected_crowd"], result["solve_bound"]
+        if self.default_respondents is None:
+            del result["default_respondents"]
         if self.aggregation == SHUFFLE:
             del result["aggregation"]
         return result

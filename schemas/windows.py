@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 # Event times a window can be assigned to: 1970-01-01 up to year 9999, in milliseconds.
 MIN_EVENT_TIME_MS = 0
@@ -42,3 +43,31 @@ class WindowSpec:
             raise ValueError(f"period_ms must be a positive int, got {self.period_ms!r}")
         if not isinstance(self.offset_ms, int) or not 0 <= self.offset_ms < self.period_ms:
             raise ValueError(f"offset_ms must be an int in [0, period_ms), got {self.offset_ms!r}")
+
+
+# Per-window release folders (streaming shufflers: OUTPUT/window=<start>/, one esa-release/2
+# each) and the streaming analyzer's partitions (histograms.parquet/window=<start>/).
+WINDOW_PREFIX = "window="
+
+
+def window_name(start_ms: int) -> str:
+    """``window=20240101T000000Z`` (``.250`` before the Z for a start with milliseconds)."""
+    moment = datetime.fromtimestamp(start_ms / 1000, UTC)
+    millis = start_ms % 1000
+    return f"{WINDOW_PREFIX}{moment:%Y%m%dT%H%M%S}" + (f".{millis:03d}" if millis else "") + "Z"
+
+
+def parse_window_name(name: str) -> int | None:
+    """The window start (ms) a :func:`window_name` names, or None for any other name."""
+    if not name.startswith(WINDOW_PREFIX) or not name.endswith("Z"):
+        return None
+    text = name[len(WINDOW_PREFIX) : -1]
+    seconds, _, millis = text.partition(".")
+    try:
+        moment = datetime.strptime(seconds, "%Y%m%dT%H%M%S").replace(tzinfo=UTC)
+    except ValueError:
+        return None
+    if millis and not (len(millis) == 3 and millis.isdigit()):
+        return None
+    start = int(moment.timestamp()) * 1000 + (int(millis) if millis else 0)
+    return start if window_name(start) == name else None

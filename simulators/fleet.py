@@ -140,6 +140,7 @@ class FleetBatch:
     presence_window: np.ndarray
     presence_event_ms: np.ndarray
     presence_origin: np.ndarray
+    presence_respondent: np.ndarray
     truth_window: np.ndarray
     truth_bucket: np.ndarray
     truth_count: np.ndarray
@@ -164,6 +165,7 @@ _COLUMN_DTYPES = {
     "presence_window": np.int64,
     "presence_event_ms": np.int64,
     "presence_origin": np.uint64,
+    "presence_respondent": np.int64,
     "truth_window": np.int64,
     "truth_bucket": np.int64,
     "truth_count": np.int64,
@@ -406,6 +408,7 @@ class DeviceFleet:
             "presence_window": presence_window,
             "presence_event_ms": self._event_times(presence_window, rng),
             "presence_origin": origins[presence_device],
+            "presence_respondent": respondents[presence_device],
             "truth_window": first_window + truth_window.astype(np.int64),
             "truth_bucket": truth_bucket,
             "truth_count": truth_count,

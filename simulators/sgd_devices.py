@@ -5,7 +5,7 @@ model theta_t the server sent, clips it to L and sends ``reports_per_device`` in
 Algorithm 4 reports (seed, sign), all to one shuffler instance drawn uniformly. Devices are cut
 into shards; a shard's randomness is a ``SeedSequence([seed, epoch, shard])`` generator when a
 seed is given (simulations and tests, reproducible whatever the runner's order), else the
-operating system's CSPRNG (:class:`privacy.ldp_sgd.SystemRandomSource`).
+operating system's CSPRNG (``privacy.rng.secure_generator``).
 
 :func:`reference_epoch` runs the same devices and Algorithm 5's step without Beam, files or
 shuffler: the baseline the benchmark compares with, the engine of the epsilon grid picture, and
@@ -21,10 +21,9 @@ import numpy as np
 
 from privacy.ldp_sgd import (
     LdpSgdRandomizer,
-    RandomSource,
-    SystemRandomSource,
     server_step,
 )
+from privacy.rng import secure_generator
 from simulators.sgd_data import DeviceData, per_example_gradients
 
 __all__ = [
@@ -78,10 +77,10 @@ class EpochPlan:
             for index, start in enumerate(range(0, devices, size))
         ]
 
-    def source(self, shard: DeviceShard) -> tuple[RandomSource, np.random.Generator | None]:
+    def source(self, shard: DeviceShard) -> tuple[np.random.Generator, np.random.Generator | None]:
         """The shard's random source and, with a seed, the generator that picks instances."""
         if self.seed is None:
-            return SystemRandomSource(), None
+            return secure_generator(), None
         generator = np.random.Generator(
             np.random.PCG64DXSM(np.random.SeedSequence([self.seed, self.epoch, shard.index]))
         )

@@ -11,6 +11,7 @@ files.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from functools import cached_property
 from typing import Any
@@ -19,6 +20,8 @@ import numpy as np
 
 from schemas.avro.crc32c import crc32c_many
 from schemas.payloads import EncodedPayloads, encode_message_batch
+from simulators import progress
+from simulators.crowds import CrowdAssignment, crowd_assignment, split_crowd_keys
 from simulators.fleet import DeviceFleet, FleetBatch, device_policy_for, format_origins
 from simulators.plan import ShardSpec, ShardSummary, SimulationPlan
 from simulators.populations import Population, PopulationContext, build_population
@@ -31,10 +34,12 @@ __all__ = [
     "presence_payloads",
     "report_batches_for",
     "simulate_shard",
+    "split_by_crowd",
     "shard_file_name",
 ]
 
 _PILOT_RESPONDENTS = 256
+PROGRESS_COUNTER = "device_rounds_simulated"  # simulators/progress.py
 
 
 class ShardContext:
@@ -80,8 +85,9 @@ class ShardContext:
             if self.fleet.longitudinal
             else None,
         )
+        spec, _ = split_crowd_keys(self.plan.population)  # crowds: simulators/crowds.py
         population = build_population(
-            self.plan.population, context, self.plan.respondents, self.plan.population_seed
+            spec, context, self.plan.respondents, self.plan.population_seed
         )
         if population.value_shape != self.fleet.value_shape:
             raise ValueError(
@@ -90,6 +96,14 @@ class ShardContext:
                 f"{self.fleet.value_shape or 'one category per respondent'}"
             )
         return population
+
+    @cached_property
+    def crowds(self) -> CrowdAssignment | None:
+        """Each respondent's natural crowd, when the population spec names crowds."""
+        _, keys = split_crowd_keys(self.plan.population)
+        if keys and self.prio3 is not None:
+            raise ValueError("natural crowds (crowds=C) are not simulated for prio3 recipes")
+        return crowd_assignment(keys, self.population.size, self.plan.population_seed)
 
     def messages_per_respondent(self) -> float:
         """Expected messages per device and round (data + presence), for sizing shards and chunks:
@@ -141,6 +155,8 @@ class ShardContext:
             self.fleet.num_instances,
             self.sketch_width,
         )
+        if self.crowds is not None:
+            batches = split_by_crowd(batches, batch, self.crowds)
         if self.sealing is not None:  # -- sealed payloads and chaff (simulators/sealing.py) --
             batches = [self.sealing.seal_batch(report_batch) for report_batch in batches]
         return batches
@@ -224,6 +240,54 @@ def report_batches_for(
     return out
 
 
+def _take(report: ReportBatch, rows: np.ndarray, crowd_id: str) -> ReportBatch:
+    offsets = report.payloads.offsets
+    lengths = offsets[rows + 1] - offsets[rows]
+    starts = np.repeat(offsets[rows], lengths)
+    within = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(
+        np.cumsum(lengths) - lengths, lengths
+    )
+    payloads = EncodedPayloads(
+        report.payloads.data[starts + within],
+        np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+    )
+    return dataclasses.replace(
+        report,
+        origin=report.origin[rows],
+        event_time_ms=report.event_time_ms[rows],
+        payloads=payloads,
+        payload_crc32c=report.payload_crc32c[rows],
+        crowd_id=crowd_id,
+    )
+
+
+def split_by_crowd(
+    reports: list[ReportBatch], batch: FleetBatch, crowds: CrowdAssignment
+) -> list[ReportBatch]:
+    """Each instance's ReportBatch cut into one per natural crowd (simulators/crowds.py), rows
+    in the order :func:`report_batches_for` laid them out: data messages, then presence."""
+    message_crowd = crowds.crowd_of(batch.messages.respondent)
+    presence_crowd = crowds.crowd_of(batch.presence_respondent)
+    message_order = np.argsort(batch.message_instance, kind="stable")
+    presence_order = np.argsort(batch.presence_instance, kind="stable")
+    message_crowd, presence_crowd = message_crowd[message_order], presence_crowd[presence_order]
+    message_instance = batch.message_instance[message_order]
+    presence_instance = batch.presence_instance[presence_order]
+    out = []
+    for report in reports:
+        u = report.shuffler_instance
+        record_crowd = np.concatenate(
+            [message_crowd[message_instance == u], presence_crowd[presence_instance == u]]
+        )
+        order = np.argsort(record_crowd, kind="stable")
+        bounds = np.searchsorted(record_crowd[order], np.arange(crowds.crowds + 1))
+        for index in range(crowds.crowds):
+            rows = order[bounds[index] : bounds[index + 1]]
+            if rows.size:
+                out.append(_take(report, rows, crowds.names[index]))
+    return out
+
+
 def simulate_shard(
     context: ShardContext, shard: ShardSpec
 ) -> Iterator[tuple[int, list[ReportBatch]] | ShardSummary]:
@@ -240,6 +304,7 @@ def simulate_shard(
                 data[report.shuffler_instance] += len(report)
             data -= presence[: data.size]
         summary.add_fleet_batch(batch, context.fleet.num_instances, data)
+        progress.add(PROGRESS_COUNTER, batch.device_rounds)
         if context.sealing is not None:  # sealed chaff: what each instance got beyond the plan
             summary.add_chaff(reports, batch, context.fleet.num_instances)
         yield chunk, reports

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 from pipelines.commandline import analyzer_key_flags
 from pipelines.commandline.flags import (
@@ -22,6 +22,7 @@ from pipelines.commandline.flags import (
     existing_paths,
     int_in,
     output_directory,
+    positive_finite,
 )
 from transforms.analyzer.analyze import AnalysisConfig
 from transforms.analyzer.arithmetic import DENSE_LIMIT
@@ -96,6 +97,30 @@ class AnalyzeOptions(StageFlags, PipelineOptions):
             ),
             Flag("no_pictures", "Skip the PNGs.", default=False, switch=True),
             Flag("overwrite", "Replace results already in --output.", default=False, switch=True),
+            Flag(
+                "watch_interval",
+                "Streaming: seconds between looks for newly committed windows. Default 10.",
+                default=10.0,
+                type=float,
+            ),
+            Flag(
+                "watch_for",
+                "Streaming: stop following after this many seconds. Default: never.",
+                type=float,
+            ),
+            Flag(
+                "instance_timeout",
+                "Streaming: analyze a window this many seconds after its first commit even if "
+                "instances are missing (they are named). Default 120.",
+                default=120.0,
+                type=float,
+            ),
+            Flag(
+                "instances",
+                "Streaming: the number K of shuffler instances expected (instance=0..K-1). "
+                "Default: every instance folder present.",
+                type=int,
+            ),
         )
         + analyzer_key_flags.ANALYZE_FLAGS
     )  # --key-ring (sealed payloads), --shuffler-keys (signed commits)
@@ -103,10 +128,17 @@ class AnalyzeOptions(StageFlags, PipelineOptions):
     def validate(self, validator: Any = None) -> list[str]:
         value = self.value
         probability = value("failure_probability")
+        streaming = bool(self.view_as(StandardOptions).streaming)
         return errors_of(
             "--input is required (a release, or a directory of instance=<u>/)"
             if not value("input")
+            else None
+            if streaming  # the folder of releases may appear later
             else existing_paths("--input", value("input")),
+            positive_finite("--watch-interval", value("watch_interval")),
+            positive_finite("--watch-for", value("watch_for"), allow_zero=True),
+            positive_finite("--instance-timeout", value("instance_timeout"), allow_zero=True),
+            int_in("--instances", value("instances"), 1, 2**31 - 1),
             existing_paths("--truth", value("truth")),
             None
             if 0 < probability < 1

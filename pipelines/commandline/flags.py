@@ -30,6 +30,8 @@ from privacy.accounting.deletion import deletion_noise
 from schemas.windows import MAX_EVENT_TIME_MS, parse_duration_ms
 
 __all__ = [
+    "lateness_error",
+    "parse_lateness_ms",
     "DEFAULT_BATCH_RUNNER",
     "INT64_MAX",
     "LATEST_WINDOW_END_MS",
@@ -247,6 +249,28 @@ def window_error(text: str) -> str | None:
             f"--window {text} is longer than Avro timestamps reach (windows must end by year "
             f"9999: at most {format_duration_ms(LATEST_WINDOW_END_MS)})"
         )
+    return None
+
+
+def parse_lateness_ms(text: str) -> int:
+    """``--allowed-lateness``: ``0`` or a duration (``30s``, ``1h``) in ms (ValueError)."""
+    if str(text).strip() in ("0", "0s", "0ms"):
+        return 0
+    try:
+        return parse_duration_ms(text)
+    except ValueError as error:
+        raise ValueError(f"--allowed-lateness: {error}") from None
+
+
+def lateness_error(text: str | None) -> str | None:
+    if text is None:
+        return None
+    try:
+        lateness = parse_lateness_ms(text)
+    except ValueError as error:
+        return str(error)
+    if lateness > LATEST_WINDOW_END_MS:
+        return f"--allowed-lateness {text} is longer than Avro timestamps reach"
     return None
 
 

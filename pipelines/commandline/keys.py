@@ -24,6 +24,7 @@ workers read the private keys from the path in ``DoFn.setup`` (``transforms/anal
 from __future__ import annotations
 
 import argparse
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,9 @@ def register(subparsers: Any) -> None:
         "analyzer sealing key pair (U in 0..2,147,483,647), and pin its key id for U in "
         "OUTPUT/trusted_shufflers.json.",
     )
+    generate.add_argument(
+        "--json", action="store_true", help="Print the written paths as a JSON list."
+    )
     generate.set_defaults(handler=_handle_generate)
     enrol = actions.add_parser(
         "enrol",
@@ -129,8 +133,12 @@ def _handle_generate(args: argparse.Namespace) -> int:
     paths = generate_keys(
         args.output, args.valid_from, args.valid_until, args.key_id, args.shuffler_instance
     )
-    for path in paths:
-        print(path)
+    if args.json:
+        print(json.dumps([str(path) for path in paths]))
+    else:
+        from pipelines.commandline.summaries import keys_summary
+
+        print(keys_summary([str(path) for path in paths], args.shuffler_instance))
     return 0
 
 

@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 # imported, so `esa privacy ...` does not pay for importing Beam.
 COMMANDS = {
     "privacy": "pipelines.commandline.privacy",
-    "recipes": "pipelines.simulate",
+    "recipes": "pipelines.commandline.recipes",
     "simulate": "pipelines.simulate",
     "shuffle": "pipelines.shuffle",
     "analyze": "pipelines.analyze",
@@ -71,7 +71,20 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     modules = [COMMANDS[command]] if command in COMMANDS else COMMAND_MODULES
     for module_name in modules:
         importlib.import_module(module_name).register(subparsers)
+    _add_verbose(parser)
     return parser
+
+
+def _add_verbose(parser: argparse.ArgumentParser) -> None:
+    """``--verbose`` on every command that runs pipelines (pipelines/commandline/stage_logs.py)."""
+    from pipelines.commandline.stage_logs import VERBOSE_HELP
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                if sub.get_default("accepts_pipeline_args"):
+                    sub.add_argument("--verbose", action="store_true", help=VERBOSE_HELP)
+                _add_verbose(sub)
 
 
 def _fail(command: str, message: str, status: int = USAGE_ERROR_STATUS) -> int:
@@ -103,8 +116,54 @@ def _check_stage_flags(command: str, args: argparse.Namespace, extra: list[str])
     return errors[0] if errors else None
 
 
+HELP_FLAGS = ("-h", "--help")
+HELP_COLUMNS = 100  # the width help_texts.py is rendered at
+
+
+def render_help(command: str | None) -> str:
+    """What ``esa --help`` (command None) or ``esa COMMAND --help`` prints, at
+    :data:`HELP_COLUMNS` columns (importing the command's module, and so Beam)."""
+    import contextlib
+    import io
+    import os
+
+    previous = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = str(HELP_COLUMNS)
+    try:
+        parser = build_parser(command)
+        if command is not None:
+            parser = parser._subparsers._group_actions[0].choices[command]
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            parser.print_help()
+        return out.getvalue()
+    finally:
+        if previous is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = previous
+
+
+def _cached_help(argv: list[str]) -> str | None:
+    """``esa --help`` and ``esa COMMAND --help`` answered from help_texts.py without importing
+    any command (Beam takes seconds to import); None for anything else."""
+    if argv in ([flag] for flag in HELP_FLAGS):
+        key = ""
+    elif len(argv) == 2 and argv[0] in COMMANDS and argv[1] in HELP_FLAGS:
+        key = argv[0]
+    else:
+        return None
+    from pipelines.commandline.help_texts import HELP
+
+    return HELP.get(key)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    cached = _cached_help(argv)
+    if cached is not None:
+        sys.stdout.write(cached)
+        return 0
     command = next((arg for arg in argv if not arg.startswith("-")), None)
     parser = build_parser(command)
     # Beam's own flags (--runner, --direct_num_workers, ...) are left over; nothing else may be.
@@ -119,11 +178,23 @@ def main(argv: list[str] | None = None) -> int:
         problem = _check_stage_flags(args.command, args, extra)
         if problem:
             return _fail(args.command, problem)
+        from pipelines.commandline.stage_logs import stage_logs
         from pipelines.engines.runners import quiet_worker_hangups
 
         quiet_worker_hangups()  # Flink's job-end hang-up is not an error (pipelines/engines/runners.py)
-        with _locked_outputs(args):
-            return int(handler(args, extra) or 0)
+        verbose = getattr(args, "verbose", False)
+        with (
+            _locked_outputs(args),
+            stage_logs(args.command, verbose, usage_errors=(UsageError, ValueError, IOFailure)),
+        ):
+            try:
+                return int(handler(args, extra) or 0)
+            except Exception as error:  # a machine failure is one line, with no log to read
+                if isinstance(error, UsageError) or (line := _io_failure(error, args)) is None:
+                    raise
+                raise IOFailure(line) from error
+    except IOFailure as error:
+        return _fail(args.command, str(error), IO_FAILURE_STATUS)
     except (UsageError, ValueError) as error:
         if not isinstance(error, UsageError) and (line := _io_failure(error, args)) is not None:
             return _fail(args.command, line, IO_FAILURE_STATUS)
@@ -133,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
         if line is None:
             raise  # a bug: its traceback is what a developer needs
         return _fail(args.command, line, IO_FAILURE_STATUS)
+
+
+class IOFailure(Exception):
+    """A full disk, a denied permission, ...: said in one line naming the path (io_errors.py)."""
 
 
 def _io_failure(error: BaseException, args: argparse.Namespace) -> str | None:

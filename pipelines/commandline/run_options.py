@@ -21,9 +21,12 @@ from pipelines.commandline.flags import (
     errors_of,
     int_in,
     output_directory,
+    positive_finite,
 )
 from simulators.populations import MAX_RESPONDENTS
 from transforms.shuffler.shuffle import ShuffleConfig
+
+DEFAULT_RESPONDENTS = 40_000
 
 
 class RunOptions(StageFlags, PipelineOptions):
@@ -47,9 +50,9 @@ class RunOptions(StageFlags, PipelineOptions):
         ),
         Flag(
             "respondents",
-            "Simulated respondents. Default 40000 (each of the default recipe's two instances "
-            f"keeps its minimum crowd); 1..{MAX_RESPONDENTS:,}.",
-            default=40_000,
+            "Simulated respondents. Default: the recipe's default_respondents (the small "
+            "recipes': a size every crowd releases at), else 40000 (each of the default "
+            f"recipe's two instances keeps its minimum crowd); 1..{MAX_RESPONDENTS:,}.",
             type=int,
         ),
         Flag(
@@ -86,6 +89,20 @@ class RunOptions(StageFlags, PipelineOptions):
         ),
         Flag("overwrite", "Replace an existing --output directory.", default=False, switch=True),
         Flag(
+            "stream",
+            "Live: devices write window after window, K streaming shufflers and the streaming "
+            "analyzer follow; one line per analyzed window (pipelines/stream_run.py).",
+            default=False,
+            switch=True,
+        ),
+        Flag("windows", "With --stream: windows of device time. Default 2.", default=2, type=int),
+        Flag(
+            "window_seconds",
+            "With --stream: wall-clock seconds per window. Default 10.",
+            default=10.0,
+            type=float,
+        ),
+        Flag(
             "collect",
             "Devices upload over HTTPS to one esa collect per shuffler instance (on 127.0.0.1, "
             "free ports; enrolment keys in OUTPUT/devices, TLS in OUTPUT/collector_tls); the "
@@ -112,4 +129,6 @@ class RunOptions(StageFlags, PipelineOptions):
             int_in("--crowd-threshold", value("crowd_threshold"), 1),
             deletion_errors(value("deletion_epsilon"), value("deletion_delta")),
             output_directory("--output", value("output")),
+            int_in("--windows", value("windows"), 1, 10_000),
+            positive_finite("--window-seconds", value("window_seconds")),
         )

@@ -23,6 +23,7 @@ from pipelines.commandline.flags import (
     format_duration_ms,
     glob_base,
     int_in,
+    lateness_error,
     matching_glob,
     output_directory,
     positive_finite,
@@ -129,6 +130,12 @@ class ShuffleOptions(StageFlags, PipelineOptions):
             "Streaming: stop watching after this many seconds. Default: never.",
             type=float,
         ),
+        Flag(
+            "allowed_lateness",
+            "Streaming: a window is committed once the watermark (the largest event time seen) "
+            "passes its end plus this much (0, 30s, 1h, ...). Default: one window (--window), "
+            "so that reports of a window may still arrive while the next one is under way.",
+        ),
     ) + shuffler_key_flags.SHUFFLE_FLAGS  # --signing-key (signed commit records)
 
     def validate(self, validator: Any = None) -> list[str]:
@@ -144,6 +151,7 @@ class ShuffleOptions(StageFlags, PipelineOptions):
             int_in("--crowd-buckets", self.crowd_buckets, 1, MAX_CROWD_BUCKETS),
             positive_finite("--watch-interval", self.watch_interval),
             positive_finite("--watch-for", self.watch_for, allow_zero=True),
+            lateness_error(self.allowed_lateness),
             output_directory("--output", self.output),
             output_directory("--private-output", self.private_output, required=False),
             apart("--output", self.output, [("--input", self.input and glob_base(self.input))]),

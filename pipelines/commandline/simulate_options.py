@@ -74,8 +74,9 @@ class SimulateOptions(StageFlags, PipelineOptions):
             "Population spec KIND[:NAME][,KEY=VALUE]...: uniform, zipf[,exponent=S], "
             "heavy-hitters[,heavy=H,exponent=A,heavy_fraction=F], image:NAME[,size=RxC] (disc, "
             "gradient; horse, camera, moon need .[images]; or an image file), "
-            "longitudinal[,changes=K]. Default image:disc.",
-            default="image:disc",
+            "longitudinal[,changes=K]; any of them with crowds=C[,crowd_exponent=S,"
+            "crowd_name=NAME] for natural crowds. Default: image:disc for image recipes, else "
+            "what esa run picks for the recipe (zipf, heavy-hitters, longitudinal).",
         ),
         Flag(
             "respondents",
@@ -100,6 +101,25 @@ class SimulateOptions(StageFlags, PipelineOptions):
             f"Default {_PLAN.rounds}.",
             default=_PLAN.rounds,
             type=int,
+        ),
+        Flag(
+            "stream",
+            "Write the reports window after window in compressed real time (for streaming "
+            "shufflers): instance=<u>/reports-w<k>-c<j>.avro appear by atomic rename.",
+            default=False,
+            switch=True,
+        ),
+        Flag(
+            "windows",
+            "With --stream: the number of windows (the rounds). Default 2.",
+            default=2,
+            type=int,
+        ),
+        Flag(
+            "window_seconds",
+            "With --stream: wall-clock seconds per window of device time. Default 10.",
+            default=10.0,
+            type=float,
         ),
         Flag(
             "start",
@@ -197,6 +217,8 @@ class SimulateOptions(StageFlags, PipelineOptions):
             int_in("--respondents", value("respondents"), 1, MAX_RESPONDENTS),
             int_in("--seed", value("seed"), 0),
             int_in("--rounds", value("rounds"), 1, 2**31 - 1),
+            int_in("--windows", value("windows"), 1, 2**31 - 1),
+            positive_finite("--window-seconds", value("window_seconds")),
             positive_finite("--device-budget", value("device_budget"), allow_zero=True),
             int_in("--compression-level", value("compression_level"), -1, 9),
             int_in("--messages-per-shard", value("messages_per_shard"), 1, MAX_MESSAGES_PER_SHARD),

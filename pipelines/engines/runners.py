@@ -54,7 +54,7 @@ ENGINES = ("fnapi", "prism", "flink", "flink_cluster")
 def engines_dir() -> Path:
     """``$ESA_ENGINES_DIR`` or the repository's ``.engines/``."""
     configured = os.environ.get("ESA_ENGINES_DIR")
-    return Path(configured) if configured else Path(__file__).resolve().parents[1] / ".engines"
+    return Path(configured) if configured else Path(__file__).resolve().parents[2] / ".engines"
 
 
 def prism_binary() -> Path | None:

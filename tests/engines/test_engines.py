@@ -133,7 +133,7 @@ def test_pipeline_on_engine_matches_fnapi(engine, request):
 
     simulated = "simulation/instance=*/*.avro"
     assert _records(output, simulated) == _records(reference, simulated)
-    released = "shuffled/instance=*/messages/**/*.avro"
+    released = "releases/instance=*/messages/**/*.avro"
     assert _records(output, released) == _records(reference, released)
     expected = _histograms(reference / "analysis")
     assert expected.num_rows == RECIPE["randomizer_params"]["domain_size"]
@@ -168,7 +168,7 @@ def test_analyze_on_a_standing_prism_job_server_matches_fnapi(request, tmp_path)
                 assert server.poll() is None and time.monotonic() < deadline, "prism did not start"
                 time.sleep(0.1)
         output = tmp_path / "analysis"
-        _cli(["analyze", "--input", str(reference / "shuffled"), "--output", str(output),
+        _cli(["analyze", "--input", str(reference / "releases"), "--output", str(output),
               "--recipe", str(reference / "recipe.json"), "--truth", str(reference / "simulation"),
               "--postprocessing", "norm_sub", "--runner=PortableRunner",
               f"--job_endpoint=localhost:{port}", "--environment_type=LOOPBACK"])  # fmt: skip

@@ -123,7 +123,7 @@ def test_uploads_are_committed_with_authenticated_origins_and_read_by_esa_shuffl
             str(RESPONDENTS), "--seed", "5", "--output", str(tmp_path / "sim"),
             "--collector", ",".join(s.url for s in servers),
             "--device-credentials", str(keys.devices), "--collector-ca", str(keys.ca),
-            "--connections", "8", *FNAPI,
+            "--connections", "8", "--json", *FNAPI,
         )  # fmt: skip
         assert code == 0, out
         summary = json.loads(out)
@@ -145,7 +145,7 @@ def test_uploads_are_committed_with_authenticated_origins_and_read_by_esa_shuffl
         code, out = _esa(
             "shuffle", "--input", str(server.output / "*.avro"), "--instance", str(u),
             "--output", str(tmp_path / f"shuffled-{u}"), "--recipe", recipe,
-            "--crowd-threshold", "1", *FNAPI,
+            "--crowd-threshold", "1", "--json", *FNAPI,
         )  # fmt: skip
         assert code == 0
         shuffled = json.loads(out)

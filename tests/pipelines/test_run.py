@@ -346,6 +346,14 @@ def test_the_default_population_fits_the_recipe():
         "image_grid_report_fragmented": default_image(),
         "image_grid_sealed": default_image(),
         "longitudinal_boolean": "longitudinal",
+        "small_asymmetric_one_hot": "zipf",
+        "small_binary_rr": "zipf",
+        "small_count_mean_sketch": "heavy-hitters",
+        "small_longitudinal": "longitudinal",
+        "small_one_hot_rappor": default_image(),
+        "small_report_fragmented": default_image(),
+        "small_symmetric_one_hot": "zipf",
+        "small_zero_sum_histogram": "zipf",
         "zero_sum_histogram": "zipf",
     }
 

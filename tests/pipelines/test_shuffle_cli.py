@@ -73,7 +73,15 @@ def _check_release(output: Path) -> dict:
 
 def test_batch_run_on_the_default_runner(tmp_path: Path, inputs: tuple[str, str], capsys) -> None:
     status, output = _shuffle(
-        tmp_path, *inputs, "--crowd-threshold", "10", "--window", "6h", "--crowd-buckets", "3"
+        tmp_path,
+        *inputs,
+        "--crowd-threshold",
+        "10",
+        "--window",
+        "6h",
+        "--crowd-buckets",
+        "3",
+        "--json",
     )
     assert status == 0
     metrics = _check_release(output)

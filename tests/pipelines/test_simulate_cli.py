@@ -208,7 +208,7 @@ def test_existing_output_is_kept_and_a_failed_run_leaves_nothing(tmp_path, capsy
 
 
 def test_recipes_list_prints_the_shipped_names(capsys):
-    assert main(["recipes", "list"]) == 0
+    assert main(["recipes", "list", "--names"]) == 0
     assert capsys.readouterr().out.split() == recipe_names()
     assert main(["recipes", "list", "--verbose"]) == 0
     assert "image_grid_onehot@1" in capsys.readouterr().out

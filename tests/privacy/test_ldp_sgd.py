@@ -18,7 +18,6 @@ import pytest
 from privacy.ldp_sgd import (
     SEED_BYTES,
     LdpSgdRandomizer,
-    SystemRandomSource,
     clip_gradients,
     directions_from_seeds,
     learning_rate,
@@ -28,7 +27,7 @@ from privacy.ldp_sgd import (
     sign_probability,
     unbiased_scale,
 )
-from privacy.rng import seeded_generator
+from privacy.rng import secure_generator, seeded_generator
 
 Z = 4.5
 
@@ -175,7 +174,7 @@ def test_clip_and_validation():
 
 
 def test_system_random_source_drives_the_randomizer():
-    source = SystemRandomSource()
+    source = secure_generator()
     uniforms = source.random(1000)
     assert uniforms.min() >= 0.0 and uniforms.max() < 1.0
     reports = LdpSgdRandomizer(1.0, 1.0, 5).randomize(np.ones((50, 5)), source)

@@ -1,0 +1,113 @@
+"""report.html: one self-contained page per analysis, opened in headless Chromium (Debian's
+``chromium``, scripts/install_chromium.sh): it renders without console errors, requests nothing
+from the network (its Content-Security-Policy would refuse it, loudly) and shows the run's numbers,
+withheld crowds with their reasons and the counters (issue 27)."""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pipelines import report_html
+from pipelines.commandline.main import main
+from transforms.analyzer.report_files import read_reports
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="no chromium on PATH: run scripts/install_chromium.sh (Debian's chromium package)",
+)
+
+
+def open_in_chromium(page: Path) -> tuple[str, list[str]]:
+    """The rendered DOM and the console messages of ``page`` in headless Chromium."""
+    done = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
+         "--v=0", "--dump-dom", page.resolve().as_uri()],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    console = [line for line in done.stderr.splitlines() if ":CONSOLE" in line]
+    return done.stdout, console
+
+
+@pytest.fixture(scope="module")
+def crowded_run(tmp_path_factory):
+    """esa run on the small symmetric one-hot recipe over four natural crowds of 6,000
+    respondents (sizes ∝ rank^-1.5: about 3,590, 1,270, 690 and 450): one crowd reaches the
+    recipe's minimum crowd of 2,000, three are withheld."""
+    output = tmp_path_factory.mktemp("report") / "run"
+    flags = ["--recipe", "small_symmetric_one_hot", "--output", str(output), "--seed", "5",
+             "--population", "zipf,crowds=4,crowd_exponent=1.5,crowd_name=region",
+             "--respondents", "6000", "--runner=FnApiRunner"]  # fmt: skip
+    import contextlib
+    import io
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(["run", *flags]) == 0
+    return output, printed.getvalue()
+
+
+@pytest.mark.slow
+def test_withheld_crowds_state_their_reason_in_table_and_report(crowded_run):
+    output, printed = crowded_run
+    reports = read_reports(str(output / "analysis"))
+    assert [r["crowd_id"] for r in reports["histograms"]] == ["region-0"]
+    assert sorted(n["crowd_id"] for n in reports["withheld"]) == [
+        "region-1", "region-2", "region-3",
+    ]  # fmt: skip
+    reason = "instances 0, 1: fewer than 2,000 distinct respondents, the devices' demand"
+    assert printed.count(reason) == 3
+    page = (output / "analysis" / "report.html").read_text()
+    assert page.count(html.escape(reason)) == 3
+    run = json.loads((output / "run.json").read_text())
+    assert run["paths"]["report"] == str(output / "analysis" / "report.html")
+    summary = json.loads((output / "analysis" / "summary.json").read_text())
+    ((text, count),) = summary["withheld"]["reasons"].items()  # in the summary too, counted
+    assert text.startswith(reason) and count == 3
+    # Self-contained: every src/href is a data: URI; nothing else is loaded.
+    assert not [u for u in re.findall(r'(?:src|href)="([^"]*)"', page) if not u.startswith("data:")]
+    assert "data:image/png;base64," in page  # the analysis's picture, inlined
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_report_renders_in_chromium_with_the_runs_numbers(crowded_run):
+    output, _ = crowded_run
+    dom, console = open_in_chromium(output / "analysis" / "report.html")
+    assert console == []
+    reports = read_reports(str(output / "analysis"))
+    assert f'data-rendered="{len(reports["histograms"])}"' in dom
+    for report in reports["histograms"]:
+        privacy = report["privacy"]
+        assert f'data-field="epsilon_central">{report_html.fmt(privacy["epsilon_central"])}<' in dom
+        assert f'data-field="respondents">{report_html.fmt(privacy["respondents"])}<' in dom
+        assert report_html.fmt(privacy["respondents_effective"]) in dom
+        assert "accuracy" not in report  # the truth is not split by crowd: no RMSE to show
+    summary = json.loads((output / "analysis" / "summary.json").read_text())
+    read = summary["metrics"]["read"]
+    assert f"messages read <b>{report_html.fmt(read)}</b>" in dom
+    assert "adds up" in dom
+    assert dom.count("<svg") >= 1  # the histogram with its error bars
+    assert "small_symmetric_one_hot@1" in dom and "region-0" in dom
+
+
+@needs_chromium
+def test_the_browser_check_sees_console_errors_and_network_requests(tmp_path):
+    """The harness itself: a page that logs an error and loads a remote image is caught."""
+    page = tmp_path / "bad.html"
+    csp = report_html._CSP
+    page.write_text(
+        f'<!DOCTYPE html><html><head><meta http-equiv="Content-Security-Policy" content="{csp}">'
+        '</head><body><img src="http://example.invalid/x.png">'
+        "<script>console.error('boom')</script></body></html>"
+    )
+    _, console = open_in_chromium(page)
+    assert any("Content Security Policy" in line for line in console)
+    assert any("boom" in line for line in console)
