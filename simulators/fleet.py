@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from privacy.accounting import GENERIC, ONE_HOT_RAPPOR, amplify
+from privacy.accounting import randomizer_central
 from privacy.budget import (
     AnalysisPolicy,
     CheckFailure,
@@ -176,19 +176,22 @@ def recipe_cohort_bound(recipe: RecipeLike) -> CohortBound:
     """Check 3's central bound for ``recipe`` (samplable-anonymous-aggregation Section 4.3).
 
     A randomizer with its own central guarantee (the zero-sum protocol of shuffled-model-histograms,
-    Theorem 3.2) states it; attribute-fragmented k-RAPPOR uses Theorem III.1
-    (esa-privacy-revisited) among the tightest valid bounds; any other randomizer the generic
-    shuffle bounds. ``privacy.accounting.amplify`` refuses parameters outside a bound's range.
+    Theorem 3.2) states it; every other randomizer the bound the analyzer's privacy report states
+    (``privacy.accounting.randomizer_central``: Theorem III.1 among the tightest valid bounds for
+    attribute-fragmented one-hot reports, Theorem IV.2 for report fragments, the generic shuffle
+    bound in the randomizer's own neighbouring model otherwise), so a device never charges less
+    than the analyzer states. ``privacy.accounting.amplify`` refuses parameters outside a bound's
+    range.
     """
-    own_central = getattr(recipe.build_randomizer(), "central_epsilon", None)
+    randomizer = recipe.build_randomizer()
+    own_central = getattr(randomizer, "central_epsilon", None)
     if own_central is not None:
         central = float(own_central)
         return lambda epsilon_local, n, delta: central
-    mechanism = ONE_HOT_RAPPOR if recipe.randomizer == ONE_HOT_RAPPOR else GENERIC
 
     @functools.lru_cache(maxsize=64)  # every batch of devices asks again; the answer is fixed
     def bound(epsilon_local: float, n: int, delta: float) -> float:
-        return amplify(epsilon_local, n, delta, mechanism).epsilon
+        return randomizer_central(randomizer, n, delta, epsilon_local)[0].epsilon
 
     return bound
 

@@ -177,14 +177,21 @@ OPENS_SEALED = ("schemas.crypto.analyzer_keys", "transforms.analyzer.opening")
 SHUFFLER_CODE = (
     "transforms.shuffler",
     "pipelines.shuffle",
+    "pipelines.stream_shuffle",
     "pipelines.commandline.shuffle_options",
 )
 ANALYZER_CODE = (
     "transforms.analyzer",
     "pipelines.analyze",
+    "pipelines.stream_analyze",
     "pipelines.commandline.analyze_options",
 )
-DEVICE_CODE = ("transforms.devices", "simulators", "pipelines.simulate")
+DEVICE_CODE = (
+    "transforms.devices",
+    "simulators",
+    "pipelines.simulate",
+    "pipelines.stream_simulate",
+)
 COLLECTOR_CODE = ("pipelines.collect", "pipelines.collector")
 
 # party -> (its modules, what none of them may reach)

@@ -71,7 +71,7 @@ from privacy.accounting.pld import (
     compose_prefixes,
     tight_curve,
 )
-from privacy.accounting.report import PrivacyReport, privacy_report
+from privacy.accounting.report import PrivacyReport, privacy_report, randomizer_central
 from privacy.accounting.shuffle import (
     DeltaBracket,
     binary_rr_lambda,
@@ -185,6 +185,7 @@ __all__ = [
     "mechanism_bounds",
     "min_respondents",
     "privacy_report",
+    "randomizer_central",
     "report_fragment_epsilon",
     "report_fragment_local_guarantee",
     "solve_epsilon_local",

@@ -15,6 +15,7 @@ from privacy.accounting.core import (
 )
 from privacy.accounting.fragments import LocalGuarantee, report_fragment_local_guarantee
 from privacy.accounting.solvers import (
+    BINARY_RR,
     GENERIC,
     ONE_HOT_RAPPOR,
     REMOVAL,
@@ -22,8 +23,14 @@ from privacy.accounting.solvers import (
     amplify,
     check_respondents,
 )
+from privacy.randomizers import (
+    BinaryRandomizedResponse,
+    OneHotRappor,
+    ReportFragmented,
+    SymmetricOneHot,
+)
 
-__all__ = ["PrivacyReport", "privacy_report"]
+__all__ = ["PrivacyReport", "privacy_report", "randomizer_central"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -109,3 +116,40 @@ def _with_local_candidate(base: CentralGuarantee, epsilon_local_all: float) -> C
         respondents=base.respondents,
         details=details,
     )
+
+
+def randomizer_central(
+    randomizer: Any, respondents: int, delta: float, epsilon_local: float | None = None
+) -> tuple[CentralGuarantee, CentralGuarantee | None]:
+    """The central guarantee of ``respondents`` shuffled reports of ``randomizer`` by the
+    tightest valid bound for what it sends, and Table X's comparison without attribute
+    fragmentation where that applies (else None). One definition for the analyzer's privacy
+    report and the devices' Check 3 (samplable-anonymous-aggregation §4.3), so a device never
+    admits a query whose stated ε_c is larger than the one it charged for.
+
+    * attribute-fragmented one-hot randomizers (k-RAPPOR, symmetric one-hot) and report
+      fragmentation: :func:`privacy_report` (Theorem III.1 among the candidates; report fragments
+      the backstop's guarantee, Theorem IV.2);
+    * binary randomized response: Lemma II.6 (``amplify(..., "binary_rr")``);
+    * anything else: the numerical shuffle bound for the whole report in the randomizer's own
+      neighbouring model (``local_model``: removal-model randomizers count twice).
+
+    ``epsilon_local``: the ε_ℓ a device is asked to report at (interactive rounds ask per
+    round); default the randomizer's own. ValueError where no bound is valid (``amplify``)."""
+    if isinstance(randomizer, ReportFragmented):
+        report = privacy_report(
+            randomizer.backstop_epsilon,
+            respondents,
+            delta,
+            fragments=randomizer.fragments,
+            epsilon_fragment=randomizer.fragment_epsilon,
+        )
+        return report.central, report.central_without_attribute_fragmentation
+    if isinstance(randomizer, OneHotRappor | SymmetricOneHot):
+        epsilon = randomizer.epsilon if epsilon_local is None else epsilon_local
+        report = privacy_report(epsilon, respondents, delta)
+        return report.central, report.central_without_attribute_fragmentation
+    epsilon = float(randomizer.epsilon_local if epsilon_local is None else epsilon_local)
+    if isinstance(randomizer, BinaryRandomizedResponse):
+        return amplify(epsilon, respondents, delta, BINARY_RR), None
+    return amplify(epsilon, respondents, delta, GENERIC, local_model=randomizer.ldp_kind), None

@@ -13,19 +13,12 @@ from typing import Any
 import numpy as np
 
 from privacy.accounting import (
-    BINARY_RR,
-    GENERIC,
     PrivacyLoss,
-    amplify,
     compose_basic,
-    privacy_report,
+    randomizer_central,
 )
 from privacy.randomizers import (
-    BinaryRandomizedResponse,
     LongitudinalClient,
-    OneHotRappor,
-    ReportFragmented,
-    SymmetricOneHot,
     ZeroSumHistogram,
 )
 from schemas.recipes import Recipe
@@ -46,8 +39,7 @@ ALGORITHM_3 = "algorithm_3_deletion"
 # Many crowds of one recipe share their n (small crowds above all): each bound is a pure function
 # of its arguments and its result is frozen, so a worker computes it once per distinct argument
 # tuple (the tight bounds take ~0.1 s each, more than everything else a crowd costs).
-_privacy_report = functools.lru_cache(maxsize=4096)(privacy_report)
-_amplify = functools.lru_cache(maxsize=4096)(amplify)
+_randomizer_central = functools.lru_cache(maxsize=4096)(randomizer_central)
 
 
 def _finite_or_none(value: float) -> float | None:
@@ -124,19 +116,6 @@ def privacy_summary(
     without: dict[str, Any] | None = None
     if n < 1:
         out["notes"].append("no instance released this crowd: no central guarantee to state")
-    elif isinstance(randomizer, OneHotRappor | SymmetricOneHot | ReportFragmented):
-        if isinstance(randomizer, ReportFragmented):
-            report = _privacy_report(
-                randomizer.backstop_epsilon,
-                n,
-                delta,
-                fragments=randomizer.fragments,
-                epsilon_fragment=randomizer.fragment_epsilon,
-            )
-        else:
-            report = _privacy_report(randomizer.epsilon, n, delta)
-        central = report.central.to_dict()
-        without = report.central_without_attribute_fragmentation.to_dict()
     elif isinstance(randomizer, ZeroSumHistogram):
         if n >= randomizer.respondents:
             central = {
@@ -152,11 +131,10 @@ def privacy_summary(
                 "protocol is calibrated for: Theorem 3.2 does not hold, no ε_c is stated"
             )
     else:
-        if isinstance(randomizer, BinaryRandomizedResponse):
-            guarantee = _amplify(epsilon_all, n, delta, BINARY_RR)
-        else:
-            guarantee = _amplify(epsilon_all, n, delta, GENERIC, local_model=randomizer.ldp_kind)
+        # One definition with the devices' Check 3 (privacy.accounting.randomizer_central).
+        guarantee, comparison = _randomizer_central(randomizer, n, delta)
         central = guarantee.to_dict()
+        without = None if comparison is None else comparison.to_dict()
         if isinstance(randomizer, LongitudinalClient):
             out["notes"].append(
                 "ε_c is per period window (one tree-node report per client and period); the "
