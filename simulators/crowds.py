@@ -24,7 +24,7 @@ from functools import cached_property
 
 import numpy as np
 
-from simulators.populations import apportion
+from simulators.populations import affine_permutation, apportion
 
 __all__ = ["CROWD_KEYS", "CrowdAssignment", "split_crowd_keys"]
 
@@ -70,14 +70,7 @@ class CrowdAssignment:
 
     @cached_property
     def _order(self) -> tuple[int, int]:
-        n = self.respondents
-        rng = np.random.default_rng(np.random.SeedSequence(self.seed, spawn_key=(0xC0D,)))
-        if n == 1:
-            return 1, 0
-        while True:
-            a = int(rng.integers(1, n))
-            if math.gcd(a, n) == 1:
-                return a, int(rng.integers(0, n))
+        return affine_permutation(self.respondents, self.seed, 0xC0D)
 
     def crowd_of(self, respondents: np.ndarray) -> np.ndarray:
         """The crowd index (into :attr:`names`) of each global respondent index."""

@@ -110,6 +110,18 @@ def block_generator(seed: int, block: int) -> np.random.Generator:
     )
 
 
+def affine_permutation(n: int, seed: int, stream: int) -> tuple[int, int]:
+    """(a, b) of the permutation r -> (a r + b) mod n with gcd(a, n) = 1, drawn from ``seed``
+    (``stream`` separates the permutations one seed draws for different purposes)."""
+    rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(stream,)))
+    if n == 1:
+        return 1, 0
+    while True:
+        a = int(rng.integers(1, n))
+        if math.gcd(a, n) == 1:
+            return a, int(rng.integers(0, n))
+
+
 def apportion(weights: np.ndarray, total: int) -> np.ndarray:
     """Integer counts proportional to ``weights`` that sum to exactly ``total`` (largest remainder)."""
     weights = np.asarray(weights, dtype=np.float64)
@@ -229,15 +241,7 @@ class CountsPopulation(Population):
 
     @cached_property
     def _order(self) -> tuple[int, int]:
-        """Affine permutation r -> (a r + b) mod n with gcd(a, n) = 1, drawn from the seed."""
-        n = self.size
-        rng = np.random.default_rng(np.random.SeedSequence(self.seed, spawn_key=(0xA11,)))
-        if n == 1:
-            return 1, 0
-        while True:
-            a = int(rng.integers(1, n))
-            if math.gcd(a, n) == 1:
-                return a, int(rng.integers(0, n))
+        return affine_permutation(self.size, self.seed, 0xA11)
 
     def values(self, start: int, stop: int) -> np.ndarray:
         self._check_range(start, stop)
