@@ -7,9 +7,10 @@
          --environment_type=LOOPBACK | --direct_running_mode=multi_processing ...]
 
 Batch mode reads the files matching ``--input`` once. With Beam's ``--streaming`` flag the
-pipeline watches ``--input`` for new files (every ``--watch-interval`` seconds, until
-``--watch-for`` seconds have passed), windows by event time with the watermark, and dead-letters
-data that arrives after its window was released (``late_data``).
+shuffler follows ``--input`` for new files (every ``--watch-interval`` seconds, until
+``--watch-for`` seconds have passed) and commits one release per event-time window as it closes
+(``pipelines/stream_shuffle.py``), dead-lettering data that arrives after its window was
+committed (``late_data``).
 
 Each of the K shuffler instances is a separate run: ``--instance I`` on that instance's inputs
 (other instances' reports are dead-lettered ``wrong_instance``). Without ``--instance`` one run
@@ -67,14 +68,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import apache_beam as beam
-from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import (
     GoogleCloudOptions,
     PipelineOptions,
     StandardOptions,
 )
-from apache_beam.utils.timestamp import Timestamp
 
 from pipelines.commandline import shuffler_key_flags
 from pipelines.commandline.main import UsageError
@@ -417,12 +416,11 @@ def run(
         private = private_path(shuffle_options.output, shuffle_options.private_output)
         return stream_shuffle.run(options, config, private, lambda window: run(window, routes))
     options = with_default_runner(options)
-    streaming = bool(options.view_as(StandardOptions).streaming)
-    config = shuffle_config(shuffle_options, streaming, routes)
+    config = shuffle_config(shuffle_options, False, routes)
     output = shuffle_options.output
     private = private_path(output, shuffle_options.private_output)
     shuffler_key_flags.check_signing_key(shuffle_options.signing_key, config.rules.instance)
-    paths = None if streaming else _input_paths(shuffle_options.input)
+    paths = _input_paths(shuffle_options.input)
     temp_location = options.view_as(GoogleCloudOptions).temp_location
     spill_root = spill_root_path(output, private, temp_location)
     prepare_outputs(output, private, bool(shuffle_options.overwrite), spill_root)
@@ -432,24 +430,9 @@ def run(
     started = time.monotonic()
     try:
         pipeline = beam.Pipeline(options=options)
-        if streaming:
-            stop = (
-                Timestamp.now() + shuffle_options.watch_for
-                if shuffle_options.watch_for is not None
-                else None
-            )
-            match_arguments: dict[str, Any] = {"interval": shuffle_options.watch_interval}
-            if stop is not None:
-                match_arguments["stop_timestamp"] = stop
-            input_paths = (
-                pipeline
-                | "WatchInput" >> fileio.MatchContinuously(shuffle_options.input, **match_arguments)
-                | "FilePath" >> beam.Map(lambda metadata: metadata.path)
-            )
-        else:
-            input_paths = (
-                pipeline | "InputPaths" >> beam.Create(paths) | "SpreadFiles" >> beam.Reshuffle()
-            )
+        input_paths = (
+            pipeline | "InputPaths" >> beam.Create(paths) | "SpreadFiles" >> beam.Reshuffle()
+        )
         outputs = input_paths | "Shuffle" >> shuffle_transforms.ShuffleReports(config, spill_dir)
         outputs.released | "WriteMessages" >> sinks.WriteShuffledMessages(
             output, private, run_id=run_id
@@ -458,8 +441,8 @@ def run(
             output, private, run_id=run_id
         )
         outputs.dead_letters | "WriteDeadLetters" >> WriteDeadLetters(private)
-        outputs.manifests | "WriteManifests" >> sinks.WriteManifests(private, streaming)
-        outputs.counts | "WriteMetrics" >> sinks.WriteMetrics(private, streaming)
+        outputs.manifests | "WriteManifests" >> sinks.WriteManifests(private)
+        outputs.counts | "WriteMetrics" >> sinks.WriteMetrics(private)
         result = pipeline.run()
         result.wait_until_finish()
     except BaseException:
