@@ -87,7 +87,7 @@ class DecodeReleaseFile(beam.DoFn):
         counts: dict[str, int] = {"files": 1}
         replays = arithmetic.FileReplays()
         expect = schema_json("shuffled_message")  # else the whole file is schema_mismatch
-        for item in avro_io.read_avro_batches(path, self._batch_records, expect):
+        for item in avro_io.read_counted_batches(path, self._batch_records, expect):
             if isinstance(item, avro_io.UnreadableChunk):
                 if item.records is None:  # nobody knows how many: the balance cannot hold
                     _inc(counts, f"unknown_records:{item.reason}", 1)

@@ -46,7 +46,7 @@ class ReadReportFile(beam.DoFn):
     def process(self, path: str) -> Iterator[Any]:
         # A file whose writer schema does not resolve to Report is one schema_mismatch chunk.
         expect = schema_json("report")
-        for item in avro_io.read_avro_batches(path, self._batch_records, expect):
+        for item in avro_io.read_counted_batches(path, self._batch_records, expect):
             if isinstance(item, avro_io.UnreadableChunk):
                 yield beam.pvalue.TaggedOutput("unreadable", item)
             else:
