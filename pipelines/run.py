@@ -65,7 +65,12 @@ from pipelines import shuffle as shuffle_pipeline
 from pipelines import simulate as simulate_pipeline
 from pipelines.commandline import keys as keys_cli
 from pipelines.commandline.main import UsageError
-from pipelines.commandline.progress import avro_input_records, counted_stage, line_wanted
+from pipelines.commandline.progress import (
+    avro_input_records,
+    counted_stage,
+    line_wanted,
+    print_above,
+)
 from pipelines.commandline.run_options import DEFAULT_RESPONDENTS, RunOptions
 from pipelines.default_populations import (  # noqa: F401 - default_image re-exported
     IMAGE_RANDOMIZERS,
@@ -340,7 +345,7 @@ def _run(
 
     def say(text: str) -> None:
         if echo:
-            print(text, flush=True)
+            print_above(text)  # never on the progress line's line
 
     started = time.monotonic()
     say(

@@ -24,12 +24,21 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from schemas import progress_counts
 
-__all__ = ["StageLine", "avro_input_records", "counted_stage", "line_wanted", "stage_progress"]
+__all__ = [
+    "StageLine",
+    "avro_input_records",
+    "counted_stage",
+    "line_wanted",
+    "print_above",
+    "stage_progress",
+]
 
 POLL_SECONDS = 0.5
+_DRAWN: list[Any] = []  # the tqdm bars being drawn now (print_above clears them)
 
 
 class StageLine:
@@ -92,6 +101,7 @@ def stage_progress(
         # The elapsed time (and the rate) count from the start of the stage.
         bar.start_t = bar.last_print_t = started
         bar.delay = 0
+        _DRAWN.append(bar)
         try:
             while True:
                 if count is not None:
@@ -108,6 +118,7 @@ def stage_progress(
                     return
         finally:
             bar.close()
+            _DRAWN.remove(bar)
 
     thread = threading.Thread(target=draw, name=f"progress-{label}", daemon=True)
     thread.start()
@@ -116,6 +127,19 @@ def stage_progress(
     finally:
         done.set()
         thread.join()
+
+
+def print_above(text: str) -> None:
+    """``print(text)`` (stdout) on a line of its own above the progress line being drawn, if
+    any: the line is cleared first and drawn again after, so the two never share a line."""
+    bar = _DRAWN[-1] if _DRAWN else None
+    if bar is None:
+        print(text, flush=True)
+        return
+    with bar.get_lock():
+        bar.clear(nolock=True)
+        print(text, flush=True)
+        bar.refresh(nolock=True)
 
 
 def _columns(stream: object) -> int:

@@ -68,6 +68,21 @@ def test_a_total_set_while_the_stage_runs_is_shown(monkeypatch):
         assert _shown(terminal, "analyze:  25%|") and "100/400" in terminal.getvalue()
 
 
+def test_text_printed_while_the_line_is_drawn_goes_above_it(monkeypatch, capsys):
+    terminal = Terminal()
+    monkeypatch.setattr(stage_logs, "_TERMINAL", [terminal])
+    monkeypatch.setattr(progress_line, "POLL_SECONDS", 0.05)
+    with progress_line.stage_progress("shuffle", 10, "records", lambda: 4, delay=0):
+        assert _shown(terminal, "4.00/10")
+        before = len(terminal.getvalue())
+        progress_line.print_above("  instance 0: released 4 of 4 messages")
+        # The line was wiped before the text went out, and drawn again after it.
+        assert re.search(r"\r {20,}\r.*4.00/10", terminal.getvalue()[before:])
+    assert capsys.readouterr().out == "  instance 0: released 4 of 4 messages\n"
+    progress_line.print_above("after the stage")  # no line: a plain print
+    assert capsys.readouterr().out == "after the stage\n"
+
+
 def _shown(terminal: Terminal, text: str, patience: float = 30.0) -> bool:
     """Whether ``text`` appears on the terminal within ``patience`` seconds (the line is
     redrawn every POLL_SECONDS by its own thread)."""
