@@ -8,7 +8,7 @@ anywhere in the bucket, the same rule ``steps.screen`` applies within one shard,
 of the bucket keeps the same single copy.
 
 Cost per shard of a bucket of m messages, s of them sealed: one more read of the bucket's spill
-pieces (every shard reads them all anyway, ``spill.read_shard_rows``), 25 bytes per sealed
+pieces that hold sealed payloads (pieces without any, ``Piece.sealed == 0``, are not read), 25 bytes per sealed
 message for crowd codes, the first 8 bytes of each encapsulated key and event times, one
 ``O(s log s)`` integer sort, and a third read of the pieces only when some crowd holds two
 sealed payloads with equal 8-byte prefixes (a replay, or about s**2 / 2**65 by chance), to
@@ -34,16 +34,21 @@ def _crowd_codes(column, codes: dict[str, int]) -> np.ndarray:
     return mapped[column.indices.to_numpy(zero_copy_only=False)]
 
 
-def shard_repeats(task: spill.ShardTask) -> np.ndarray:
-    """True for each row of ``task``'s shard (in ``spill.read_shard_rows`` order) whose sealed
-    payload an earlier row of the bucket holds in the same crowd (see the module docstring)."""
+def shard_repeats(task: spill.ShardTask, piece_index: np.ndarray) -> np.ndarray:
+    """True for each row of ``task``'s shard (in ``spill.read_shard_rows`` order, whose
+    ``piece_index`` column is given) whose sealed payload an earlier row of the bucket holds in
+    the same crowd (see the module docstring)."""
     pieces = spill.read_piece_list(task.piece_list)
     crowd_codes: dict[str, int] = {}
     columns: dict[str, list[np.ndarray]] = {
         name: [] for name in ("piece", "row", "crowd", "prefix", "time", "mine")
     }
     shard_rows = 0
+    rows_per_piece = np.bincount(piece_index, minlength=len(pieces)).tolist()
     for index, piece in enumerate(pieces):
+        if piece.sealed == 0:  # no sealed payload here: nothing to read
+            shard_rows += rows_per_piece[index]
+            continue
         batch = spill.read_spill(piece, spill.REPORT_SPILL_SCHEMA)
         begin, end = report_rows.shard_row_range(
             batch.column("origin_hash").to_numpy(), task.shard, task.bits
