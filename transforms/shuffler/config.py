@@ -76,8 +76,8 @@ class ShuffleConfig:
     random groups of a crowd bucket is a power of two chosen from its released message count
     only); ``crowd_buckets``: the number B of crowd buckets (``schemas/release/crowd_buckets.py``), the
     unit of work and of the release's files; ``shard_piece_rows``: a bucket gets no more origin
-    shards than leave each about this many rows of every spill piece (see
-    :data:`SHARD_PIECE_ROWS`).
+    shards than leave each about this many rows (or ``messages_per_shard``, if fewer) of every
+    spill piece (see :data:`SHARD_PIECE_ROWS`).
     """
 
     rules: ValidationRules

@@ -95,10 +95,15 @@ class DeleteAndScatter(CountsBundles):
         key, deletion = element
         task_texts = unpack_texts(deletion.crowds)
         rows, _ = spill.read_shard_rows(
-            deletion.task, ["origin_hash", "event_time", "payload", "payload_crc32c", "crowd"]
+            deletion.task,
+            ["origin_hash", "event_time", "payload", "payload_crc32c", "record_index", "crowd"],
         )
         repeats = (
-            shard_repeats(deletion.task, rows.column(spill.PIECE_INDEX).to_numpy())
+            shard_repeats(
+                deletion.task.repeats,
+                rows.column(spill.PIECE_INDEX).to_numpy(),
+                rows.column("record_index").to_numpy(),
+            )
             if deletion.task.bits
             else None
         )

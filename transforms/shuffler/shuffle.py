@@ -92,7 +92,7 @@ from transforms.shuffler.release import (
     DeleteAndScatter,
     PermuteGroup,
 )
-from transforms.shuffler.replays import shard_repeats
+from transforms.shuffler.replays import bucket_repeats, shard_repeat_keys, shard_repeats
 from transforms.shuffler.sinks import CrowdTable, ReleasedGroup  # noqa: F401 - re-exported
 from transforms.shuffler.spill import (
     Piece,
@@ -139,13 +139,18 @@ class PlanShards(beam.DoFn):
             return
         messages = sum(piece.rows for piece in pieces)
         # A bucket (even of one huge crowd) spreads over 2**bits shards by origin hash, each
-        # reading about shard_piece_rows rows or more of every piece (config.SHARD_PIECE_ROWS).
-        bits = decide.split_bits(messages, self._config.messages_per_shard)
-        most = messages // (len(pieces) * self._config.shard_piece_rows)
+        # reading about shard_piece_rows rows (or messages_per_shard, if fewer) or more of every
+        # piece (config.SHARD_PIECE_ROWS).
+        per_shard = self._config.messages_per_shard
+        bits = decide.split_bits(messages, per_shard)
+        most = messages // (len(pieces) * min(per_shard, self._config.shard_piece_rows))
         bits = min(bits, max(0, most.bit_length() - 1))
         piece_list = spill.write_piece_list(self._spill_dir, pieces)
+        # Replays across shards, found once for the bucket (replays.py); one shard finds its own.
+        repeats = bucket_repeats(list(pieces)) if bits else None
         for shard in range(1 << bits):
-            yield key, spill.ShardTask(shard, bits, piece_list)
+            own = shard_repeat_keys(repeats, shard, bits) if bits else b""
+            yield key, spill.ShardTask(shard, bits, piece_list, own)
 
 
 _SHARD_COLUMNS = [
@@ -182,7 +187,13 @@ class CountShard(CountsBundles):
         key, task = element
         rows, sources = spill.read_shard_rows(task, _SHARD_COLUMNS)
         repeats = (
-            shard_repeats(task, rows.column(spill.PIECE_INDEX).to_numpy()) if task.bits else None
+            shard_repeats(
+                task.repeats,
+                rows.column(spill.PIECE_INDEX).to_numpy(),
+                rows.column("record_index").to_numpy(),
+            )
+            if task.bits
+            else None
         )  # across the bucket's shards
         screened = screen(rows, self._rules, key[1], repeats)
         codes, crowds, texts = screened.codes, screened.crowds, screened.texts

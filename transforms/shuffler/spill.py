@@ -145,12 +145,15 @@ class ShardTask(NamedTuple):
     """One origin shard of a bucket: rows with hash top ``bits`` bits equal to ``shard``.
 
     ``piece_list`` points to the bucket's list of pieces (:func:`write_piece_list`), so that a
-    task stays small however many input batches the bucket came from.
+    task stays small however many input batches the bucket came from. ``repeats``: the shard's
+    rows that replay a sealed payload of another row of the bucket
+    (``replays.shard_repeat_keys``; empty: none, or one shard, which finds its own).
     """
 
     shard: int
     bits: int
     piece_list: Piece
+    repeats: bytes = b""
 
 
 class ShardCount(NamedTuple):
