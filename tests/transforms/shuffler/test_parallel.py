@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import apache_beam as beam
+import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from tests.transforms import report_factory as rf
@@ -19,6 +20,7 @@ WORKERS = 2
 RESPONDENTS, MESSAGES = 150, 2
 
 
+@pytest.mark.slow  # ~25 s: worker processes start, and each stage runs apart
 def test_one_crowd_is_worked_on_in_at_least_as_many_bundles_as_workers(tmp_path: Path) -> None:
     path = rf.write_reports(tmp_path / "r.avro", rf.crowd(RESPONDENTS, MESSAGES))
     config = _config(messages_per_shard=40, messages_per_file=50)
