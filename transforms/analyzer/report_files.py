@@ -116,6 +116,112 @@ def json_line(record: Mapping[str, Any]) -> str:
     return json.dumps(json_ready(record), sort_keys=False, allow_nan=False)
 
 
+def json_value(value: Any) -> str:
+    """The JSON text ``value`` has inside a :func:`json_line` (numpy values as JSON types, no
+    NaN): ``json_line({"k": value})`` is ``'{"k": ' + json_value(value) + "}"``, so a line can be
+    joined from the texts of its values (``json.dumps``'s default separators)."""
+    try:
+        return json.dumps(value, allow_nan=False, default=_json_scalar)
+    except (TypeError, ValueError):
+        return json.dumps(json_ready(value), allow_nan=False)
+
+
+def _json_string(value: Any) -> str:
+    """:func:`json_value` of a crowd ID, without the encoder for plain printable ASCII text."""
+    if value is None:
+        return "null"
+    if (
+        isinstance(value, str)
+        and value.isascii()
+        and value.isprintable()
+        and '"' not in value
+        and "\\" not in value
+    ):
+        return f'"{value}"'
+    return json_value(value)
+
+
+class HistogramReportLines:
+    """The report lines of many histogram crowds: for row i of ``arithmetic.HistogramRows``,
+    ``json_line(arithmetic.histogram_report(recipe, rows.result(i), deletion, accuracy,
+    rejected))``, joined from the JSON texts of its values instead of made as a dict and
+    serialized whole.
+
+    What depends only on the crowd's respondents per instance (``respondents_by_instance``,
+    the privacy report and the notes) is serialized once per distinct respondents and kept
+    (at most ``limit`` of them; the cache empties when full, as the privacy reports'). Only
+    dense results pass through here (no ``unobserved_*`` entries); keys follow
+    ``histogram_report``'s order, which a test holds to the per-crowd lines.
+    """
+
+    def __init__(self, deletion: Mapping[int, tuple[float, float]], limit: int = 4096) -> None:
+        self._deletion = deletion
+        self._limit = int(limit)
+        self._respondents: dict[tuple, tuple[str, str]] = {}
+        self._strings: dict[Any, str] = {}
+
+    def _string(self, value: str | None) -> str:
+        """``json.dumps(value)`` of a name many crowds share (kind, channel, recipe)."""
+        text = self._strings.get(value)
+        if text is None:
+            if len(self._strings) >= self._limit:
+                self._strings.clear()
+            text = self._strings[value] = json.dumps(value)
+        return text
+
+    def _by_respondents(self, recipe: Any, respondents: dict[int, int]) -> tuple[str, str]:
+        """(respondents_by_instance, privacy + notes) texts of one respondents mapping."""
+        cache_key = (recipe.id, id(recipe), tuple(respondents.items()))
+        texts = self._respondents.get(cache_key)
+        if texts is None:
+            if len(self._respondents) >= self._limit:
+                self._respondents.clear()
+            privacy = arithmetic.cached_privacy_summary(recipe, respondents, self._deletion)
+            note = arithmetic.missing_instance_note(recipe, respondents)
+            by_instance = {str(u): int(c) for u, c in respondents.items()}
+            texts = self._respondents[cache_key] = (
+                json_value(by_instance),
+                f'{json_value(privacy)}, "notes": {json_value([note] if note else [])}',
+            )
+        return texts
+
+    def lines(
+        self,
+        recipe: Any,
+        rows: arithmetic.HistogramRows,
+        accuracy: Mapping[int, Mapping[str, float]],
+        rejected: list[Mapping[str, int] | None],
+    ) -> list[str]:
+        """The lines of every row (``accuracy``: row -> the accuracy of the crowds with a
+        truth; ``rejected``: each row's rejected counts)."""
+        string = self._string
+        domain = rows.domain_size
+        middle = (
+            f', "domain_size": {domain}, "buckets_reported": {domain}, '
+            f'"postprocessing": {json.dumps(rows.postprocessing)}, "privacy": '
+        )
+        respondents = rows.respondents.tolist()
+        messages = rows.messages.tolist()
+        out = []
+        for row, key in enumerate(rows.keys):
+            kind, start, end, channel, recipe_id, crowd_id = key
+            by_instance, privacy = self._by_respondents(recipe, rows.respondents_by_instance[row])
+            counted = rejected[row]
+            extra = "}"
+            if row in accuracy:
+                extra = f', "accuracy": {json_value(dict(accuracy[row]))}}}'
+            out.append(
+                f'{{"kind": {string(kind)}, "channel": {string(channel)}, '
+                f'"recipe_id": {string(recipe_id)}, "crowd_id": {_json_string(crowd_id)}, '
+                f'"window_start": {int(start)}, "window_end": {int(end)}, '
+                f'"respondents_effective": {float.__repr__(respondents[row])}, '
+                f'"respondents_by_instance": {by_instance}, "messages": {messages[row]}, '
+                f'"rejected": {json_value(dict(counted)) if counted else "{}"}'
+                f"{middle}{privacy}{extra}"
+            )
+        return out
+
+
 def pack_lines(lines: list[str]) -> bytes:
     """Lines joined with newlines and zlib-compressed (read back by :func:`unpack_lines`)."""
     return zlib.compress("\n".join(lines).encode(), 6)

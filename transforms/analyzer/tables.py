@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import apache_beam as beam
@@ -109,6 +109,55 @@ def histogram_table(
         columns["truth"] = (
             pa.array(truth, pa.float64()) if truth is not None else pa.nulls(rows, pa.float64())
         )
+    return pa.table(columns, schema=schema or histogram_schema(config))
+
+
+def histogram_rows_table(
+    rows: arithmetic.HistogramRows,
+    config: AnalysisConfig,
+    truth: Mapping[int, np.ndarray],
+    schema: pa.Schema | None = None,
+) -> pa.Table:
+    """histograms.parquet rows of many crowds (``arithmetic.HistogramRows``) as one table: crowd
+    i's rows are what :func:`histogram_table` makes of ``rows.result(i)``, built column by column
+    from the stacked matrices. ``truth``: row -> the dense truth of each crowd that has one (the
+    others' truth is null, as in their own tables)."""
+    crowds, domain = rows.estimate.shape
+    size = crowds * domain
+    keys = rows.keys
+
+    def repeated(values: list, dtype: Any) -> np.ndarray:
+        return np.repeat(np.array(values, dtype=dtype), domain)
+
+    columns: dict[str, Any] = {
+        "window_start": pa.array(repeated([k[1] for k in keys], np.int64), type=_TIME),
+        "window_end": pa.array(repeated([k[2] for k in keys], np.int64), type=_TIME),
+        "channel": pa.array(repeated([k[3] for k in keys], object), pa.string()),
+        "recipe_id": pa.array(repeated([k[4] for k in keys], object), pa.string()),
+        "crowd": pa.array(repeated([k[5] for k in keys], object), pa.string()),
+        "bucket": pa.array(np.tile(np.arange(domain, dtype=np.int64), crowds), pa.int64()),
+        "estimate": pa.array(rows.estimate.ravel(), pa.float64()),
+        "stderr": pa.array(rows.stderr.ravel(), pa.float64()),
+        "raw_count": pa.array(rows.raw_count.ravel(), pa.int64())
+        if rows.raw_count is not None
+        else pa.nulls(size, pa.int64()),
+        "n": pa.array(np.repeat(rows.respondents, domain), pa.float64()),
+    }
+    if config.postprocessed_column:
+        columns[config.postprocessed_column] = (
+            pa.array(rows.postprocessed.ravel(), pa.float64())
+            if rows.postprocessed is not None
+            else pa.nulls(size, pa.float64())
+        )
+    if config.truth:
+        if not truth:
+            columns["truth"] = pa.nulls(size, pa.float64())
+        else:
+            values = np.zeros((crowds, domain))
+            missing = np.ones((crowds, domain), dtype=bool)
+            for row, dense in truth.items():
+                values[row], missing[row] = dense, False
+            columns["truth"] = pa.array(values.ravel(), pa.float64(), mask=missing.ravel())
     return pa.table(columns, schema=schema or histogram_schema(config))
 
 
