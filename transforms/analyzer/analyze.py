@@ -40,6 +40,7 @@ from transforms.analyzer.report_files import (
     WindowCrowd,
     WriteLineBatches,
     estimated_crowds,
+    histogram_report_order,
     json_line,
     json_ready,
     note_order,
@@ -470,8 +471,8 @@ class EstimateBucket(beam.DoFn):
                 rejected_notes.append(note)
             else:
                 crowds.append((key, accumulator))
-        # Each crowd's report lines at its position, so the lines keep the crowds' order.
-        lines: list[list[str] | None] = [None] * len(crowds)
+        # Each crowd's report lines (with their sort keys) at its position: the crowds' order.
+        lines: list[list[tuple[str, tuple]] | None] = [None] * len(crowds)
         if self._crowd_at_a_time:
             groups, single = [], list(range(len(crowds)))
         else:
@@ -486,8 +487,9 @@ class EstimateBucket(beam.DoFn):
                 rows = self._estimator.estimate_rows(chunk)
                 single.extend(rows.refused)
                 for position, line in zip(rows.positions, rows.lines, strict=True):
-                    lines[position] = [line]
-                    estimated.add((crowds[position][0][1], *crowds[position][0][3:]))
+                    key = crowds[position][0]
+                    lines[position] = [(line, histogram_report_order(key))]
+                    estimated.add((key[1], *key[3:]))
                 if rows.positions:  # every line a histogram report, each with its notes
                     totals["histograms"] = totals.get("histograms", 0) + len(rows.positions)
                     totals["with_notes"] = totals.get("with_notes", 0) + len(rows.positions)
@@ -503,7 +505,7 @@ class EstimateBucket(beam.DoFn):
                 for name, count in report_totals(report).items():
                     totals[name] = totals.get(name, 0) + count
                 estimated.update(estimated_crowds(report))
-                lines[position].append(json_line(report))
+                lines[position].append((json_line(report), report_order(report)))
                 if table is None:
                     continue
                 tag = LONGITUDINAL_TAG if key[0] == arithmetic.LONGITUDINAL else HISTOGRAM_TAG
@@ -518,13 +520,14 @@ class EstimateBucket(beam.DoFn):
                 yield out(tag, pack_table(batch))
         report_lines = [line for crowd_lines in lines if crowd_lines for line in crowd_lines]
         if report_lines:
-            yield out(REPORT_TAG, pack_lines(report_lines))
+            texts, orders = zip(*report_lines, strict=True)
+            yield out(REPORT_TAG, pack_lines(list(texts), list(orders)))
         notes = arithmetic.withheld_notes(arithmetic.withheld_records(bucket.withheld), estimated)
         notes = sorted(notes + rejected_notes, key=note_order)
         if notes:
             totals["withheld"] = len(notes)
             notes_lines = [json_line(note) for note in notes]
-            yield out(NOTE_TAG, pack_lines(notes_lines))
+            yield out(NOTE_TAG, pack_lines(notes_lines, [note_order(note) for note in notes]))
         yield totals
 
 

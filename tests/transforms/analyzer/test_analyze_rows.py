@@ -14,7 +14,9 @@ rows (compared sorted as every part file is written: rows within a batch come by
 
 from __future__ import annotations
 
+import json
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -37,7 +39,12 @@ from transforms.analyzer.analyze import (
     EstimateBucket,
     TruthSource,
 )
-from transforms.analyzer.report_files import unpack_lines
+from transforms.analyzer.report_files import (
+    note_order,
+    report_order,
+    unpack_ordered_lines,
+    write_json_part,
+)
 from transforms.analyzer.tables import unpack_table
 
 SMALL = [
@@ -138,10 +145,13 @@ def _outputs(fn, bucket):
         tag, value = item.tag, item.value
         if tag == PICTURE_TAG:
             out["pictures"].append(value)
-        elif tag == REPORT_TAG:
-            out["lines"] += unpack_lines(value[1])
-        elif tag == NOTE_TAG:
-            out["notes"] += unpack_lines(value[1])
+        elif tag in (REPORT_TAG, NOTE_TAG):
+            orders, lines = unpack_ordered_lines(value[1])
+            order = report_order if tag == REPORT_TAG else note_order
+            # The sort keys a batch carries are those its part would read from its lines.
+            assert orders == [order(json.loads(line)) for line in lines]
+            out["lines" if tag == REPORT_TAG else "notes"] += lines
+            out.setdefault(tag, []).append(value[1])
         else:
             out["tables"].setdefault(tag, []).append(unpack_table(value[1]))
     for tag, tables in out["tables"].items():
@@ -189,6 +199,14 @@ def test_rows_equal_the_one_crowd_estimates(tmp_path, postprocessing, rows_per_b
     assert sum(len(group.positions) for group in groups) == 12 * (len(RECIPES) - 1)
 
     assert rows["lines"] == one["lines"] and len(one["lines"]) > 100
+    written = [  # the parts as written: sorted by the keys the batches carry
+        Path(write_json_part(str(tmp_path / name), 0, 1, result[REPORT_TAG], report_order))
+        for name, result in (("one", one), ("rows", rows))
+    ]
+    assert written[0].read_bytes() == written[1].read_bytes()
+    assert [json.loads(line) for line in written[0].read_text().splitlines()] == sorted(
+        (json.loads(line) for line in one["lines"]), key=report_order
+    )
     assert rows["notes"] == one["notes"]
     assert rows["totals"] == one["totals"]
     assert rows["tables"].keys() == one["tables"].keys() == {HISTOGRAM_TAG, LONGITUDINAL_TAG}
