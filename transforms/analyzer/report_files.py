@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import zlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -25,7 +24,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from transforms.analyzer import arithmetic
-from transforms.analyzer.tables import group_by_part, load_batch
+from transforms.analyzer.tables import compress_batch, decompress_batch, group_by_part, load_batch
 from transforms.common import atomic_files
 
 REPORTS_DIR = "reports.jsonl"
@@ -230,24 +229,24 @@ class HistogramReportLines:
 
 
 def pack_lines(lines: list[str], orders: list[tuple] | None = None) -> bytes:
-    """Lines joined with newlines and zlib-compressed (read back by :func:`unpack_lines`).
+    """Lines joined with newlines and compressed (``tables.compress_batch``; read back by
+    :func:`unpack_lines`).
 
     ``orders``: each line's sort key as the part's ``order`` would read it from the line's
     record (``report_order`` or ``note_order``), carried as one JSON array before the lines (a
     record's line starts with ``{``, the array with ``[``), so the part is sorted without
-    parsing every line again (:func:`write_json_part`). Level 1: the batch only crosses a
-    grouping, and the lines of a bucket repeat their privacy reports."""
+    parsing every line again (:func:`write_json_part`)."""
     text = "\n".join(lines)
     if orders is not None:
         if len(orders) != len(lines):
             raise ValueError(f"{len(orders)} sort keys for {len(lines)} lines")
         text = json.dumps(orders, default=_json_scalar) + "\n" + text
-    return zlib.compress(text.encode(), 1)
+    return compress_batch(text.encode())
 
 
 def unpack_ordered_lines(batch: bytes) -> tuple[list[tuple] | None, list[str]]:
     """(sort keys or None, lines) of a :func:`pack_lines` batch."""
-    text = zlib.decompress(batch).decode()
+    text = decompress_batch(batch).decode()
     if not text.startswith("["):
         return None, text.split("\n")
     header, _, text = text.partition("\n")

@@ -8,6 +8,7 @@ reach it as compressed Arrow IPC batches (:func:`pack_table`).
 from __future__ import annotations
 
 import math
+import struct
 import zlib
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -202,20 +203,39 @@ def part_path(directory: str, shard: int, shards: int) -> str:
     return FileSystems.join(directory, f"part-{shard:05d}-of-{shards:05d}.parquet")
 
 
+# Batches crossing a grouping are compressed whole with zstd (level 1): one call per batch costs
+# a third of Arrow IPC's per-buffer compression and of zlib at its fastest level.
+_BATCH_CODEC = pa.Codec("zstd", 1)
+_SIZE = struct.Struct("<Q")
+
+
+def compress_batch(data: bytes) -> bytes:
+    """``data`` zstd-compressed after its length (read back by :func:`decompress_batch`)."""
+    return _SIZE.pack(len(data)) + _BATCH_CODEC.compress(data, asbytes=True)
+
+
+def decompress_batch(batch: bytes) -> bytes:
+    """The bytes :func:`compress_batch` compressed."""
+    (size,) = _SIZE.unpack_from(batch)
+    return _BATCH_CODEC.decompress(
+        memoryview(batch)[_SIZE.size :], decompressed_size=size, asbytes=True
+    )
+
+
 def pack_table(table: pa.Table) -> bytes:
-    """``table`` as one zstd-compressed Arrow IPC stream (read back by :func:`unpack_table`):
-    what crosses a grouping is then bytes, not Arrow buffers and wrappers, and a runner that
-    keeps grouped values in memory (Beam's FnApiRunner) holds a fraction of the rows' bytes."""
+    """``table`` as one Arrow IPC stream, compressed (:func:`compress_batch`; read back by
+    :func:`unpack_table`): what crosses a grouping is then bytes, not Arrow buffers and
+    wrappers, and a runner that keeps grouped values in memory (Beam's FnApiRunner) holds a
+    fraction of the rows' bytes."""
     sink = pa.BufferOutputStream()
-    options = pa.ipc.IpcWriteOptions(compression="zstd")
-    with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
+    with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
-    return sink.getvalue().to_pybytes()
+    return compress_batch(sink.getvalue().to_pybytes())
 
 
 def unpack_table(data: bytes) -> pa.Table:
     """The table of a :func:`pack_table` stream."""
-    with pa.ipc.open_stream(pa.py_buffer(data)) as reader:
+    with pa.ipc.open_stream(pa.py_buffer(decompress_batch(data))) as reader:
         return reader.read_all()
 
 
