@@ -236,21 +236,21 @@ class CrowdEstimator:
         )
         return report, table
 
-    def _row_randomizer(self, recipe: Any) -> Any | None:
+    def _row_randomizer(self, recipe_id: str, recipe: Any) -> Any | None:
         """The recipe's randomizer when its crowds can be de-biased as rows (built once)."""
-        randomizer = self._randomizers.get(recipe.id, False)
+        randomizer = self._randomizers.get(recipe_id, False)
         if randomizer is False:
             randomizer = recipe.build_randomizer()
             if not arithmetic.estimates_rows(randomizer):
                 randomizer = None
-            self._randomizers[recipe.id] = randomizer
+            self._randomizers[recipe_id] = randomizer
         return randomizer
 
-    def _effective(self, recipe: Any, respondents: dict[int, int]) -> float | None:
+    def _effective(self, recipe_id: str, recipe: Any, respondents: dict[int, int]) -> float | None:
         """n_eff of ``respondents`` (``arithmetic.effective_respondents``, in the mapping's own
         order: the sum's last bit depends on it), None where it is not a positive number
         (the one-crowd path then says why); kept per distinct mapping."""
-        cache_key = (recipe.id, tuple(respondents.items()))
+        cache_key = (recipe_id, tuple(respondents.items()))
         if cache_key in self._respondents:
             return self._respondents[cache_key]
         try:
@@ -276,7 +276,8 @@ class CrowdEstimator:
         single: list[int] = []
         book = self._config.book
         for position, (key, accumulator) in enumerate(crowds):
-            recipe = book.get(key[4])
+            recipe_id = key[4]  # the book's key of the recipe (Recipe.id is made per call)
+            recipe = book.get(recipe_id)
             if (
                 recipe is None
                 or key[0] != arithmetic.HISTOGRAM
@@ -284,7 +285,7 @@ class CrowdEstimator:
             ):
                 single.append(position)
                 continue
-            randomizer = self._row_randomizer(recipe)
+            randomizer = self._row_randomizer(recipe_id, recipe)
             counts = accumulator.counts
             n_eff = None
             if (
@@ -292,13 +293,13 @@ class CrowdEstimator:
                 and counts.is_dense
                 and counts.domain_size == randomizer.message_domain_size
             ):
-                n_eff = self._effective(recipe, accumulator.respondents)
+                n_eff = self._effective(recipe_id, recipe, accumulator.respondents)
             if n_eff is None:
                 single.append(position)
                 continue
-            group = groups.get(recipe.id)
+            group = groups.get(recipe_id)
             if group is None:
-                group = groups[recipe.id] = RowGroup(recipe, randomizer, [], [], [], [])
+                group = groups[recipe_id] = RowGroup(recipe, randomizer, [], [], [], [])
             group.positions.append(position)
             group.keys.append(key)
             group.accumulators.append(accumulator)
@@ -489,7 +490,7 @@ class EstimateBucket(beam.DoFn):
                 for position, line in zip(rows.positions, rows.lines, strict=True):
                     key = crowds[position][0]
                     lines[position] = [(line, histogram_report_order(key))]
-                    estimated.add((key[1], *key[3:]))
+                    estimated.add((int(key[1]), *key[3:]))
                 if rows.positions:  # every line a histogram report, each with its notes
                     totals["histograms"] = totals.get("histograms", 0) + len(rows.positions)
                     totals["with_notes"] = totals.get("with_notes", 0) + len(rows.positions)

@@ -163,7 +163,7 @@ class HistogramReportLines:
     def __init__(self, deletion: Mapping[int, tuple[float, float]], limit: int = 4096) -> None:
         self._deletion = deletion
         self._limit = int(limit)
-        self._respondents: dict[tuple, tuple[str, str]] = {}
+        self._respondents: dict[tuple, tuple[Any, str, str]] = {}
         self._strings: dict[Any, str] = {}
 
     def _string(self, value: str | None) -> str:
@@ -176,20 +176,22 @@ class HistogramReportLines:
         return text
 
     def _by_respondents(self, recipe: Any, respondents: dict[int, int]) -> tuple[str, str]:
-        """(respondents_by_instance, privacy + notes) texts of one respondents mapping."""
-        cache_key = (recipe.id, id(recipe), tuple(respondents.items()))
-        texts = self._respondents.get(cache_key)
-        if texts is None:
+        """(respondents_by_instance, privacy + notes) texts of one respondents mapping (each
+        entry keeps its recipe, so an id() is never a later object's)."""
+        cache_key = (id(recipe), tuple(respondents.items()))
+        hit = self._respondents.get(cache_key)
+        if hit is None or hit[0] is not recipe:
             if len(self._respondents) >= self._limit:
                 self._respondents.clear()
             privacy = arithmetic.cached_privacy_summary(recipe, respondents, self._deletion)
             note = arithmetic.missing_instance_note(recipe, respondents)
             by_instance = {str(u): int(c) for u, c in respondents.items()}
-            texts = self._respondents[cache_key] = (
+            hit = self._respondents[cache_key] = (
+                recipe,
                 json_value(by_instance),
                 f'{json_value(privacy)}, "notes": {json_value([note] if note else [])}',
             )
-        return texts
+        return hit[1], hit[2]
 
     def lines(
         self,
