@@ -5,7 +5,8 @@ effective respondent count n_eff = Σ_u π_u n_u (``transforms.analyzer.arithmet
 each instance's commit record states it released, weighted by the recipe's instance weights),
 adds standard errors, the optional labelled post-processing, the longitudinal marginals of Algorithm 2
 (amplification-by-shuffling) with Theorem 6's bound, the privacy report per crowd, and, when a
-simulation's truth is given, the accuracy against it. :class:`WriteAnalysis` writes
+simulation's truth is given, the accuracy against it; a bucket's histogram crowds of one recipe
+are de-biased together, as the rows of one matrix (:class:`EstimateBucket`). :class:`WriteAnalysis` writes
 ``histograms.parquet/`` and ``longitudinal.parquet/`` (Parquet datasets written part by part,
 ``transforms.analyzer.tables``), ``reports.jsonl/`` and ``withheld.jsonl/`` (JSON Lines, part by
 part, ``transforms.analyzer.report_files``) and ``summary.json`` (totals only).
