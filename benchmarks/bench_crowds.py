@@ -9,7 +9,12 @@ The same is done at a tenth of the crowds in the same run; the rows give the pea
 larger size against the smaller (ratio ~1: memory flat in the number of crowds) and crowds/s.
 
 Full mode: 100,000 vs 10,000 crowds; quick mode: 10,000 vs 1,000. ``peak_rss_kb_per_crowd`` is
-the growth of peak RSS per added crowd between the two sizes. The ``crowds_flink_*`` rows run
+the growth of peak RSS per added crowd between the two sizes. ``crowds_analyze`` /
+``crowds_per_s`` is the crowds the analysis reported over the seconds ``esa analyze`` ran
+(target: :data:`ANALYZE_CROWDS_PER_S` at 100,000 crowds, full mode). ``crowds_estimate`` times
+the estimates alone (``EstimateBucket`` in this process, buckets of :data:`BUCKET_CROWDS` crowds
+of the same recipes): the histogram crowds of a recipe de-biased together as rows against the
+same buckets one crowd at a time (``crowd_at_a_time``). The ``crowds_flink_*`` rows run
 the same stages on a standalone Flink cluster (``make engines``) at 10,000 vs 1,000 crowds in
 both modes, with the peak RSS of the Python process (driver and LOOPBACK worker), the
 TaskManager and the JobManager.
@@ -29,9 +34,11 @@ blob; the drivers hold one commit entry per file, never one per crowd.
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -45,8 +52,15 @@ from schemas.avro.container import encode_container
 from schemas.avro.crc32c import crc32c_many
 from schemas.payloads import encode_message_batch
 from schemas.recipes import load_recipe
+from transforms.analyzer import arithmetic
+from transforms.analyzer.analyze import AnalysisConfig, EstimateBucket
 
 DAY_MS = 86_400_000
+# The analyze stage's target at 100,000 crowds (full mode): crowds reported per second.
+ANALYZE_CROWDS_PER_S = 30_000
+# Crowds per bucket in crowds_estimate: what a bucket of one window holds at 100,000 crowds
+# (arithmetic.analyzer_buckets gives 100 buckets over the 10 windows).
+BUCKET_CROWDS = 100
 T0 = 1_704_067_200_000
 CHANNELS = 2
 WINDOWS = 10
@@ -219,6 +233,14 @@ def run(quick: bool) -> list[dict]:
                 "note": "growth of peak RSS from the smaller run to the larger, per added crowd",
             }
         )
+        note = (
+            f"{big['seconds']:.1f} s vs {little['seconds']:.1f} s; baseline: a tenth of the crowds"
+        )
+        if stage == "analyze":
+            rate = big["crowds"] / big["seconds"]
+            note += f"; target >= {ANALYZE_CROWDS_PER_S:,} crowds/s at 100,000 crowds (full mode)"
+            if big["crowds"] >= 90_000:
+                note += ": met" if rate >= ANALYZE_CROWDS_PER_S else ": not met"
         rows.append(
             {
                 "benchmark": f"crowds_{stage}",
@@ -226,10 +248,73 @@ def run(quick: bool) -> list[dict]:
                 "value": big["crowds"] / big["seconds"],
                 "baseline": little["crowds"] / little["seconds"],
                 "ratio": (big["crowds"] / big["seconds"]) / (little["crowds"] / little["seconds"]),
-                "note": f"{big['seconds']:.0f} s vs {little['seconds']:.0f} s",
+                "note": note,
             }
         )
+    rows.append(estimate_row(large))
     return rows
+
+
+def _estimate_buckets(recipe_paths: list[str], crowds: int, seed: int = 0) -> list:
+    """(bucket key, CrowdBucket) elements of ``crowds`` crowds as the analyzer meets them in this
+    benchmark: :data:`BUCKET_CROWDS` crowds of one window per bucket, both recipes, 3 respondents
+    and ~5 messages each."""
+    recipes = [load_recipe(path) for path in recipe_paths]
+    rng = np.random.default_rng(seed)
+    elements = []
+    for first in range(0, crowds, BUCKET_CROWDS):
+        window = (first // BUCKET_CROWDS) % WINDOWS
+        start = T0 + window * DAY_MS
+        members = {}
+        for index in range(first, min(crowds, first + BUCKET_CROWDS)):
+            recipe = recipes[index % CHANNELS]
+            key = (arithmetic.HISTOGRAM, start, start + DAY_MS, recipe.channel, recipe.id,
+                   f"c{index:06d}")  # fmt: skip
+            accumulator = arithmetic.CrowdAccumulator.empty(4)
+            accumulator.add_messages(rng.integers(0, 4, size=5))
+            accumulator.set_respondents(0, RESPONDENTS_PER_CROWD)
+            members[key] = accumulator
+        unit = (arithmetic.HISTOGRAM, start, start + DAY_MS, first // BUCKET_CROWDS)
+        elements.append((unit, arithmetic.CrowdBucket(members).pack()))
+    return elements
+
+
+def estimate_row(crowds: int) -> dict:
+    """``crowds_estimate``: EstimateBucket over ``crowds`` crowds as rows against the same
+    buckets one crowd at a time (at most 5,000 crowds of them: the slow reference)."""
+    work = Path(tempfile.mkdtemp(prefix="bench-crowds-estimate-"))
+    try:
+        paths = _recipes(work)
+        book = arithmetic.RecipeBook([load_recipe(path) for path in paths])
+        blobs = pickle.dumps(_estimate_buckets(paths, crowds))
+        reference = pickle.dumps(_estimate_buckets(paths, min(crowds, 5_000)))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    rates = {}
+    for name, data, at_a_time in (("rows", blobs, False), ("one", reference, True)):
+        estimate = EstimateBucket(AnalysisConfig(book), crowd_at_a_time=at_a_time)
+        estimate.setup()
+        elements = pickle.loads(data)
+        for _ in estimate.process(elements[0]):  # the privacy report is made once, untimed
+            pass
+        elements = pickle.loads(data)
+        start = time.perf_counter()
+        counted = 0
+        for element in elements:
+            for output in estimate.process(element):
+                if isinstance(output, dict):
+                    counted += output.get("histograms", 0)
+        rates[name] = (counted / (time.perf_counter() - start), counted)
+    return {
+        "benchmark": "crowds_estimate",
+        "metric": "crowds_per_s",
+        "value": rates["rows"][0],
+        "baseline": rates["one"][0],
+        "ratio": rates["rows"][0] / rates["one"][0],
+        "note": f"EstimateBucket in-process over {rates['rows'][1]:,} crowds in buckets of "
+        f"{BUCKET_CROWDS} (rows of one recipe de-biased together) vs {rates['one'][1]:,} crowds "
+        "one at a time (crowd_at_a_time); bucket unpacking included",
+    }
 
 
 def _flink_rows() -> list[dict]:

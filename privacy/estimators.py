@@ -91,16 +91,27 @@ def debias_one_hot(
     where unbiasedness needs 2n/(e^ε-1)). Var ĉ_j = [c_j p_one(1-p_one)
     + (n-c_j) p_zero(1-p_zero)] / (p_one-p_zero)^2, with c_j clipped to [0, n] plugged in.
     """
-    _check_probabilities(p_one, p_zero)
     n = _checked_respondents(respondents)
     sums = np.asarray(bucket_sums, dtype=np.float64)
     if sums.ndim != 1:
         raise ValueError(f"bucket_sums must be a 1-D array, got shape {sums.shape}")
+    return HistogramEstimate(*one_hot_rows(sums, n, p_one, p_zero), n)
+
+
+def one_hot_rows(
+    sums: np.ndarray, respondents: np.ndarray | float, p_one: float, p_zero: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(ĉ, standard error) of :func:`debias_one_hot` for float64 ``sums`` of any shape, with
+    ``respondents`` broadcast against them: one crowd per row of a (crowds, buckets) matrix
+    and its n as a (crowds, 1) column give, row by row, the very numbers of the one-crowd call
+    (the same element-wise operations in the same order)."""
+    _check_probabilities(p_one, p_zero)
+    n = respondents
     gap = p_one - p_zero
     estimate = (sums - n * p_zero) / gap
     plugged = np.clip(estimate, 0.0, n)
     variance = (plugged * p_one * (1 - p_one) + (n - plugged) * p_zero * (1 - p_zero)) / gap**2
-    return HistogramEstimate(estimate, np.sqrt(variance), n)
+    return estimate, np.sqrt(variance)
 
 
 def debias_report_fragments(
@@ -120,20 +131,36 @@ def debias_report_fragments(
     Var ĉ_j = n [τ r(1-r) + τ^2 (2r-1)^2 a(1-a)] / (τ (2a-1)(2r-1))^2, independent of the counts.
     """
     n = _checked_respondents(respondents)
+    sums = np.asarray(bucket_sums, dtype=np.float64)
+    if sums.ndim != 1:
+        raise ValueError(f"bucket_sums must be a 1-D array, got shape {sums.shape}")
+    return HistogramEstimate(
+        *report_fragment_rows(sums, n, backstop_keep, fragment_keep, fragments), n
+    )
+
+
+def report_fragment_rows(
+    sums: np.ndarray,
+    respondents: np.ndarray | float,
+    backstop_keep: float,
+    fragment_keep: float,
+    fragments: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(ĉ, standard error) of :func:`debias_report_fragments` for float64 ``sums`` of any shape
+    with ``respondents`` broadcast against them (rows of crowds, as :func:`one_hot_rows`)."""
     if fragments < 1:
         raise ValueError(f"fragments must be >= 1, got {fragments}")
     if not (0.5 < backstop_keep <= 1 and 0.5 < fragment_keep <= 1):
         raise ValueError("backstop_keep and fragment_keep must be in (0.5, 1]")
-    sums = np.asarray(bucket_sums, dtype=np.float64)
-    if sums.ndim != 1:
-        raise ValueError(f"bucket_sums must be a 1-D array, got shape {sums.shape}")
+    n = respondents
     a, r, tau = backstop_keep, fragment_keep, float(fragments)
     p_zero = (1 - a) * r + a * (1 - r)
     gap = (2 * a - 1) * (2 * r - 1)
     estimate = (sums / tau - n * p_zero) / gap
     per_respondent = tau * r * (1 - r) + tau**2 * (2 * r - 1) ** 2 * a * (1 - a)
-    stderr = np.full(sums.shape, math.sqrt(n * per_respondent) / (tau * gap))
-    return HistogramEstimate(estimate, stderr, n)
+    # sqrt is correctly rounded in math and numpy alike: the one-crowd and row numbers agree.
+    stderr = np.broadcast_to(np.sqrt(n * per_respondent) / (tau * gap), sums.shape).copy()
+    return estimate, stderr
 
 
 def debias_zero_sum(bucket_sums: np.ndarray, respondents: float, p: float) -> HistogramEstimate:
@@ -142,13 +169,22 @@ def debias_zero_sum(bucket_sums: np.ndarray, respondents: float, p: float) -> Hi
     Bucket j receives c_j + Bin(n, p) messages, so ĉ_j = S_j - n p with variance n p (1-p).
     """
     n = _checked_respondents(respondents)
-    if not (0.0 <= p <= 1.0):
-        raise ValueError(f"p must be in [0, 1], got {p}")
     sums = np.asarray(bucket_sums, dtype=np.float64)
     if sums.ndim != 1:
         raise ValueError(f"bucket_sums must be a 1-D array, got shape {sums.shape}")
-    stderr = np.full(sums.shape, math.sqrt(n * p * (1 - p)))
-    return HistogramEstimate(sums - n * p, stderr, n)
+    return HistogramEstimate(*zero_sum_rows(sums, n, p), n)
+
+
+def zero_sum_rows(
+    sums: np.ndarray, respondents: np.ndarray | float, p: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """(ĉ, standard error) of :func:`debias_zero_sum` for float64 ``sums`` of any shape with
+    ``respondents`` broadcast against them (rows of crowds, as :func:`one_hot_rows`)."""
+    if not (0.0 <= p <= 1.0):
+        raise ValueError(f"p must be in [0, 1], got {p}")
+    n = respondents
+    stderr = np.broadcast_to(np.sqrt(n * p * (1 - p)), sums.shape).copy()
+    return sums - n * p, stderr
 
 
 def count_mean_sketch_collision_moment(
@@ -330,17 +366,33 @@ def norm_sub(estimate: HistogramEstimate, total: float | None = None) -> Histogr
     target = estimate.respondents if total is None else float(total)
     if not (math.isfinite(target) and target >= 0):
         raise ValueError(f"total must be finite and >= 0, got {total}")
-    values = estimate.estimate
-    if target == 0 or values.size == 0:
-        projected = np.zeros_like(values)
-    else:
-        descending = np.sort(values)[::-1]
-        excess = np.cumsum(descending) - target
-        ranks = np.arange(1, values.size + 1)
-        support = np.flatnonzero(descending - excess / ranks > 0)[-1]
-        theta = excess[support] / (support + 1)
-        projected = np.maximum(values - theta, 0.0)
+    projected = norm_sub_rows(estimate.estimate[np.newaxis], np.array([target]))[0]
     return replace(estimate, estimate=projected, postprocessing=_label(estimate, "norm_sub"))
+
+
+def norm_sub_rows(values: np.ndarray, totals: np.ndarray) -> np.ndarray:
+    """:func:`norm_sub` of every row of a (crowds, buckets) matrix, row i summing to
+    ``totals[i]`` (>= 0): each row sorted, summed and thresholded as the one-row case would be."""
+    values = np.asarray(values, dtype=np.float64)
+    totals = np.asarray(totals, dtype=np.float64)
+    if values.ndim != 2 or totals.shape != values.shape[:1]:
+        raise ValueError(f"values must be (rows, buckets) with one total per row, got "
+                         f"{values.shape} and {totals.shape}")  # fmt: skip
+    projected = np.zeros_like(values)
+    live = np.flatnonzero(totals != 0) if values.shape[1] else np.zeros(0, np.intp)
+    if live.size == 0:
+        return projected
+    rows, target = values[live], totals[live, np.newaxis]
+    descending = np.sort(rows, axis=1)[:, ::-1]
+    excess = np.cumsum(descending, axis=1) - target
+    ranks = np.arange(1, rows.shape[1] + 1)
+    positive = descending - excess / ranks > 0
+    # The last positive rank of each row (the first is, but for rounding at huge values).
+    support = rows.shape[1] - 1 - np.argmax(positive[:, ::-1], axis=1)
+    support[~positive.any(axis=1)] = 0
+    theta = excess[np.arange(live.size), support] / (support + 1)
+    projected[live] = np.maximum(rows - theta[:, np.newaxis], 0.0)
+    return projected
 
 
 def _label(estimate: HistogramEstimate, step: str) -> str:

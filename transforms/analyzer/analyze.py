@@ -5,7 +5,8 @@ effective respondent count n_eff = Σ_u π_u n_u (``transforms.analyzer.arithmet
 each instance's commit record states it released, weighted by the recipe's instance weights),
 adds standard errors, the optional labelled post-processing, the longitudinal marginals of Algorithm 2
 (amplification-by-shuffling) with Theorem 6's bound, the privacy report per crowd, and, when a
-simulation's truth is given, the accuracy against it. :class:`WriteAnalysis` writes
+simulation's truth is given, the accuracy against it; a bucket's histogram crowds of one recipe
+are de-biased together, as the rows of one matrix (:class:`EstimateBucket`). :class:`WriteAnalysis` writes
 ``histograms.parquet/`` and ``longitudinal.parquet/`` (Parquet datasets written part by part,
 ``transforms.analyzer.tables``), ``reports.jsonl/`` and ``withheld.jsonl/`` (JSON Lines, part by
 part, ``transforms.analyzer.report_files``) and ``summary.json`` (totals only).
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import apache_beam as beam
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from apache_beam.io.filesystem import CompressionTypes
@@ -35,9 +37,11 @@ from transforms.analyzer.aggregate import metrics_summary
 from transforms.analyzer.report_files import (
     REPORTS_DIR,
     WITHHELD_DIR,
+    HistogramReportLines,
     WindowCrowd,
     WriteLineBatches,
     estimated_crowds,
+    histogram_report_order,
     json_line,
     json_ready,
     note_order,
@@ -49,6 +53,7 @@ from transforms.analyzer.tables import (
     ROWS_PER_BATCH,
     WriteTableBatches,
     concat_compact,
+    histogram_rows_table,
     histogram_schema,
     histogram_table,
     longitudinal_schema,
@@ -144,15 +149,49 @@ class AnalysisConfig:
         return None if self.postprocessing == "none" else f"estimate_{self.postprocessing}"
 
 
+class RowGroup(NamedTuple):
+    """Histogram crowds of one recipe that :meth:`CrowdEstimator.estimate_rows` de-biases
+    together: their positions in the bucket, keys, accumulators and n_eff."""
+
+    recipe: Any
+    randomizer: Any
+    positions: list[int]
+    keys: list[arithmetic.CrowdKey]
+    accumulators: list[arithmetic.CrowdAccumulator]
+    respondents: list[float]
+
+
+class RowEstimates(NamedTuple):
+    """What :meth:`CrowdEstimator.estimate_rows` makes of a :class:`RowGroup`: the report lines
+    of the estimated crowds (with their positions), one table of their rows, the (report, table)
+    of the pictured ones, and the positions the one-crowd path must take (their estimate was
+    refused: it says why)."""
+
+    positions: list[int]
+    lines: list[str]
+    table: pa.Table
+    pictures: list[tuple[dict[str, Any], pa.Table]]
+    refused: list[int]
+
+
+# n_eff values kept per (recipe, respondents per instance) by an estimator (emptied when full).
+_RESPONDENTS_LIMIT = 4096
+
+
 class CrowdEstimator:
-    """Estimates one crowd at a time: ``estimate(key, accumulator)`` -> ``(report, table)``
+    """Estimates crowds: ``estimate(key, accumulator)`` one at a time -> ``(report, table)``
     pairs (one per histogram crowd, one per round of a longitudinal crowd; ``table`` None when
-    there is no estimate). Reads the simulations' truth once (:meth:`setup`)."""
+    there is no estimate); :meth:`row_groups` and :meth:`estimate_rows` many histogram crowds of
+    one recipe at once, with the same numbers, tables and report lines. Reads the simulations'
+    truth once (:meth:`setup`)."""
 
     def __init__(self, config: AnalysisConfig) -> None:
         self._config = config
         self._truth: dict[str, arithmetic.Truth] = {}
         self._schema = histogram_schema(config)
+        self._randomizers: dict[str, Any] = {}
+        self._respondents: dict[tuple, float | None] = {}
+        self._lines = HistogramReportLines(config.deletion)
 
     def setup(self) -> None:
         self._truth = {source.recipe_id: read_truth(source) for source in self._config.truth}
@@ -197,6 +236,130 @@ class CrowdEstimator:
             recipe, result, config.deletion, accuracy, accumulator.rejected
         )
         return report, table
+
+    def _row_randomizer(self, recipe_id: str, recipe: Any) -> Any | None:
+        """The recipe's randomizer when its crowds can be de-biased as rows (built once)."""
+        randomizer = self._randomizers.get(recipe_id, False)
+        if randomizer is False:
+            randomizer = recipe.build_randomizer()
+            if not arithmetic.estimates_rows(randomizer):
+                randomizer = None
+            self._randomizers[recipe_id] = randomizer
+        return randomizer
+
+    def _effective(self, recipe_id: str, recipe: Any, respondents: dict[int, int]) -> float | None:
+        """n_eff of ``respondents`` (``arithmetic.effective_respondents``, in the mapping's own
+        order: the sum's last bit depends on it), None where it is not a positive number
+        (the one-crowd path then says why); kept per distinct mapping."""
+        cache_key = (recipe_id, tuple(respondents.items()))
+        if cache_key in self._respondents:
+            return self._respondents[cache_key]
+        try:
+            n_eff = arithmetic.effective_respondents(respondents, recipe.instance_weights)
+        except ValueError:
+            n_eff = None
+        if n_eff is not None and not (n_eff > 0 and math.isfinite(n_eff)):
+            n_eff = None
+        if len(self._respondents) >= _RESPONDENTS_LIMIT:
+            self._respondents.clear()
+        self._respondents[cache_key] = n_eff
+        return n_eff
+
+    def row_groups(
+        self, crowds: list[tuple[arithmetic.CrowdKey, arithmetic.Accumulator | None]]
+    ) -> tuple[list[RowGroup], list[int]]:
+        """Split a bucket's crowds into groups of one recipe whose estimates are made together
+        (histogram crowds with dense counts over their recipe's message domain, an n_eff > 0
+        and a recipe whose estimator :func:`arithmetic.estimate_histogram_rows` handles) and
+        the positions of the others, which go one by one (:meth:`estimate`): longitudinal
+        crowds, count-mean sketches, sparse domains, crowds without respondents."""
+        groups: dict[str, RowGroup] = {}
+        single: list[int] = []
+        book = self._config.book
+        for position, (key, accumulator) in enumerate(crowds):
+            recipe_id = key[4]  # the book's key of the recipe (Recipe.id is made per call)
+            recipe = book.get(recipe_id)
+            if (
+                recipe is None
+                or key[0] != arithmetic.HISTOGRAM
+                or not isinstance(accumulator, arithmetic.CrowdAccumulator)
+            ):
+                single.append(position)
+                continue
+            randomizer = self._row_randomizer(recipe_id, recipe)
+            counts = accumulator.counts
+            n_eff = None
+            if (
+                randomizer is not None
+                and counts.is_dense
+                and counts.domain_size == randomizer.message_domain_size
+            ):
+                n_eff = self._effective(recipe_id, recipe, accumulator.respondents)
+            if n_eff is None:
+                single.append(position)
+                continue
+            group = groups.get(recipe_id)
+            if group is None:
+                group = groups[recipe_id] = RowGroup(recipe, randomizer, [], [], [], [])
+            group.positions.append(position)
+            group.keys.append(key)
+            group.accumulators.append(accumulator)
+            group.respondents.append(n_eff)
+        return list(groups.values()), single
+
+    def estimate_rows(self, group: RowGroup) -> RowEstimates:
+        """De-bias a :class:`RowGroup` at once (``arithmetic.estimate_histogram_rows``): one
+        table for all its rows (``tables.histogram_rows_table``) and its report lines
+        (``report_files.HistogramReportLines``), each equal to what :meth:`estimate` and
+        ``json_line`` make of the crowd alone. The crowds with a simulation's truth (at most one
+        per recipe and window: the crowd without a crowd ID) get their accuracy one by one."""
+        config = self._config
+        try:
+            rows, refused = arithmetic.estimate_histogram_rows(
+                group.recipe,
+                group.randomizer,
+                group.keys,
+                group.accumulators,
+                np.array(group.respondents),
+                config.postprocessing,
+            )
+        except ValueError:  # a recipe-wide refusal: each crowd's own call states it
+            return RowEstimates([], [], self._schema.empty_table(), [], list(group.positions))
+        positions = group.positions
+        accumulators = group.accumulators
+        if refused.size:
+            refused_set = set(refused.tolist())
+            kept = [i for i in range(len(positions)) if i not in refused_set]
+            refused_positions = [positions[i] for i in refused.tolist()]
+            positions = [positions[i] for i in kept]
+            accumulators = [accumulators[i] for i in kept]
+        else:
+            refused_positions = []
+        accuracy: dict[int, dict[str, float]] = {}
+        truth_rows: dict[int, np.ndarray] = {}
+        if self._truth:
+            for row, key in enumerate(rows.keys):
+                truth = self._truth_for(key)
+                if truth is None:
+                    continue
+                result = rows.result(row)
+                buckets, counts = truth.window(key[1])
+                accuracy[row] = arithmetic.histogram_accuracy(result, buckets, counts)
+                keys, values = arithmetic.sparse_truth(buckets, counts)
+                truth_rows[row] = arithmetic.values_at(result.buckets, keys, values)
+        rejected = [accumulator.rejected for accumulator in accumulators]
+        lines = self._lines.lines(group.recipe, rows, accuracy, rejected)
+        table = histogram_rows_table(rows, config, truth_rows, self._schema)
+        pictures = []
+        for row, key in enumerate(rows.keys):
+            if key in config.pictured:
+                result = rows.result(row)
+                report = arithmetic.histogram_report(
+                    group.recipe, result, config.deletion, accuracy.get(row), rejected[row]
+                )
+                own = histogram_table(result, config, truth_rows.get(row), self._schema)
+                pictures.append((report, own))
+        return RowEstimates(positions, lines, table, pictures, refused_positions)
 
     def _longitudinal(
         self, recipe: Any, key: arithmetic.CrowdKey, accumulator: arithmetic.LongitudinalAccumulator
@@ -249,8 +412,15 @@ class EstimateBucket(beam.DoFn):
     (``shard_of(bucket key, parts)``): ``(part, compressed Arrow IPC bytes)`` of histogram and
     longitudinal rows (``pack_table``; every :data:`ROWS_PER_BATCH` rows and at the bucket's end), ``(part, compressed JSON
     Lines)`` of reports and of withheld-crowd notes, ``(report, table)`` of the pictured crowds
-    and one dict of totals (main output). The crowds are estimated one by one with today's
-    estimators (:class:`CrowdEstimator`); nothing leaves per crowd except pictures.
+    and one dict of totals (main output). Nothing leaves per crowd except pictures.
+
+    The histogram crowds of one recipe are de-biased together, as the rows of one matrix
+    (:meth:`CrowdEstimator.estimate_rows`, about :data:`ROWS_PER_BATCH` rows at a time), into
+    one table and report lines joined from cached texts; the others (longitudinal rounds,
+    count-mean sketches, sparse domains, crowds without respondents) one by one
+    (:meth:`CrowdEstimator.estimate`). ``crowd_at_a_time`` takes every crowd one by one: the
+    reference the rows are tested against (the same lines, and the same table rows up to their
+    order within a batch; every part file is sorted when written).
 
     With ``spill_dir``, each batch is written to a file there (``analysis_tables.spill_batch``,
     named by bucket key, tag and index) and ``(part, path)`` leaves instead of its bytes: the
@@ -262,11 +432,13 @@ class EstimateBucket(beam.DoFn):
         parts: int = 1,
         rows_per_batch: int = ROWS_PER_BATCH,
         spill_dir: str | None = None,
+        crowd_at_a_time: bool = False,
     ) -> None:
         self._config = config
         self._parts = max(1, int(parts))
         self._rows_per_batch = int(rows_per_batch)
         self._spill_dir = spill_dir
+        self._crowd_at_a_time = bool(crowd_at_a_time)
         self._estimator = CrowdEstimator(config)
 
     def setup(self) -> None:
@@ -290,21 +462,52 @@ class EstimateBucket(beam.DoFn):
 
         tables = {HISTOGRAM_TAG: _Batches(self._rows_per_batch)}
         tables[LONGITUDINAL_TAG] = _Batches(self._rows_per_batch)
-        lines: list[str] = []
         totals: dict[str, int] = {}
         estimated: set[WindowCrowd] = set()
         pictured = self._config.pictured
         rejected_notes = []
+        crowds = []
         for key, accumulator in bucket.items():
             note = arithmetic.all_rejected_note(key, accumulator)
             if note is not None:  # nothing of the crowd could be counted: no estimate
                 rejected_notes.append(note)
-                continue
+            else:
+                crowds.append((key, accumulator))
+        # Each crowd's report lines (with their sort keys) at its position: the crowds' order.
+        lines: list[list[tuple[str, tuple]] | None] = [None] * len(crowds)
+        if self._crowd_at_a_time:
+            groups, single = [], list(range(len(crowds)))
+        else:
+            groups, single = self._estimator.row_groups(crowds)
+        for group in groups:
+            domain = max(1, group.randomizer.message_domain_size)
+            size = max(1, self._rows_per_batch // domain)
+            for start in range(0, len(group.positions), size):
+                chunk = RowGroup(
+                    *group[:2], *(column[start : start + size] for column in group[2:])
+                )
+                rows = self._estimator.estimate_rows(chunk)
+                single.extend(rows.refused)
+                for position, line in zip(rows.positions, rows.lines, strict=True):
+                    key = crowds[position][0]
+                    lines[position] = [(line, histogram_report_order(key))]
+                    estimated.add((int(key[1]), *key[3:]))
+                if rows.positions:  # every line a histogram report, each with its notes
+                    totals["histograms"] = totals.get("histograms", 0) + len(rows.positions)
+                    totals["with_notes"] = totals.get("with_notes", 0) + len(rows.positions)
+                batch = tables[HISTOGRAM_TAG].add(rows.table)
+                if batch is not None:
+                    yield out(HISTOGRAM_TAG, pack_table(batch))
+                for picture in rows.pictures:
+                    yield beam.pvalue.TaggedOutput(PICTURE_TAG, picture)
+        for position in sorted(single):
+            key, accumulator = crowds[position]
+            lines[position] = []
             for report, table in self._estimator.estimate(key, accumulator):
                 for name, count in report_totals(report).items():
                     totals[name] = totals.get(name, 0) + count
                 estimated.update(estimated_crowds(report))
-                lines.append(json_line(report))
+                lines[position].append((json_line(report), report_order(report)))
                 if table is None:
                     continue
                 tag = LONGITUDINAL_TAG if key[0] == arithmetic.LONGITUDINAL else HISTOGRAM_TAG
@@ -317,14 +520,16 @@ class EstimateBucket(beam.DoFn):
             batch = pending.flush()
             if batch is not None:
                 yield out(tag, pack_table(batch))
-        if lines:
-            yield out(REPORT_TAG, pack_lines(lines))
+        report_lines = [line for crowd_lines in lines if crowd_lines for line in crowd_lines]
+        if report_lines:
+            texts, orders = zip(*report_lines, strict=True)
+            yield out(REPORT_TAG, pack_lines(list(texts), list(orders)))
         notes = arithmetic.withheld_notes(arithmetic.withheld_records(bucket.withheld), estimated)
         notes = sorted(notes + rejected_notes, key=note_order)
         if notes:
             totals["withheld"] = len(notes)
             notes_lines = [json_line(note) for note in notes]
-            yield out(NOTE_TAG, pack_lines(notes_lines))
+            yield out(NOTE_TAG, pack_lines(notes_lines, [note_order(note) for note in notes]))
         yield totals
 
 

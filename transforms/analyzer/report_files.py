@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import zlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -25,7 +24,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from transforms.analyzer import arithmetic
-from transforms.analyzer.tables import group_by_part, load_batch
+from transforms.analyzer.tables import compress_batch, decompress_batch, group_by_part, load_batch
 from transforms.common import atomic_files
 
 REPORTS_DIR = "reports.jsonl"
@@ -44,6 +43,13 @@ def report_order(report: Mapping[str, Any]) -> tuple:
         report.get("crowd_id") or "",
         report.get("window_start", report.get("round_start", 0)),
     )
+
+
+def histogram_report_order(key: tuple) -> tuple:
+    """:func:`report_order` of the report of histogram crowd ``key`` (``arithmetic.CrowdKey``),
+    without the report."""
+    kind, window_start, _, channel, recipe_id, crowd_id = key
+    return (kind, channel, recipe_id, crowd_id or "", int(window_start))
 
 
 def note_order(note: Mapping[str, Any]) -> tuple:
@@ -116,14 +122,142 @@ def json_line(record: Mapping[str, Any]) -> str:
     return json.dumps(json_ready(record), sort_keys=False, allow_nan=False)
 
 
-def pack_lines(lines: list[str]) -> bytes:
-    """Lines joined with newlines and zlib-compressed (read back by :func:`unpack_lines`)."""
-    return zlib.compress("\n".join(lines).encode(), 6)
+def json_value(value: Any) -> str:
+    """The JSON text ``value`` has inside a :func:`json_line` (numpy values as JSON types, no
+    NaN): ``json_line({"k": value})`` is ``'{"k": ' + json_value(value) + "}"``, so a line can be
+    joined from the texts of its values (``json.dumps``'s default separators)."""
+    try:
+        return json.dumps(value, allow_nan=False, default=_json_scalar)
+    except (TypeError, ValueError):
+        return json.dumps(json_ready(value), allow_nan=False)
+
+
+def _json_string(value: Any) -> str:
+    """:func:`json_value` of a crowd ID, without the encoder for plain printable ASCII text."""
+    if value is None:
+        return "null"
+    if (
+        isinstance(value, str)
+        and value.isascii()
+        and value.isprintable()
+        and '"' not in value
+        and "\\" not in value
+    ):
+        return f'"{value}"'
+    return json_value(value)
+
+
+class HistogramReportLines:
+    """The report lines of many histogram crowds: for row i of ``arithmetic.HistogramRows``,
+    ``json_line(arithmetic.histogram_report(recipe, rows.result(i), deletion, accuracy,
+    rejected))``, joined from the JSON texts of its values instead of made as a dict and
+    serialized whole.
+
+    What depends only on the crowd's respondents per instance (``respondents_by_instance``,
+    the privacy report and the notes) is serialized once per distinct respondents and kept
+    (at most ``limit`` of them; the cache empties when full, as the privacy reports'). Only
+    dense results pass through here (no ``unobserved_*`` entries); keys follow
+    ``histogram_report``'s order, which a test holds to the per-crowd lines.
+    """
+
+    def __init__(self, deletion: Mapping[int, tuple[float, float]], limit: int = 4096) -> None:
+        self._deletion = deletion
+        self._limit = int(limit)
+        self._respondents: dict[tuple, tuple[Any, str, str]] = {}
+        self._strings: dict[Any, str] = {}
+
+    def _string(self, value: str | None) -> str:
+        """``json.dumps(value)`` of a name many crowds share (kind, channel, recipe)."""
+        text = self._strings.get(value)
+        if text is None:
+            if len(self._strings) >= self._limit:
+                self._strings.clear()
+            text = self._strings[value] = json.dumps(value)
+        return text
+
+    def _by_respondents(self, recipe: Any, respondents: dict[int, int]) -> tuple[str, str]:
+        """(respondents_by_instance, privacy + notes) texts of one respondents mapping (each
+        entry keeps its recipe, so an id() is never a later object's)."""
+        cache_key = (id(recipe), tuple(respondents.items()))
+        hit = self._respondents.get(cache_key)
+        if hit is None or hit[0] is not recipe:
+            if len(self._respondents) >= self._limit:
+                self._respondents.clear()
+            privacy = arithmetic.cached_privacy_summary(recipe, respondents, self._deletion)
+            note = arithmetic.missing_instance_note(recipe, respondents)
+            by_instance = {str(u): int(c) for u, c in respondents.items()}
+            hit = self._respondents[cache_key] = (
+                recipe,
+                json_value(by_instance),
+                f'{json_value(privacy)}, "notes": {json_value([note] if note else [])}',
+            )
+        return hit[1], hit[2]
+
+    def lines(
+        self,
+        recipe: Any,
+        rows: arithmetic.HistogramRows,
+        accuracy: Mapping[int, Mapping[str, float]],
+        rejected: list[Mapping[str, int] | None],
+    ) -> list[str]:
+        """The lines of every row (``accuracy``: row -> the accuracy of the crowds with a
+        truth; ``rejected``: each row's rejected counts)."""
+        string = self._string
+        domain = rows.domain_size
+        middle = (
+            f', "domain_size": {domain}, "buckets_reported": {domain}, '
+            f'"postprocessing": {json.dumps(rows.postprocessing)}, "privacy": '
+        )
+        respondents = rows.respondents.tolist()
+        messages = rows.messages.tolist()
+        out = []
+        for row, key in enumerate(rows.keys):
+            kind, start, end, channel, recipe_id, crowd_id = key
+            by_instance, privacy = self._by_respondents(recipe, rows.respondents_by_instance[row])
+            counted = rejected[row]
+            extra = "}"
+            if row in accuracy:
+                extra = f', "accuracy": {json_value(dict(accuracy[row]))}}}'
+            out.append(
+                f'{{"kind": {string(kind)}, "channel": {string(channel)}, '
+                f'"recipe_id": {string(recipe_id)}, "crowd_id": {_json_string(crowd_id)}, '
+                f'"window_start": {int(start)}, "window_end": {int(end)}, '
+                f'"respondents_effective": {float.__repr__(respondents[row])}, '
+                f'"respondents_by_instance": {by_instance}, "messages": {messages[row]}, '
+                f'"rejected": {json_value(dict(counted)) if counted else "{}"}'
+                f"{middle}{privacy}{extra}"
+            )
+        return out
+
+
+def pack_lines(lines: list[str], orders: list[tuple] | None = None) -> bytes:
+    """Lines joined with newlines and compressed (``tables.compress_batch``; read back by
+    :func:`unpack_lines`).
+
+    ``orders``: each line's sort key as the part's ``order`` would read it from the line's
+    record (``report_order`` or ``note_order``), carried as one JSON array before the lines (a
+    record's line starts with ``{``, the array with ``[``), so the part is sorted without
+    parsing every line again (:func:`write_json_part`)."""
+    text = "\n".join(lines)
+    if orders is not None:
+        if len(orders) != len(lines):
+            raise ValueError(f"{len(orders)} sort keys for {len(lines)} lines")
+        text = json.dumps(orders, default=_json_scalar) + "\n" + text
+    return compress_batch(text.encode())
+
+
+def unpack_ordered_lines(batch: bytes) -> tuple[list[tuple] | None, list[str]]:
+    """(sort keys or None, lines) of a :func:`pack_lines` batch."""
+    text = decompress_batch(batch).decode()
+    if not text.startswith("["):
+        return None, text.split("\n")
+    header, _, text = text.partition("\n")
+    return [tuple(order) for order in json.loads(header)], text.split("\n")
 
 
 def unpack_lines(batch: bytes) -> list[str]:
     """The lines of a :func:`pack_lines` batch."""
-    return zlib.decompress(batch).decode().split("\n")
+    return unpack_ordered_lines(batch)[1]
 
 
 def write_json_part(
@@ -135,9 +269,14 @@ def write_json_part(
 ) -> str:
     """One JSON Lines part: the lines of the shard's :func:`pack_lines` batches (or the paths
     ``analysis_tables.spill_batch`` wrote them to), sorted by ``order`` of the record each line
-    holds (the same order as the records')."""
-    lines = [line for batch in batches for line in unpack_lines(load_batch(batch))]
-    keys = [order(json.loads(line)) for line in lines]
+    holds (the same order as the records'): the sort keys a batch carries, else each line read
+    back."""
+    lines: list[str] = []
+    keys: list[tuple] = []
+    for batch in batches:
+        orders, batch_lines = unpack_ordered_lines(load_batch(batch))
+        lines += batch_lines
+        keys += orders if orders is not None else [order(json.loads(line)) for line in batch_lines]
     ordered = sorted(range(len(lines)), key=keys.__getitem__)
     content = "".join(lines[index] + "\n" for index in ordered).encode()
     return atomic_files.publish_bytes(directory, part_name(shard, shards), content)

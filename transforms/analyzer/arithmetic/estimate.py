@@ -26,10 +26,15 @@ from privacy.estimators import (
     debias_report_fragments,
     debias_zero_sum,
     norm_sub,
+    norm_sub_rows,
+    one_hot_rows,
+    report_fragment_rows,
     tree_node_offsets,
+    zero_sum_rows,
 )
 from privacy.randomizers import (
     AsymmetricOneHot,
+    BinaryRandomizedResponse,
     OneHotRappor,
     ReportFragmented,
     SymmetricOneHot,
@@ -183,6 +188,154 @@ def estimate_histogram(
         postprocessed=postprocessed,
         **common,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Many crowds of one recipe at once
+# ---------------------------------------------------------------------------------------------
+
+
+def _row_estimate(
+    randomizer: Any, sums: np.ndarray, n: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """(estimates, standard errors) of crowds stacked as rows of ``sums`` (float64, one row per
+    crowd over the message domain) at ``n`` (a column of their n_eff), for the randomizers whose
+    estimator is linear in the bucket sums with a standard error element-wise in (S_j, n): the
+    same functions their one-crowd ``estimate`` calls (``privacy.estimators``), so each row is
+    the one-crowd result to the last bit. None for the others (sketches, longitudinal clients)."""
+    if isinstance(randomizer, ReportFragmented):
+        return report_fragment_rows(
+            sums, n, randomizer.backstop_keep, randomizer.fragment_keep, randomizer.fragments
+        )
+    if isinstance(randomizer, ZeroSumHistogram):
+        return zero_sum_rows(sums, n, randomizer.p)
+    if isinstance(randomizer, OneHotRappor | SymmetricOneHot | AsymmetricOneHot):
+        return one_hot_rows(sums, n, randomizer.p_one, randomizer.p_zero)
+    if isinstance(randomizer, BinaryRandomizedResponse):
+        # [ĉ_0, ĉ_1] = [n - ĉ_1, ĉ_1] from the one bucket, both with ĉ_1's standard error
+        # (BinaryRandomizedResponse.estimate, Section III of esa-privacy-revisited).
+        ones, stderr = one_hot_rows(sums, n, randomizer.p_one, randomizer.p_zero)
+        return np.concatenate([n - ones, ones], axis=1), np.repeat(stderr, 2, axis=1)
+    return None
+
+
+_ROW_RANDOMIZERS = (
+    ReportFragmented,
+    ZeroSumHistogram,
+    OneHotRappor,
+    SymmetricOneHot,
+    AsymmetricOneHot,
+    BinaryRandomizedResponse,
+)
+
+
+def estimates_rows(randomizer: Any) -> bool:
+    """Whether :func:`estimate_histogram_rows` can de-bias crowds of ``randomizer`` together."""
+    return isinstance(randomizer, _ROW_RANDOMIZERS)
+
+
+@dataclass(frozen=True, eq=False)
+class HistogramRows:
+    """The de-biased histograms of crowds of one recipe over its dense domain, one row each.
+
+    Row i is what :func:`estimate_histogram` makes of crowd ``keys[i]`` (:meth:`result` gives it
+    as a :class:`HistogramResult`): ``estimate``, ``stderr`` and ``postprocessed`` are
+    (crowds, domain) float64 matrices, ``raw_count`` the (crowds, message domain) int64 sums
+    (None where the two domains differ), ``respondents`` the n_eff of each crowd.
+    """
+
+    keys: list[CrowdKey]
+    estimate: np.ndarray
+    stderr: np.ndarray
+    raw_count: np.ndarray | None
+    respondents: np.ndarray
+    respondents_by_instance: list[dict[int, int]]
+    messages: np.ndarray
+    postprocessing: str = "none"
+    postprocessed: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @property
+    def domain_size(self) -> int:
+        return int(self.estimate.shape[1])
+
+    def result(self, row: int) -> HistogramResult:
+        """Crowd ``row`` as :func:`estimate_histogram` returns it."""
+        domain = self.domain_size
+        return HistogramResult(
+            key=self.keys[row],
+            domain_size=domain,
+            buckets=np.arange(domain, dtype=np.int64),
+            estimate=self.estimate[row],
+            stderr=self.stderr[row],
+            raw_count=None if self.raw_count is None else self.raw_count[row],
+            respondents=float(self.respondents[row]),
+            respondents_by_instance=self.respondents_by_instance[row],
+            messages=int(self.messages[row]),
+            postprocessing=self.postprocessing,
+            postprocessed=None if self.postprocessed is None else self.postprocessed[row],
+        )
+
+
+def estimate_histogram_rows(
+    recipe: Recipe,
+    randomizer: Any,
+    keys: list[CrowdKey],
+    accumulators: list[CrowdAccumulator],
+    respondents: np.ndarray,
+    postprocessing: str = "none",
+) -> tuple[HistogramRows, np.ndarray]:
+    """De-bias crowds of one recipe together: their dense bucket sums stacked into a (crowds,
+    message domain) matrix and de-biased at once with the recipe's estimator at each crowd's
+    ``respondents`` (its n_eff, :func:`effective_respondents`, > 0), standard errors and
+    post-processing row by row (``privacy.estimators``: ``one_hot_rows`` for Section III of
+    esa-privacy-revisited, ``report_fragment_rows`` for its Algorithm 2, ``zero_sum_rows`` for
+    Figure 2 of shuffled-model-histograms, ``norm_sub_rows``).
+
+    ``randomizer``: ``recipe.build_randomizer()`` (:func:`estimates_rows` true), each
+    accumulator dense over its ``message_domain_size``. Returns the rows that
+    :func:`estimate_histogram` would have accepted (each equal to its one-crowd result) and
+    the indices of the others, whose estimate is not finite: the one-crowd call says why.
+    """
+    if postprocessing not in POSTPROCESSING:
+        raise ValueError(f"postprocessing must be one of {POSTPROCESSING}, got {postprocessing!r}")
+    domain = randomizer.message_domain_size
+    sums = np.zeros((len(accumulators), domain), dtype=np.int64)
+    for row, accumulator in enumerate(accumulators):
+        if not accumulator.counts.is_dense or accumulator.counts.domain_size != domain:
+            raise ValueError(f"{keys[row]}: counts must be dense over {domain} buckets")
+        sums[row] = accumulator.counts.dense()
+    n = np.asarray(respondents, dtype=np.float64)
+    if n.shape != (len(accumulators),) or not np.all(n > 0) or not np.all(np.isfinite(n)):
+        raise ValueError("respondents must hold one finite n_eff > 0 per crowd")
+    estimate, stderr = _row_estimate(randomizer, sums.astype(np.float64), n[:, np.newaxis])
+    # What HistogramEstimate refuses for one crowd: a non-finite estimate or stderr.
+    good = np.isfinite(estimate).all(axis=1) & (stderr >= 0).all(axis=1)
+    refused = np.flatnonzero(~good)
+    if refused.size:
+        keep = np.flatnonzero(good)
+        sums, estimate, stderr, n = sums[keep], estimate[keep], stderr[keep], n[keep]
+        keys = [keys[row] for row in keep.tolist()]
+        accumulators = [accumulators[row] for row in keep.tolist()]
+    postprocessed = None
+    if postprocessing == "clip_nonnegative":
+        postprocessed = np.maximum(estimate, 0.0)
+    elif postprocessing == "norm_sub":
+        postprocessed = norm_sub_rows(estimate, n)
+    rows = HistogramRows(
+        keys=keys,
+        estimate=estimate,
+        stderr=stderr,
+        raw_count=sums if domain == estimate.shape[1] else None,
+        respondents=n,
+        respondents_by_instance=[dict(sorted(a.respondents.items())) for a in accumulators],
+        messages=np.array([a.messages for a in accumulators], dtype=np.int64),
+        postprocessing=postprocessing,
+        postprocessed=postprocessed,
+    )
+    return rows, refused
 
 
 def sparse_truth(buckets: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
