@@ -536,6 +536,7 @@ def run(options: PipelineOptions) -> dict[str, Any]:
         book,
         SUPPORTED_SCHEMA_VERSIONS,
         batch_records=values.analyze_batch_records,
+        range_records=values.analyze_range_records,
         dense_limit=values.analyze_dense_limit,
         key_ring=values.analyze_key_ring,  # a path: workers read the keys (sealed payloads)
         buckets=arithmetic.analyzer_buckets(

@@ -76,6 +76,7 @@ from transforms.analyzer.arithmetic.rejections import (
     FileReplays,
     all_rejected_note,
     rejected_accumulators,
+    repeats_across_ranges,
 )
 from transforms.analyzer.arithmetic.report import (
     ALGORITHM_3,
@@ -93,6 +94,7 @@ from transforms.analyzer.arithmetic.report import (
 
 __all__ = [
     "FileReplays",
+    "repeats_across_ranges",
     "all_rejected_note",
     "rejected_accumulators",
     "ALGORITHM_3",
