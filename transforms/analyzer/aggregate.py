@@ -45,7 +45,7 @@ from apache_beam.io.filesystems import FileSystems
 from schemas import schema_json
 from schemas.dead_letters import dead_letter
 from schemas.release.commit import COMMIT_FILE
-from schemas.release.crowd_buckets import CROWDS_DIR
+from schemas.release.crowd_buckets import CROWDS_DIR, BucketKey, parse_release_path
 from schemas.release.crowd_tables import parse_crowd_table
 from schemas.replays import DUPLICATE_PAYLOAD
 from transforms.analyzer import arithmetic
@@ -61,6 +61,9 @@ COUNTS_TAG = "counts"
 # Outputs of a range of a file cut into several, held back until the file's ranges are checked.
 PENDING_TAG = "pending"
 CHECKS_TAG = "checks"
+# Records per crowd key of each batch, keyed by release file bucket (pipelines/release_counts.py).
+CROWD_RECORDS_TAG = "crowd_records"
+CROWD_KEY_COLUMNS = ("window_start", "window_end", "channel", "recipe_id", "crowd_id")
 BUCKETS_TAG = "buckets"
 # Records per range of a release file (``esa analyze --range-records``).
 DEFAULT_RANGE_RECORDS = 20_000
@@ -204,6 +207,7 @@ class DecodeReleaseFile(beam.DoFn):
         replays = arithmetic.FileReplays() if replays is None else replays
         expect = schema_json("shuffled_message")  # else the whole file is schema_mismatch
         window = None if piece.whole else (piece.start, piece.stop, piece.first_record)
+        bucket = release_bucket(path)
         for item in avro_io.read_avro_batches(path, self._batch_records, expect, window):
             if isinstance(item, avro_io.UnreadableChunk):
                 self._unreadable = True
@@ -215,6 +219,9 @@ class DecodeReleaseFile(beam.DoFn):
                 yield beam.pvalue.TaggedOutput(DEAD_LETTER_TAG, [letter])
                 continue
             self._bundle_decoded = self._bundle_decoded or item.rows > 0
+            if bucket is not None:  # every record read, whatever becomes of it
+                records = crowd_record_counts(item.columns)
+                yield beam.pvalue.TaggedOutput(CROWD_RECORDS_TAG, (bucket, records))
             columns, opened = item.columns, None
             # Repeats of a sealed payload in a crowd of this file are discarded, counted.
             repeated = replays.repeated(columns)
@@ -273,6 +280,33 @@ class DecodeReleaseFile(beam.DoFn):
             yield beam.pvalue.TaggedOutput(
                 DEAD_LETTER_TAG, letters[start : start + DEAD_LETTERS_PER_ELEMENT]
             )
+
+
+def release_bucket(path: str) -> tuple[str, BucketKey] | None:
+    """``(release directory, bucket key)`` of a release's message file or crowd table
+    (``<directory>/messages/<stem>-g<group>.avro``, ``<directory>/crowds/<stem>.avro``); None
+    for a path of neither layout."""
+    directory, _, name = path.rpartition("/")
+    release, _, kind = directory.rpartition("/")
+    parsed = parse_release_path(f"{kind}/{name}")
+    return None if parsed is None or not release else (release, parsed[1])
+
+
+def crowd_record_counts(batch: pa.RecordBatch) -> dict[tuple, int]:
+    """Records per crowd key ``(window_start ms, window_end ms, channel, recipe_id, crowd_id)``
+    of a batch (none when it lacks a key column)."""
+    if batch.num_rows == 0 or any(n not in batch.schema.names for n in CROWD_KEY_COLUMNS):
+        return {}
+    columns = []
+    for name in CROWD_KEY_COLUMNS:
+        column = batch.column(name)
+        if pa.types.is_timestamp(column.type):
+            column = column.cast(pa.timestamp("ms")).cast(pa.int64())
+        columns.append(column)
+    names = [str(i) for i in range(len(columns))]
+    grouped = pa.Table.from_arrays(columns, names).group_by(names).aggregate([([], "count_all")])
+    keys = [grouped.column(name).to_pylist() for name in names]
+    return dict(zip(zip(*keys, strict=True), grouped.column("count_all").to_pylist(), strict=True))
 
 
 class _Rejections(NamedTuple):
@@ -412,6 +446,8 @@ class AggregateOutputs(NamedTuple):
     buckets: beam.PCollection  # (bucket key, CrowdBucket)
     dead_letters: beam.PCollection  # lists of DeadLetter dicts
     counts: beam.PCollection  # one dict of counters (global)
+    # ((release directory, bucket key), {crowd key: records}) per batch of a release's file
+    crowd_records: beam.PCollection
 
 
 class AggregateReleases(beam.PTransform):
@@ -442,7 +478,7 @@ class AggregateReleases(beam.PTransform):
 
     def expand(self, inputs: tuple[beam.PCollection, beam.PCollection]) -> AggregateOutputs:
         files, crowd_sources = inputs
-        outputs = (DEAD_LETTER_TAG, COUNTS_TAG, PENDING_TAG, CHECKS_TAG)
+        outputs = (DEAD_LETTER_TAG, COUNTS_TAG, PENDING_TAG, CHECKS_TAG, CROWD_RECORDS_TAG)
         decoded = (
             files
             | "PlanRanges" >> beam.ParDo(self._plan)
@@ -457,7 +493,7 @@ class AggregateReleases(beam.PTransform):
         )
         released = decoded[PENDING_TAG] | "ReleaseCheckedRanges" >> beam.ParDo(
             _ReleaseChecked(), beam.pvalue.AsList(rereads)
-        ).with_outputs(DEAD_LETTER_TAG, COUNTS_TAG, main=BUCKETS_TAG)
+        ).with_outputs(DEAD_LETTER_TAG, COUNTS_TAG, CROWD_RECORDS_TAG, main=BUCKETS_TAG)
         whole = (
             rereads
             | "AsWholeFiles" >> beam.Map(FileRange.whole_file)
@@ -476,10 +512,11 @@ class AggregateReleases(beam.PTransform):
             | "AllCounters" >> beam.Flatten()
             | "AddCounters" >> beam.CombineGlobally(SumCounts())
         )
-        dead_letters = [
-            part[DEAD_LETTER_TAG] for part in parts
-        ] | "AllDeadLetters" >> beam.Flatten()
-        return AggregateOutputs(buckets, dead_letters, counts)
+        letters = [part[DEAD_LETTER_TAG] for part in parts]
+        dead_letters = letters | "AllDeadLetters" >> beam.Flatten()
+        crowd_records = [part[CROWD_RECORDS_TAG] for part in parts]
+        records = crowd_records | "AllCrowdRecords" >> beam.Flatten()
+        return AggregateOutputs(buckets, dead_letters, counts, records)
 
 
 def _must_read_whole(checks: tuple[str, Iterable[tuple[bool, np.ndarray]]]) -> Iterator[str]:
