@@ -33,6 +33,7 @@ from schemas.avro.columns import arrow_type
 from schemas.avro.varint import read_varints as _varints
 from schemas.avro.varint import unzigzag as _signed
 from schemas.avro.varint import varint_ends as _varint_ends
+from schemas.avro.varint import words as _words
 
 __all__ = ["FlatField", "flat_layout", "decode_flat_blocks"]
 
@@ -52,6 +53,10 @@ _SAMPLED_PER_BLOCK = 16
 _MAX_BEGINNINGS = 16
 _MAX_BEGINNING_BYTES = 4
 _CANDIDATES_PER_RECORD = 1.25
+# Longest field whose bytes are compared across records to decode it once (_constant_fields).
+_CONSTANT_FIELD_BYTES = 64
+# Longest strings and bytes gathered as rows of equal width (see _gather).
+_ROW_GATHER_WIDTH = 64
 
 
 @dataclass(frozen=True)
@@ -233,12 +238,29 @@ def _record_starts(
 
 
 def _gather(buf: np.ndarray, begin: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, Any]:
-    """Arrow offsets (int32) and the concatenated bytes ``buf[begin[i]:begin[i]+lengths[i]]``."""
+    """Arrow offsets (int32) and the concatenated bytes ``buf[begin[i]:begin[i]+lengths[i]]``.
+
+    Short values are gathered as rows of the longest one's width (one row copy each) and the
+    bytes past each value's length dropped; long or very uneven ones through a byte index."""
     offsets = np.zeros(lengths.size + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     total = int(offsets[-1])
     if total == 0:
         return offsets.astype(np.int32), pa.py_buffer(b"")
+    width = int(lengths.max())
+    if (
+        width <= _ROW_GATHER_WIDTH
+        and width * lengths.size <= 2 * total + 8 * lengths.size
+        and int(begin.min()) >= 0
+        and int(begin.max()) <= buf.size - width
+    ):
+        rows = np.lib.stride_tricks.as_strided(
+            buf, shape=(buf.size - width + 1, width), strides=(1, 1)
+        )
+        values = rows[begin]
+        if int(lengths.min()) < width:
+            values = values[np.arange(width) < lengths[:, None]]
+        return offsets.astype(np.int32), pa.py_buffer(values.reshape(-1))
     index = np.repeat(begin - offsets[:-1], lengths)
     index += np.arange(total, dtype=np.int64)
     return offsets.astype(np.int32), pa.py_buffer(buf.take(index))
@@ -320,6 +342,47 @@ def _decode_column(
     return array, end
 
 
+def _same_bytes(buf: np.ndarray, positions: np.ndarray, pattern: np.ndarray) -> bool:
+    """Whether ``buf`` holds ``pattern`` at every one of ``positions`` (8 bytes per step)."""
+    for offset in range(0, pattern.size, 8):
+        piece = pattern[offset : offset + 8]
+        found = _words(buf, positions + offset)
+        if found is None or not found[1].all():
+            return False
+        expected = np.zeros(8, dtype=np.uint8)
+        expected[: piece.size] = piece
+        keep = np.uint64((1 << (8 * piece.size)) - 1)
+        if not np.all((found[0] & keep) == expected.view("<u8")[0]):
+            return False
+    return True
+
+
+def _constant_fields(
+    fields: tuple[FlatField, ...], buf: np.ndarray, starts: np.ndarray, limit: np.ndarray
+) -> tuple[list[pa.Array], int]:
+    """The leading fields whose bytes are the same in every record (a release file's crowd
+    key, record after record), decoded once from the first record and repeated, and the bytes
+    they take. Exact: equal bytes decode to equal values and end at equal offsets, the first
+    record's are checked as any other's, and the caller still checks every record's end."""
+    columns: list[pa.Array] = []
+    offset = 0
+    first = starts[:1]
+    for field in fields:
+        decoded = _decode_column(field, buf, first + offset, limit[:1])
+        if decoded is None:
+            break
+        value, end = decoded
+        length = int(end[0]) - int(first[0]) - offset
+        begin = int(first[0]) + offset
+        if length > _CONSTANT_FIELD_BYTES or not _same_bytes(
+            buf, starts + offset, buf[begin : begin + length]
+        ):
+            break
+        columns.append(pa.repeat(value[0], starts.size))
+        offset += length
+    return columns, offset
+
+
 def _mask(present: np.ndarray | None) -> np.ndarray | None:
     return None if present is None else ~present
 
@@ -351,9 +414,9 @@ def decode_flat_blocks(
     if starts is None:
         return None
     limit = np.repeat(block_ends, count_array)
-    q = starts
-    columns = []
-    for field in fields:
+    columns, prefix = _constant_fields(fields, buf, starts, limit)
+    q = starts + prefix
+    for field in fields[len(columns) :]:
         decoded = _decode_column(field, buf, q, limit)
         if decoded is None:
             return None
