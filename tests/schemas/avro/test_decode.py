@@ -197,12 +197,15 @@ def test_unselective_record_beginnings_still_decode_correctly() -> None:
 @pytest.mark.parametrize("constant", range(len(FLAT_SCHEMA["fields"]) + 1))
 def test_leading_fields_equal_in_every_record_decode_as_fastavro_does(constant: int) -> None:
     """The first ``constant`` fields hold the same value in every record (decoded once, the
-    bytes compared), the rest vary; the last record differs in its last constant field too."""
-    records = _flat_records(300, seed=constant)
+    bytes compared), the rest vary; then two records that were not sampled (``_record_starts``
+    guesses the shared fields from the first records of the first blocks) differ in the last
+    of them."""
+    records = _flat_records(600, seed=constant)
     names = [field["name"] for field in FLAT_SCHEMA["fields"]][:constant]
     for record in records:
         record.update({name: records[0][name] for name in names})
-    for changed in ([], [records[-1]] if constant else []):
+        record["text"] = record["text"][:3]  # small records: blocks of many, few of them sampled
+    for changed in ([], [records[-1], records[450]] if constant else []):
         for record in changed:  # a record that breaks the run of equal bytes
             record[names[-1]] = records[1][names[-1]]
         blocks = _blocks(_container(records, "null", 2000))
