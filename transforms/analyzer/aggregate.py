@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from apache_beam.io.filesystems import FileSystems
 
 from schemas import schema_json
@@ -303,10 +304,19 @@ def crowd_record_counts(batch: pa.RecordBatch) -> dict[tuple, int]:
         if pa.types.is_timestamp(column.type):
             column = column.cast(pa.timestamp("ms")).cast(pa.int64())
         columns.append(column)
+    if all(_constant(column) for column in columns):  # one crowd (the common case): no hashing
+        return {tuple(column[0].as_py() for column in columns): batch.num_rows}
     names = [str(i) for i in range(len(columns))]
     grouped = pa.Table.from_arrays(columns, names).group_by(names).aggregate([([], "count_all")])
     keys = [grouped.column(name).to_pylist() for name in names]
     return dict(zip(zip(*keys, strict=True), grouped.column("count_all").to_pylist(), strict=True))
+
+
+def _constant(column: pa.Array) -> bool:
+    """Whether every value of a non-empty column is its first (nulls included)."""
+    if column.null_count:
+        return column.null_count == len(column)
+    return bool(pc.all(pc.equal(column, column[0])).as_py())
 
 
 class _Rejections(NamedTuple):

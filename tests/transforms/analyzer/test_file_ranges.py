@@ -5,6 +5,7 @@ read whole, and one crowd in one file spreads over the workers of a multi-proces
 
 from __future__ import annotations
 
+import collections
 import pickle
 
 import apache_beam as beam
@@ -24,6 +25,7 @@ from transforms.analyzer.aggregate import (
     READ_WHOLE_AFTER_RANGES,
     AggregateReleases,
     PlanRanges,
+    crowd_record_counts,
 )
 from transforms.common import avro_io
 
@@ -182,3 +184,24 @@ def test_one_crowd_in_one_file_spreads_over_two_workers(release_file, tmp_path):
     crowds, _, counts, metrics = aggregate([release_file], tmp_path, *flags, range_records=100)
     assert len(crowds) == 1 and counts["read"] == _records(release_file)
     assert metrics[BUNDLES_DECODING] >= 2
+
+
+@pytest.mark.parametrize("crowds", [1, 3])
+def test_records_are_counted_per_crowd_key_of_a_batch(crowds):
+    rng = np.random.default_rng(crowds)
+    rows = 500
+    ids = [None, "a", "b"][:crowds]
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "window_start": pa.array(np.full(rows, T0), pa.timestamp("ms")),
+            "window_end": pa.array(np.full(rows, T0 + DAY), pa.int64()),
+            "channel": ["grid"] * rows,
+            "recipe_id": ["grid@1"] * rows,
+            "crowd_id": [ids[i] for i in rng.integers(0, crowds, size=rows)],
+        }
+    )
+    expected = collections.Counter(
+        (T0, T0 + DAY, "grid", "grid@1", row["crowd_id"]) for row in batch.to_pylist()
+    )
+    assert crowd_record_counts(batch) == expected
+    assert crowd_record_counts(batch.drop_columns(["channel"])) == {}
