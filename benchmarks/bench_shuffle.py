@@ -7,7 +7,8 @@ that run's alone:
 * baseline: the fastest plain fastavro read of every file, logical types left as ints
   (``benchmarks/common.py`` says how; fastavro's default read, which turns every
   ``timestamp-millis`` into a ``datetime``, is timed on the first file for reference);
-* the shuffle pipeline (FnApiRunner, randomized deletion on) on the same files;
+* the shuffle pipeline (FnApiRunner, randomized deletion on) on the same files, and again on
+  Beam's multi-process DirectRunner with one worker per core (``os.cpu_count()``);
 * the same pipeline on a fifth of the files, to see whether peak memory grows with input.
 
 Peak memory is each child's own high-water RSS (``VmHWM``, see ``benchmarks/common.py``).
@@ -42,6 +43,10 @@ from schemas.avro.crc32c import crc32c_many
 DAY_MS = 86_400_000
 T0 = 1_700_006_400_000
 MESSAGES_PER_RESPONDENT = 5
+# FnApiRunner against the plain read: 1.31 at 1 M messages on 2 cores (load 1.6), 0.86 at 2 M
+# under load 7 to 8 (the pipeline's threads suffer more from a busy machine than the one-thread
+# read); the 2x the issue asks for needs more than one core (the multi-process row).
+TARGET_RATIO = 1.0
 SEALED_BYTES = 83  # a sealed message of the shipped one-hot recipes: 57 bytes of envelope + pad
 ROUTES = {"bench@1": ("bench", 2), "bench_alt@1": ("bench_alt", 1)}
 
@@ -54,10 +59,9 @@ from transforms.shuffler.params import RecipeRoute
 arguments = json.loads(sys.argv[1])
 routes = {name: RecipeRoute(channel, k) for name, (channel, k) in arguments["routes"].items()}
 options = PipelineOptions(
-    ["--runner=FnApiRunner"], input=arguments["input"], output=arguments["output"],
+    arguments["flags"], input=arguments["input"], output=arguments["output"],
     crowd_threshold=100, deletion_epsilon=1.0, deletion_delta=1e-6, window="1d", instance=None,
-    recipe=None, batch_records=50000, messages_per_shard=200000, messages_per_file=200000,
-    watch_interval=10.0, watch_for=None,
+    recipe=None, batch_records=50000, watch_interval=10.0, watch_for=None,
 )
 start = time.perf_counter()
 summary = shuffle.run(options, routes=routes)
@@ -119,8 +123,16 @@ def generate(
     return paths
 
 
-def _shuffle(paths_glob: str, output: Path) -> dict:
-    arguments = {"input": paths_glob, "output": str(output), "routes": ROUTES}
+FNAPI = ["--runner=FnApiRunner"]
+
+
+def multi_process(workers: int) -> list[str]:
+    """Beam's multi-process DirectRunner with ``workers`` worker processes."""
+    return ["--direct_running_mode=multi_processing", f"--direct_num_workers={workers}"]
+
+
+def _shuffle(paths_glob: str, output: Path, flags: list[str] = FNAPI) -> dict:
+    arguments = {"input": paths_glob, "output": str(output), "routes": ROUTES, "flags": flags}
     return run_child(_SHUFFLE, arguments)
 
 
@@ -134,10 +146,14 @@ def run(
         started = time.perf_counter()
         paths = generate(work, messages, files, sealed=sealed, width=width)
         generated = time.perf_counter() - started
+        load = os.getloadavg()[0]
         raw = run_child(RAW_READ_SCRIPT, paths)
         shuffled = _shuffle(str(work / "reports-*.avro"), work / "out")
+        workers = os.cpu_count() or 1
+        parallel = _shuffle(str(work / "reports-*.avro"), work / "out-mp", multi_process(workers))
         raw_rate = raw["records"] / raw["seconds"]
         shuffle_rate = shuffled["records"] / shuffled["seconds"]
+        parallel_rate = parallel["records"] / parallel["seconds"]
         note = (
             f"{messages:,} messages in {files} files (generated in {generated:.0f} s); "
             f"FnApiRunner, deletion on; "
@@ -152,7 +168,18 @@ def run(
                 "value": shuffle_rate,
                 "baseline": raw_rate,
                 "ratio": shuffle_rate / raw_rate,
-                "note": f"baseline: {raw_read_note(raw)}; target ratio >= 1/3; " + note,
+                "note": f"baseline: {raw_read_note(raw)}; target ratio >= {TARGET_RATIO:g}; "
+                + note,
+            },
+            {
+                "benchmark": "shuffle",
+                "metric": "messages_per_s_multi_process",
+                "value": parallel_rate,
+                "baseline": raw_rate,
+                "ratio": parallel_rate / raw_rate,
+                "note": f"baseline: the plain read above; multi-process DirectRunner, {workers} "
+                f"workers (the machine's cores; load {load:.2f} at start); released "
+                f"{parallel['released']:,}, accounting adds up: {parallel['adds_up']}",
             },
             {
                 "benchmark": "shuffle",

@@ -65,7 +65,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -145,10 +145,10 @@ def _handle(args: argparse.Namespace, pipeline_args: list[str]) -> int:
             f"windows analyzed: {summary.get('windows_analyzed', 0)}; results: {args.analyze_output}"
         )
         return 0
-    from pipelines.commandline.progress import stage_progress
+    from pipelines.commandline.progress import counted_stage
 
-    with stage_progress("analyze"):
-        summary = run(options)
+    with counted_stage("analyze", unit="messages") as line:  # total: once verified
+        summary = run(options, line.set_total)
     print(summary_table(summary))
     print(f"results: {summary['inputs']['output']}")
     withheld_reasons.record_reasons(summary["inputs"]["output"])
@@ -466,8 +466,13 @@ def analysis_spill_dir(output: str, temp_location: str | None) -> str:
     return FileSystems.join(output, SPILL_DIR)
 
 
-def run(options: PipelineOptions) -> dict[str, Any]:
-    """Run the analyzer; returns summary.json's content (plus ``pictures`` and ``seconds``)."""
+def run(
+    options: PipelineOptions, messages_total: Callable[[int], None] | None = None
+) -> dict[str, Any]:
+    """Run the analyzer; returns summary.json's content (plus ``pictures`` and ``seconds``).
+    ``messages_total`` is told the messages the verified releases state (their commit records'
+    ``records_released``, which their crowd tables add up to) before the pipeline reads them:
+    the progress line's total."""
     values = options.view_as(AnalyzeOptions)
     if (values.analyze_deletion_epsilon is None) != (values.analyze_deletion_delta is None):
         raise UsageError("--deletion-epsilon and --deletion-delta go together")
@@ -486,6 +491,8 @@ def run(options: PipelineOptions) -> dict[str, Any]:
     check_deletion_flags(releases, stated)
     output = _prepare_output(values.analyze_output, values.analyze_overwrite)
     message_files = sum(len(r.files) for r in releases)
+    if messages_total is not None:
+        messages_total(sum(int(r.commit.get("records_released") or 0) for r in releases))
     analyzer_key_flags.check_key_ring(values.analyze_key_ring)  # one-line error before the pipeline
     release_keys.check_release_keys(releases, values.analyze_key_ring)
     pictured, rows, crowds = selection.result()

@@ -65,7 +65,12 @@ from pipelines import shuffle as shuffle_pipeline
 from pipelines import simulate as simulate_pipeline
 from pipelines.commandline import keys as keys_cli
 from pipelines.commandline.main import UsageError
-from pipelines.commandline.progress import stage_progress
+from pipelines.commandline.progress import (
+    avro_input_records,
+    counted_stage,
+    line_wanted,
+    print_above,
+)
 from pipelines.commandline.run_options import DEFAULT_RESPONDENTS, RunOptions
 from pipelines.default_populations import (  # noqa: F401 - default_image re-exported
     IMAGE_RANDOMIZERS,
@@ -340,7 +345,7 @@ def _run(
 
     def say(text: str) -> None:
         if echo:
-            print(text, flush=True)
+            print_above(text)  # never on the progress line's line
 
     started = time.monotonic()
     say(
@@ -404,8 +409,14 @@ def _run(
     summaries: dict[int, dict[str, Any]] = {}
     stage = contextlib.ExitStack()  # the progress line, closed below or when the run fails
     resources.callback(stage.close)
+    # Records read by every instance's workers against what their inputs' block headers state.
     stage.enter_context(
-        stage_progress("shuffle", len(shuffle_jobs), "instances", count=lambda: len(summaries))
+        counted_stage(
+            "shuffle",
+            avro_input_records(job["input"] for job in shuffle_jobs.values())
+            if line_wanted()
+            else None,
+        )
     )
     if workers <= 1:
         for instance, job in shuffle_jobs.items():
@@ -439,7 +450,7 @@ def _run(
     analysis_dir = output / "analysis"
     stage = contextlib.ExitStack()
     resources.callback(stage.close)
-    stage.enter_context(stage_progress("analyze"))
+    line = stage.enter_context(counted_stage("analyze", unit="messages"))
     analysis = analyze_pipeline.run(
         PipelineOptions(
             flags,
@@ -452,7 +463,8 @@ def _run(
             analyze_deletion_delta=values.run_deletion_delta,
             analyze_key_ring=keys and str(keys),
             analyze_shuffler_keys=str(output / keys_cli.SIGNING_KEYS_DIR) if signing else None,
-        )
+        ),
+        line.set_total,
     )
     stage.close()
     seconds["analyze"] = round(time.monotonic() - began, 2)

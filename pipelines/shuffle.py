@@ -111,9 +111,17 @@ def register(subparsers: Any) -> None:
 def _handle(args: argparse.Namespace, pipeline_args: list[str]) -> int:
     values = stage_option_values(args, ShuffleOptions)
     options = PipelineOptions(pipeline_args, **values)
-    from pipelines.commandline.progress import stage_progress
+    from pipelines.commandline import progress
 
-    with stage_progress("shuffle"):
+    if options.view_as(StandardOptions).streaming:  # input that grows: elapsed time only
+        line = progress.stage_progress("shuffle")
+    else:  # records read against the records the input's Avro block headers state
+        pattern = options.view_as(ShuffleOptions).input
+        total = (
+            progress.avro_input_records([pattern]) if pattern and progress.line_wanted() else None
+        )
+        line = progress.counted_stage("shuffle", total)
+    with line:
         summary = run(options)
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))

@@ -62,17 +62,16 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipelines.commandline import device_key_flags
 from pipelines.commandline.main import UsageError
 from pipelines.commandline.options import with_default_runner
-from pipelines.commandline.progress import stage_progress
+from pipelines.commandline.progress import counted_stage
 from pipelines.commandline.simulate_options import SimulateOptions, parse_start_ms
 from pipelines.default_populations import default_population
 from schemas import SCHEMA_VERSION
 from schemas.recipes import load_recipe
 from schemas.release import commit
-from simulators import progress
 from simulators.plan import ShardSummary, SimulationPlan
 from simulators.prio3_devices import prio3_metadata
 from simulators.sealing import sealing_metadata
-from simulators.shards import PROGRESS_COUNTER, ShardContext, shard_file_name
+from simulators.shards import ShardContext, shard_file_name
 from transforms.devices.encode import CombineShardSummaries, WriteReportShards
 
 __all__ = ["register", "run", "plan_from_options"]
@@ -350,13 +349,9 @@ def run(options: PipelineOptions) -> dict[str, Any]:
     staging = output.parent / f".{output.name}.tmp-{secrets.token_hex(4)}"
     try:
         staging.mkdir()
-        progress.reset(PROGRESS_COUNTER)
         with (
-            stage_progress(
-                "simulate",
-                total=context.population.size * plan.rounds,
-                unit="devices",
-                count=lambda: progress.read(PROGRESS_COUNTER),
+            counted_stage(  # device rounds, counted by every worker (schemas/progress_counts.py)
+                "simulate", total=context.population.size * plan.rounds, unit="devices"
             ),
             beam.Pipeline(options=options) as pipeline,
         ):

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from schemas import progress_counts
 from schemas.avro.crc32c import crc32c_many
 from schemas.payloads import EncodedPayloads, encode_message_batch
-from simulators import progress
 from simulators.crowds import CrowdAssignment, crowd_assignment, split_crowd_keys
 from simulators.fleet import DeviceFleet, FleetBatch, device_policy_for, format_origins
 from simulators.plan import ShardSpec, ShardSummary, SimulationPlan
@@ -39,7 +39,6 @@ __all__ = [
 ]
 
 _PILOT_RESPONDENTS = 256
-PROGRESS_COUNTER = "device_rounds_simulated"  # simulators/progress.py
 
 
 class ShardContext:
@@ -304,10 +303,11 @@ def simulate_shard(
                 data[report.shuffler_instance] += len(report)
             data -= presence[: data.size]
         summary.add_fleet_batch(batch, context.fleet.num_instances, data)
-        progress.add(PROGRESS_COUNTER, batch.device_rounds)
+        progress_counts.add(batch.device_rounds)  # the progress line (schemas/progress_counts.py)
         if context.sealing is not None:  # sealed chaff: what each instance got beyond the plan
             summary.add_chaff(reports, batch, context.fleet.num_instances)
         yield chunk, reports
+    progress_counts.flush()
     yield summary
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "read_header",
     "BlockSpan",
     "walk_blocks",
+    "records_in_blocks",
     "header_bytes",
     "frame_block",
     "check_codec",
@@ -307,6 +308,30 @@ def walk_blocks(fileobj: BinaryIO, max_records: int) -> tuple[Header, list[Block
         blocks.append(BlockSpan(position, count, end))
         position = end
     return header, blocks
+
+
+def records_in_blocks(fileobj: BinaryIO) -> int:
+    """The records a container file's block headers state, summed without reading or
+    decompressing the blocks' data (a seek past each one, its sync marker checked); the walk
+    stops at the first block that is damaged or cut short. A hint (a progress line's total), not
+    a check: the readers account for every record. Raises :class:`Corrupt` without a header."""
+    header = read_header(ByteStream(fileobj, 4096))
+    position, records = header.end, 0
+    while True:
+        fileobj.seek(position)
+        stream = ByteStream(fileobj, 2 * 10)  # a block's record count and size: two longs
+        try:
+            count, size = stream.read_long(), stream.read_long()
+        except Corrupt:
+            return records
+        if count < 0 or size < 0 or size > MAX_BLOCK_BYTES:
+            return records
+        end = position + stream.position + size
+        fileobj.seek(end)
+        if fileobj.read(SYNC_SIZE) != header.sync:
+            return records
+        records += count
+        position = end + SYNC_SIZE
 
 
 def header_bytes(schema: Any, codec: str, sync: bytes) -> bytes:

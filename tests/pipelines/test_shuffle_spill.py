@@ -31,7 +31,7 @@ def _inputs(tmp_path: Path) -> tuple[str, str]:
     return recipe, str(tmp_path / "reports" / "*.avro")
 
 
-def _batches(path: str, positions: list[tuple[int, int]]) -> list[pa.RecordBatch]:
+def _batches(path: str, positions: list[spill.Spilled]) -> list[pa.RecordBatch]:
     """Every record batch message of a spill file, read back with the schema of its kind."""
     schema = {
         "reports": spill.REPORT_SPILL_SCHEMA,
@@ -40,7 +40,7 @@ def _batches(path: str, positions: list[tuple[int, int]]) -> list[pa.RecordBatch
     }[Path(path).parent.name]
     return [
         spill.read_spill(spill.Piece(path, offset, length, 0, "", 0), schema)
-        for offset, length in positions
+        for offset, length, _ in positions
     ]
 
 
@@ -51,8 +51,8 @@ def spilled(monkeypatch) -> list[tuple[str, bytes, list[pa.RecordBatch]]]:
     seen: list[tuple[str, bytes, list[pa.RecordBatch]]] = []
     original = spill.write_spill
 
-    def write_spill(path, batches):
-        positions = original(path, batches)
+    def write_spill(path, batches, chunk_rows=None):
+        positions = original(path, batches, chunk_rows)
         seen.append((path, Path(path).read_bytes(), _batches(path, positions)))
         return positions
 

@@ -209,7 +209,7 @@ class DecodeReleaseFile(beam.DoFn):
         expect = schema_json("shuffled_message")  # else the whole file is schema_mismatch
         window = None if piece.whole else (piece.start, piece.stop, piece.first_record)
         bucket = release_bucket(path)
-        for item in avro_io.read_avro_batches(path, self._batch_records, expect, window):
+        for item in avro_io.read_counted_batches(path, self._batch_records, expect, window):
             if isinstance(item, avro_io.UnreadableChunk):
                 self._unreadable = True
                 if item.records is None:  # nobody knows how many: the balance cannot hold

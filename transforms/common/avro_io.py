@@ -14,6 +14,7 @@ import fastavro
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from schemas import progress_counts
 from schemas.avro.container import encode_container
 from schemas.avro.reader import (
     DEFAULT_BATCH_RECORDS,
@@ -32,6 +33,8 @@ __all__ = [
     "open_input",
     "UnreadableChunk",
     "read_avro_batches",
+    "read_counted_batches",
+    "records_in",
     "read_writer_schema",
     "write_avro",
     "write_avro_columns",
@@ -83,6 +86,24 @@ def block_windows(
         return None
     with fileobj:
         return reader_windows(fileobj, max_records, expect)
+
+
+def records_in(item: ColumnBatch | UnreadableChunk) -> int:
+    """The records a batch holds, or an unreadable chunk (0 when nobody knows how many)."""
+    return item.rows if isinstance(item, ColumnBatch) else item.records or 0
+
+
+def read_counted_batches(
+    path: str,
+    batch_records: int = DEFAULT_BATCH_RECORDS,
+    expect: Mapping[str, Any] | None = None,
+    window: tuple[int, int, int] | None = None,
+) -> Iterator[ColumnBatch | UnreadableChunk]:
+    """:func:`read_avro_batches`, each batch's records counted as done for the progress line
+    (``schemas/progress_counts.py``: one addition per batch, a write at the end of the file or
+    ``window``)."""
+    batches = read_avro_batches(path, batch_records, expect, window)
+    return progress_counts.counted(batches, records_in)
 
 
 def read_writer_schema(path: str) -> dict[str, Any]:

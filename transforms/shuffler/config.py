@@ -38,6 +38,9 @@ CROWDS_RELEASED = "crowds_released"
 CROWDS_WITHHELD = "crowds_withheld"
 # Unreadable chunks whose record count nobody knows, by reason: the balance cannot be checked.
 UNKNOWN_PREFIX = "unknown_records:"
+# Beam counter per step that splits a crowd bucket's work (``bundles:CountShard``, ...): the
+# bundles that processed at least one element, i.e. how many pieces the runner cut the work in.
+BUNDLES_PREFIX = "bundles:"
 
 
 # Records per column batch the shuffler reads (Avro blocks are never split, so a batch is whole
@@ -46,6 +49,19 @@ UNKNOWN_PREFIX = "unknown_records:"
 # messages (benchmarks/bench_crowds.py on FnApiRunner: 50,000-row batches peaked +31 MB over
 # 16,384-row ones at 100,000 crowds) at no cost in speed.
 BATCH_RECORDS = 16_384
+
+
+# Origin shards and output groups small enough that one big crowd spreads over many workers
+# (Beam deals a stage's elements over its workers; ``make run``'s 80,000-message crowd is 8
+# shards and 4 groups), large enough that a shard's or group's fixed costs stay small.
+MESSAGES_PER_SHARD = 16_384
+MESSAGES_PER_FILE = 32_768
+# Every shard reads its hash range of each spill piece of its bucket (one or two small reads,
+# ~0.1 ms, whatever the rows): a bucket of m messages in p pieces gets at most
+# m / (p * SHARD_PIECE_ROWS) shards, so its (shard, piece) reads number at most
+# m / SHARD_PIECE_ROWS, linear in the data, where m / messages_per_shard shards would make
+# them quadratic (pieces grow with the input too).
+SHARD_PIECE_ROWS = 1024
 
 
 @dataclass(frozen=True)
@@ -59,7 +75,9 @@ class ShuffleConfig:
     origin shard; ``messages_per_file``: target number of messages per output file (the number of
     random groups of a crowd bucket is a power of two chosen from its released message count
     only); ``crowd_buckets``: the number B of crowd buckets (``schemas/release/crowd_buckets.py``), the
-    unit of work and of the release's files.
+    unit of work and of the release's files; ``shard_piece_rows``: a bucket gets no more origin
+    shards than leave each about this many rows (or ``messages_per_shard``, if fewer) of every
+    spill piece (see :data:`SHARD_PIECE_ROWS`).
     """
 
     rules: ValidationRules
@@ -68,9 +86,10 @@ class ShuffleConfig:
     window: WindowSpec = field(default_factory=WindowSpec)
     streaming: bool = False
     batch_records: int = BATCH_RECORDS
-    messages_per_shard: int = 200_000
-    messages_per_file: int = 200_000
+    messages_per_shard: int = MESSAGES_PER_SHARD
+    messages_per_file: int = MESSAGES_PER_FILE
     crowd_buckets: int = DEFAULT_CROWD_BUCKETS
+    shard_piece_rows: int = SHARD_PIECE_ROWS
 
     def __post_init__(self) -> None:
         if not isinstance(self.rules, ValidationRules):
@@ -81,6 +100,7 @@ class ShuffleConfig:
             "batch_records",
             "messages_per_shard",
             "messages_per_file",
+            "shard_piece_rows",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

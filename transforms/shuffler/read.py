@@ -23,6 +23,8 @@ from apache_beam.utils.timestamp import Timestamp
 
 from privacy.noise import os_random_source
 from schemas import schema_json
+from schemas.payloads import EncodedPayloads
+from schemas.replays import sealed_rows
 from transforms.common import avro_io
 from transforms.common.memory import release_freed_memory
 from transforms.shuffler import report_rows, spill
@@ -46,7 +48,7 @@ class ReadReportFile(beam.DoFn):
     def process(self, path: str) -> Iterator[Any]:
         # A file whose writer schema does not resolve to Report is one schema_mismatch chunk.
         expect = schema_json("report")
-        for item in avro_io.read_avro_batches(path, self._batch_records, expect):
+        for item in avro_io.read_counted_batches(path, self._batch_records, expect):
             if isinstance(item, avro_io.UnreadableChunk):
                 yield beam.pvalue.TaggedOutput("unreadable", item)
             else:
@@ -120,12 +122,27 @@ class SpillBatch(beam.DoFn):
             spill.REPORT_SPILL_SCHEMA.get_field_index("record_index"), "record_index", record_index
         )
         min_crowd = rows.column("min_crowd_size").to_numpy()
+        # Sealed-shaped payloads before each row: the replay check skips pieces with none.
+        sealed = np.r_[
+            0, np.cumsum(sealed_rows(EncodedPayloads.from_arrow(rows.column("payload"))))
+        ]
         bounds = list(zip(keyed.starts[:-1].tolist(), keyed.starts[1:].tolist(), strict=True))
         path = spill.spill_path(self._spill_dir, "reports")
-        positions = spill.write_spill(path, [rows.slice(b, e - b) for b, e in bounds])
-        for key, (begin, end), (offset, length) in zip(keyed.keys, bounds, positions, strict=True):
+        positions = spill.write_spill(
+            path, [rows.slice(b, e - b) for b, e in bounds], spill.CHUNK_ROWS
+        )
+        for key, (begin, end), (offset, length, fences) in zip(
+            keyed.keys, bounds, positions, strict=True
+        ):
             piece = Piece(
-                path, offset, length, end - begin, item.source, int(min_crowd[begin:end].max())
+                path,
+                offset,
+                length,
+                end - begin,
+                item.source,
+                int(min_crowd[begin:end].max()),
+                int(sealed[end] - sealed[begin]),
+                fences,
             )
             # A plain tuple key: Beam has a fast deterministic coder for it.
             yield beam_window.TimestampedValue((tuple(key), piece), Timestamp(micros=key[0] * 1000))

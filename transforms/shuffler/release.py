@@ -7,6 +7,21 @@ and scatters the surviving data messages, stripped to payload, CRC and crowd, ov
 table and the output groups (``release_core.complete_groups`` from the bucket's released count);
 ``PermuteGroup`` orders a group's rows by crowd in ``crowd_order``, each crowd's rows in a uniform
 permutation from the injected secure source (esa-privacy-revisited, Section II-C).
+
+Why a crowd's release order is uniform although its shards scatter and its groups are permuted
+in parallel, by different workers: every surviving message of the crowd draws its slot
+independently and uniformly (``decide.assign_groups``, fresh secure randomness in whichever shard
+holds it), slots merge into the bucket's 2**g groups by contiguous ranges
+(``decide.complete_groups``), so each message's group is i.i.d. uniform, independent of its
+content, origin and arrival; then each group's rows of the crowd get a uniform permutation of their
+own (:func:`crowd_release_order`). Given the crowd's group sizes ``n_0 .. n_{G-1}`` (sum n), the
+i.i.d. labels make every partition of the crowd into groups of those sizes equally likely, with
+probability ``prod(n_j!) / n!``, and each group's order has probability ``1 / n_j!``; a release
+order (groups in order, concatenated) comes from exactly one partition and one order per group,
+so each of the n! orders has probability ``prod(n_j!) / n! * prod(1 / n_j!) = 1 / n!``. The sizes
+themselves are multinomial in n with G fixed by the bucket's released count, which the analyzer
+sees anyway: nothing about arrival or origin reaches the positions.
+(``tests/transforms/shuffler/test_release_order.py`` checks this by chi-square.)
 """
 
 from __future__ import annotations
@@ -18,11 +33,18 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+from apache_beam.metrics import Metrics
 
 from privacy.noise import os_random_source
 from schemas.release.crowd_buckets import BucketKey, crowd_order
 from transforms.shuffler import decide, report_rows, spill
-from transforms.shuffler.config import DELETED, RELEASED, ShuffleConfig
+from transforms.shuffler.config import (
+    BUNDLES_PREFIX,
+    DELETED,
+    METRICS_NAMESPACE,
+    RELEASED,
+    ShuffleConfig,
+)
 from transforms.shuffler.replays import shard_repeats
 from transforms.shuffler.sinks import CrowdTable, ReleasedGroup
 from transforms.shuffler.spill import Piece, crowd_of_text, pack_ints, unpack_ints, unpack_texts
@@ -37,8 +59,26 @@ from transforms.shuffler.steps import (
 )
 
 
+class CountsBundles(beam.DoFn):
+    """A DoFn that counts its bundles that did work in the Beam counter ``bundles:<class name>``
+    (``config.BUNDLES_PREFIX``): one crowd's shards or groups spread over workers only if they
+    arrive in several bundles. Subclasses call ``self.worked()`` in ``process``."""
+
+    _did_work = False
+
+    def worked(self) -> None:
+        self._did_work = True
+
+    def start_bundle(self) -> None:
+        self._did_work = False
+
+    def finish_bundle(self) -> None:
+        if self._did_work:
+            Metrics.counter(METRICS_NAMESPACE, BUNDLES_PREFIX + type(self).__name__).inc()
+
+
 @beam.typehints.with_output_types(typing.Any)
-class DeleteAndScatter(beam.DoFn):
+class DeleteAndScatter(CountsBundles):
     """(bucket, DeletionTask) -> (bucket, ShardRelease): whole respondents deleted per crowd,
     surviving data messages stripped to payload, CRC and crowd, each in a fresh uniform slot."""
 
@@ -51,12 +91,22 @@ class DeleteAndScatter(beam.DoFn):
         self._source = os_random_source()
 
     def process(self, element: tuple[BucketKey, spill.DeletionTask]) -> Iterator[Any]:
+        self.worked()
         key, deletion = element
         task_texts = unpack_texts(deletion.crowds)
         rows, _ = spill.read_shard_rows(
-            deletion.task, ["origin_hash", "event_time", "payload", "payload_crc32c", "crowd"]
+            deletion.task,
+            ["origin_hash", "event_time", "payload", "payload_crc32c", "record_index", "crowd"],
         )
-        repeats = shard_repeats(deletion.task) if deletion.task.bits else None
+        repeats = (
+            shard_repeats(
+                deletion.task.repeats,
+                rows.column(spill.PIECE_INDEX).to_numpy(),
+                rows.column("record_index").to_numpy(),
+            )
+            if deletion.task.bits
+            else None
+        )
         screened = screen(rows, self._rules, key[1], repeats)
         code_of = {text: code for code, text in enumerate(screened.texts)}
         by_crowd = np.argsort(screened.crowds, kind="stable")
@@ -113,7 +163,7 @@ class DeleteAndScatter(beam.DoFn):
             bounds_list = list(zip(starts.tolist(), ends.tolist(), strict=True))
             path = spill.spill_path(self._spill_dir, "released")
             positions = spill.write_spill(path, [released.slice(b, e - b) for b, e in bounds_list])
-            for (begin, end), (offset, length) in zip(bounds_list, positions, strict=True):
+            for (begin, end), (offset, length, _) in zip(bounds_list, positions, strict=True):
                 piece = Piece(path, offset, length, end - begin, "", 0)
                 pieces.append((int(sorted_slots[begin]), piece))
         yield (
@@ -193,8 +243,16 @@ class CompleteBucket(beam.DoFn):
             yield (key, group), tuple(slotted[index][1] for index in indices)
 
 
+def crowd_release_order(crowd_rank: np.ndarray, source: Any) -> np.ndarray:
+    """The order of a group's rows (``crowd_rank``: each row's crowd's place in ``crowd_order``):
+    by crowd, each crowd's rows in a uniformly random order (a uniform permutation of the group
+    from the secure ``source``, then a stable sort by crowd)."""
+    shuffled = decide.release_order(crowd_rank.size, source)
+    return shuffled[np.argsort(crowd_rank[shuffled], kind="stable")]
+
+
 @beam.typehints.with_output_types(typing.Any)
-class PermuteGroup(beam.DoFn):
+class PermuteGroup(CountsBundles):
     """((bucket, group), pieces) -> ReleasedGroup: rows grouped by crowd in ``crowd_order``,
     each crowd's rows in uniformly random order (secure)."""
 
@@ -206,6 +264,7 @@ class PermuteGroup(beam.DoFn):
         self._source = os_random_source()
 
     def process(self, element: tuple[tuple[BucketKey, int], tuple[Piece, ...]]) -> Iterator[Any]:
+        self.worked()
         (key, group), pieces = element
         batches = [spill.read_spill(piece, spill.RELEASED_SPILL_SCHEMA) for piece in pieces]
         table = (
@@ -219,10 +278,7 @@ class PermuteGroup(beam.DoFn):
         rank[sorted(range(len(keys)), key=lambda index: crowd_order(*keys[index]))] = np.arange(
             len(keys)
         )
-        # A uniform permutation of the group, then stably by crowd: each crowd's rows keep a
-        # uniformly random relative order.
-        shuffled = decide.release_order(table.num_rows, self._source)
-        order = shuffled[np.argsort(rank[crowds[shuffled]], kind="stable")]
+        order = crowd_release_order(rank[crowds], self._source)
         per_crowd = np.bincount(rank[crowds], minlength=len(keys))
         ordered_keys = [None] * len(keys)
         for index, position in enumerate(rank.tolist()):

@@ -23,7 +23,9 @@ spill format in ``shuffle_spill``:
    timestamped with its window.
 4. Window by event time; group pointers by bucket; ``PlanShards`` splits a bucket into 2**b
    origin shards by hash range from its message count, so one huge crowd still spreads over
-   workers (late panes are dead-lettered ``late_data``: nothing is dropped).
+   workers (late panes are dead-lettered ``late_data``: nothing is dropped). A shard reads only
+   the chunks of each spill piece its hash range touches (the piece's fences,
+   ``spill.read_shard_range``): a bucket's shards together read it about once, however many.
 5. ``CountShard``: screens each origin's messages per crowd (one presence message counts, the
    data messages up to the crowd's recipe's per-origin cap; the rest dead-lettered) and counts
    distinct origins per crowd: one element per shard with per-crowd arrays.
@@ -61,6 +63,7 @@ from privacy.noise import os_random_source
 from schemas.release.crowd_buckets import BucketKey, crowd_order
 from transforms.shuffler import decide, report_rows, spill
 from transforms.shuffler.config import (  # noqa: F401 - re-exported names of this stage
+    BUNDLES_PREFIX,
     DELETED,
     METRICS_NAMESPACE,
     PRESENCE,
@@ -83,8 +86,13 @@ from transforms.shuffler.read import (
     ValidateBatch,
     draw_origin_key,
 )
-from transforms.shuffler.release import CompleteBucket, DeleteAndScatter, PermuteGroup
-from transforms.shuffler.replays import shard_repeats
+from transforms.shuffler.release import (
+    CompleteBucket,
+    CountsBundles,
+    DeleteAndScatter,
+    PermuteGroup,
+)
+from transforms.shuffler.replays import bucket_repeats, shard_repeat_keys, shard_repeats
 from transforms.shuffler.sinks import CrowdTable, ReleasedGroup  # noqa: F401 - re-exported
 from transforms.shuffler.spill import (
     Piece,
@@ -130,11 +138,19 @@ class PlanShards(beam.DoFn):
             yield beam.pvalue.TaggedOutput("late", (key, pieces))
             return
         messages = sum(piece.rows for piece in pieces)
-        # A bucket (even of one huge crowd) spreads over 2**bits shards by origin hash.
-        bits = decide.split_bits(messages, self._config.messages_per_shard)
+        # A bucket (even of one huge crowd) spreads over 2**bits shards by origin hash, each
+        # reading about shard_piece_rows rows (or messages_per_shard, if fewer) or more of every
+        # piece (config.SHARD_PIECE_ROWS).
+        per_shard = self._config.messages_per_shard
+        bits = decide.split_bits(messages, per_shard)
+        most = messages // (len(pieces) * min(per_shard, self._config.shard_piece_rows))
+        bits = min(bits, max(0, most.bit_length() - 1))
         piece_list = spill.write_piece_list(self._spill_dir, pieces)
+        # Replays across shards, found once for the bucket (replays.py); one shard finds its own.
+        repeats = bucket_repeats(list(pieces)) if bits else None
         for shard in range(1 << bits):
-            yield key, spill.ShardTask(shard, bits, piece_list)
+            own = shard_repeat_keys(repeats, shard, bits) if bits else b""
+            yield key, spill.ShardTask(shard, bits, piece_list, own)
 
 
 _SHARD_COLUMNS = [
@@ -159,7 +175,7 @@ def _over_cap_detail(caps: dict[str, int]) -> Any:
 
 
 @beam.typehints.with_output_types(typing.Any)
-class CountShard(beam.DoFn):
+class CountShard(CountsBundles):
     """(bucket, ShardTask) -> (bucket, ShardCount) with per-crowd arrays; screened-out messages
     are dead-lettered and presence messages counted (``presence``)."""
 
@@ -167,9 +183,18 @@ class CountShard(beam.DoFn):
         self._rules = rules
 
     def process(self, element: tuple[BucketKey, spill.ShardTask]) -> Iterator[Any]:
+        self.worked()
         key, task = element
         rows, sources = spill.read_shard_rows(task, _SHARD_COLUMNS)
-        repeats = shard_repeats(task) if task.bits else None  # across the bucket's shards
+        repeats = (
+            shard_repeats(
+                task.repeats,
+                rows.column(spill.PIECE_INDEX).to_numpy(),
+                rows.column("record_index").to_numpy(),
+            )
+            if task.bits
+            else None
+        )  # across the bucket's shards
         screened = screen(rows, self._rules, key[1], repeats)
         codes, crowds, texts = screened.codes, screened.crowds, screened.texts
         counts: dict[str, int] = {}

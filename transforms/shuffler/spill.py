@@ -21,6 +21,7 @@ run killed before it could, by the next run into the same private path (:func:`r
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import struct
 import sys
@@ -96,8 +97,16 @@ def unpack_ints(packed: bytes) -> np.ndarray:
 
 
 class Piece(NamedTuple):
-    """Pointer to rows spilled as one Arrow IPC stream (schema, dictionaries, one record
-    batch): bytes ``offset .. offset + length - 1`` of the spill file at ``path``.
+    """Pointer to rows spilled as one Arrow IPC stream (schema, dictionaries, record batches):
+    bytes ``offset .. offset + length - 1`` of the spill file at ``path``.
+
+    ``fences`` (report pieces of more than :data:`CHUNK_ROWS` rows, :func:`pack_ints`): the
+    stream's hash-sorted rows come in record batches (chunks) of about ``CHUNK_ROWS`` rows, one
+    fence row per chunk: its first and last origin hash and its byte range in the stream
+    (:data:`FENCE_COLUMNS`), so that an origin shard reads only the chunks its hash range
+    touches (:func:`read_shard_range`) and a bucket's shards together read it about once,
+    whatever their number. ``sealed``: how many rows hold sealed-shaped payloads (-1: unknown),
+    so that the replay check skips pieces with none (``replays.shard_repeats``).
 
     Unpickled pieces share their path strings (:func:`_piece`): every bucket of an input batch
     points into one spill file from one input file, and a runner that holds grouped values
@@ -110,25 +119,41 @@ class Piece(NamedTuple):
     rows: int
     source: str  # the input file the rows came from
     min_crowd: int  # the largest min_crowd_size among the rows
+    sealed: int = -1
+    fences: bytes = b""
 
     def __reduce__(self) -> tuple:
         return (_piece, tuple(self))
 
 
-def _piece(path: str, offset: int, length: int, rows: int, source: str, min_crowd: int) -> Piece:
-    return Piece(sys.intern(path), offset, length, rows, sys.intern(source), min_crowd)
+def _piece(
+    path: str,
+    offset: int,
+    length: int,
+    rows: int,
+    source: str,
+    min_crowd: int,
+    sealed: int = -1,
+    fences: bytes = b"",
+) -> Piece:
+    return Piece(
+        sys.intern(path), offset, length, rows, sys.intern(source), min_crowd, sealed, fences
+    )
 
 
 class ShardTask(NamedTuple):
     """One origin shard of a bucket: rows with hash top ``bits`` bits equal to ``shard``.
 
     ``piece_list`` points to the bucket's list of pieces (:func:`write_piece_list`), so that a
-    task stays small however many input batches the bucket came from.
+    task stays small however many input batches the bucket came from. ``repeats``: the shard's
+    rows that replay a sealed payload of another row of the bucket
+    (``replays.shard_repeat_keys``; empty: none, or one shard, which finds its own).
     """
 
     shard: int
     bits: int
     piece_list: Piece
+    repeats: bytes = b""
 
 
 class ShardCount(NamedTuple):
@@ -179,8 +204,9 @@ class BucketDraft(NamedTuple):
     decisions: bytes  # pack_ints of a (crowds, len(DRAFT_COLUMNS)) array
 
 
-# Spill files hold Arrow IPC streams (schema, dictionaries, one record batch) of one of these
-# schemas, one after another, so that a piece is read with one seek and one read.
+# Spill files hold Arrow IPC streams (schema, dictionaries, record batches) of one of these
+# schemas, one after another, so that a piece is read with one seek and one read (a shard of a
+# fenced piece: two, the stream's head and its chunks' bytes).
 CROWD_TYPE = pa.dictionary(pa.int32(), pa.string())
 REPORT_SPILL_SCHEMA = pa.schema(
     [
@@ -198,9 +224,16 @@ SPILLED_REPORT_COLUMNS = ("event_time", "min_crowd_size", "payload", "payload_cr
 RELEASED_SPILL_SCHEMA = pa.schema(
     [("payload", pa.binary()), ("payload_crc32c", pa.int64()), ("crowd", CROWD_TYPE)]
 )
+_PIECE_TYPES = {"path": pa.string(), "source": pa.string(), "fences": pa.binary()}
 PIECE_LIST_SCHEMA = pa.schema(
-    [(name, pa.string() if name in ("path", "source") else pa.int64()) for name in Piece._fields]
+    [(name, _PIECE_TYPES.get(name, pa.int64())) for name in Piece._fields]
 )
+# Rows per chunk of a fenced report piece: small enough that a shard of a few thousand rows per
+# piece reads little beyond its own (at most the two chunks it shares with its neighbours), big
+# enough that a chunk's IPC message header (~0.5 KB) is about 2% of its bytes.
+CHUNK_ROWS = 512
+# Columns of a piece's fences (one row per chunk); hashes as int64 bit patterns.
+FENCE_COLUMNS = ("first_hash", "last_hash", "byte_begin", "byte_end")
 # Column that :func:`read_shard_rows` adds: the index of the row's piece in the crowd's list.
 PIECE_INDEX = "piece_index"
 # A shard's rows are copied out of the pieces read for it whenever the pieces held reach this
@@ -237,40 +270,121 @@ def own_dictionary(batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch.set_column(index, "crowd", compact)
 
 
-def write_spill(path: str, batches: list[pa.RecordBatch]) -> list[tuple[int, int]]:
+class Spilled(NamedTuple):
+    """Where :func:`write_spill` wrote one batch: its stream's bytes in the file and its
+    fences (``b""``: one record batch)."""
+
+    offset: int
+    length: int
+    fences: bytes
+
+
+def _stream(batch: pa.RecordBatch, chunk_rows: int | None) -> tuple[pa.Buffer, bytes]:
+    """One Arrow IPC stream of ``batch``; with ``chunk_rows`` (rows sorted by ``origin_hash``)
+    and more rows than that, in chunks of ``chunk_rows`` after an empty batch that carries the
+    dictionaries, and their fences."""
+    batch = own_dictionary(batch)
+    sink = pa.BufferOutputStream()
+    if chunk_rows is None or batch.num_rows <= chunk_rows:
+        with pa.ipc.new_stream(sink, batch.schema) as writer:
+            writer.write_batch(batch)
+        return sink.getvalue(), b""
+    starts = np.arange(0, batch.num_rows, chunk_rows)
+    ends = np.minimum(starts + chunk_rows, batch.num_rows)
+    hashes = batch.column("origin_hash").to_numpy().view(np.int64)
+    fences = np.empty((starts.size, len(FENCE_COLUMNS)), dtype=np.int64)
+    fences[:, 0] = hashes[starts]
+    fences[:, 1] = hashes[ends - 1]
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch.slice(0, 0))  # the dictionaries: the head of every shard's read
+        for index, (begin, end) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
+            fences[index, 2] = sink.tell()
+            writer.write_batch(batch.slice(begin, end - begin))
+            fences[index, 3] = sink.tell()
+    return sink.getvalue(), pack_ints(fences)
+
+
+def write_spill(
+    path: str, batches: list[pa.RecordBatch], chunk_rows: int | None = None
+) -> list[Spilled]:
     """Write record batches to a new spill file at ``path`` as consecutive Arrow IPC streams
-    (each with its schema and dictionaries); returns each one's ``(offset, length)``."""
+    (each with its schema and dictionaries); returns where each one went. ``chunk_rows``: rows
+    sorted by ``origin_hash`` are fenced (see :class:`Piece`)."""
     positions = []
     offset = 0
     with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
         for batch in batches:
-            sink = pa.BufferOutputStream()
-            with pa.ipc.new_stream(sink, batch.schema) as writer:
-                writer.write_batch(own_dictionary(batch))
-            message = sink.getvalue()
+            message, fences = _stream(batch, chunk_rows)
             handle.write(memoryview(message))
-            positions.append((offset, message.size))
+            positions.append(Spilled(offset, message.size, fences))
             offset += message.size
     return positions
 
 
-def read_spill(piece: Piece, schema: pa.Schema | None = None) -> pa.RecordBatch:
-    """The record batch a piece points to (one seek and one read of its bytes); ``schema``,
-    when given, is checked."""
-    if FileSystems.get_scheme(piece.path) is None:
-        with open(piece.path, "rb", buffering=0) as handle:
-            handle.seek(piece.offset)
-            data = handle.read(piece.length)
+def _read_ranges(path: str, ranges: list[tuple[int, int]]) -> bytes:
+    """The bytes ``[begin, end)`` of each range of a spill file, concatenated."""
+    parts = []
+    if FileSystems.get_scheme(path) is None:
+        with open(path, "rb", buffering=0) as handle:
+            for begin, end in ranges:
+                parts.append(os.pread(handle.fileno(), end - begin, begin))
     else:
-        with FileSystems.open(piece.path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-            handle.seek(piece.offset)
-            data = handle.read(piece.length)
-    if len(data) != piece.length:
-        raise RuntimeError(f"spill file {piece.path} is shorter than expected")
-    batch = pa.ipc.open_stream(pa.py_buffer(data)).read_next_batch()
-    if schema is not None and not batch.schema.equals(schema):
-        raise RuntimeError(f"spill file {piece.path} holds {batch.schema}, expected {schema}")
-    return batch
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            for begin, end in ranges:
+                handle.seek(begin)
+                parts.append(handle.read(end - begin))
+    if any(len(part) != end - begin for part, (begin, end) in zip(parts, ranges, strict=True)):
+        raise RuntimeError(f"spill file {path} is shorter than expected")
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _one_batch(data: bytes, path: str, schema: pa.Schema | None) -> pa.RecordBatch:
+    """The record batches of an IPC stream's bytes as one."""
+    reader = pa.ipc.open_stream(pa.py_buffer(data))
+    if schema is not None and not reader.schema.equals(schema):
+        raise RuntimeError(f"spill file {path} holds {reader.schema}, expected {schema}")
+    batches = [batch for batch in reader if batch.num_rows]
+    if not batches:
+        return pa.RecordBatch.from_pylist([], reader.schema)
+    if len(batches) == 1:
+        return batches[0]
+    return pa.Table.from_batches(batches, reader.schema).combine_chunks().to_batches()[0]
+
+
+def read_spill(piece: Piece, schema: pa.Schema | None = None) -> pa.RecordBatch:
+    """The rows a piece points to as one record batch (one seek and one read of its bytes);
+    ``schema``, when given, is checked."""
+    data = _read_ranges(piece.path, [(piece.offset, piece.offset + piece.length)])
+    return _one_batch(data, piece.path, schema)
+
+
+def read_shard_range(piece: Piece, shard: int, bits: int) -> pa.RecordBatch:
+    """The rows of a hash-sorted report piece whose origin hash's top ``bits`` bits equal
+    ``shard``. A fenced piece is read only in the chunks the
+    shard's hash range touches (plus the stream's head); others in full."""
+    if bits == 0 or not piece.fences:
+        batch = read_spill(piece, REPORT_SPILL_SCHEMA)
+        begin, end = report_rows.shard_row_range(
+            batch.column("origin_hash").to_numpy(), shard, bits
+        )
+        return batch.slice(begin, end - begin)
+    fences = unpack_ints(piece.fences)
+    first, last = fences[:, 0].view(np.uint64), fences[:, 1].view(np.uint64)
+    low = np.uint64(shard << (64 - bits))
+    touched = last >= low
+    if shard + 1 < (1 << bits):
+        touched &= first < np.uint64((shard + 1) << (64 - bits))
+    chunks = np.flatnonzero(touched)
+    if not chunks.size:
+        return pa.RecordBatch.from_pylist([], REPORT_SPILL_SCHEMA)
+    head, start, stop = int(fences[0, 2]), int(fences[chunks[0], 2]), int(fences[chunks[-1], 3])
+    data = _read_ranges(
+        piece.path,
+        [(piece.offset, piece.offset + head), (piece.offset + start, piece.offset + stop)],
+    )
+    batch = _one_batch(data, piece.path, REPORT_SPILL_SCHEMA)
+    begin, end = report_rows.shard_row_range(batch.column("origin_hash").to_numpy(), shard, bits)
+    return batch.slice(begin, end - begin)
 
 
 def write_piece_list(spill_dir: str, pieces: tuple[Piece, ...]) -> Piece:
@@ -280,7 +394,7 @@ def write_piece_list(spill_dir: str, pieces: tuple[Piece, ...]) -> Piece:
         for name, field in zip(Piece._fields, PIECE_LIST_SCHEMA, strict=True)
     ]
     path = spill_path(spill_dir, "buckets")
-    ((offset, length),) = write_spill(
+    ((offset, length, _),) = write_spill(
         path, [pa.RecordBatch.from_arrays(columns, schema=PIECE_LIST_SCHEMA)]
     )
     return Piece(
@@ -305,14 +419,14 @@ def read_shard_rows(task: ShardTask, columns: Iterable[str]) -> tuple[pa.Table, 
     held_bytes = 0
     pieces = read_piece_list(task.piece_list)
     for index, piece in enumerate(pieces):
-        batch = read_spill(piece, REPORT_SPILL_SCHEMA)
-        hashes = batch.column("origin_hash").to_numpy()
-        begin, end = report_rows.shard_row_range(hashes, task.shard, task.bits)
-        if end > begin:
-            part = batch.slice(begin, end - begin).select(columns)
-            part = part.append_column(PIECE_INDEX, pa.array(np.full(end - begin, index, np.int64)))
+        part = read_shard_range(piece, task.shard, task.bits)
+        if part.num_rows:
+            part = part.select(columns)
+            part = part.append_column(
+                PIECE_INDEX, pa.array(np.full(part.num_rows, index, np.int64))
+            )
             held.append(part)
-            held_bytes += piece.length
+            held_bytes += part.nbytes
         if held_bytes >= _COMPACT_BYTES:
             compacted.append(_combined(held))
             held, held_bytes = [], 0

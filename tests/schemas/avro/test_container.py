@@ -16,7 +16,14 @@ import pytest
 
 from schemas import crc32c, parsed_schema, schema_json
 from schemas.avro import varint
-from schemas.avro.container import ByteStream, ContainerWriter, encode_container, header_bytes
+from schemas.avro.container import (
+    ByteStream,
+    ContainerWriter,
+    Corrupt,
+    encode_container,
+    header_bytes,
+    records_in_blocks,
+)
 from schemas.avro.encode import encode_rows
 from schemas.dead_letters import dead_letter
 from tests.schemas.avro.hostile import corpus
@@ -163,3 +170,22 @@ def test_byte_stream_reads_to_the_end_in_pieces_and_releases_them(size: int, sta
     if size - start > 300:  # more than a read chunk behind the end: released, no rewind there
         with pytest.raises(ValueError, match="released"):
             stream.rewind(start)
+
+
+@pytest.mark.parametrize("codec", ["null", "deflate"])
+def test_block_headers_state_the_records_a_damaged_block_ends_the_walk(codec: str) -> None:
+    records = corpus.reports(3000, seed=4)
+    sink = io.BytesIO()
+    writer = ContainerWriter(sink, REPORT, codec=codec, sync_marker=b"s" * 16, block_bytes=20_000)
+    writer.write_encoded(*encode_rows(REPORT, _columns(records), len(records)))
+    data = sink.getvalue()
+    blocks = [block.num_records for block in fastavro.block_reader(io.BytesIO(data))]
+    assert len(blocks) > 3 and records_in_blocks(io.BytesIO(data)) == 3000
+    # Cut inside the last block: the complete blocks before it are counted, nothing after.
+    assert records_in_blocks(io.BytesIO(data[:-20])) == 3000 - blocks[-1]
+    # A wrong sync marker after the first block stops the walk there.
+    first_sync = data.index(b"s" * 16, len(header_bytes(REPORT, codec, b"s" * 16)))
+    broken = data[:first_sync] + b"x" * 16 + data[first_sync + 16 :]
+    assert records_in_blocks(io.BytesIO(broken)) == 0
+    with pytest.raises(Corrupt):
+        records_in_blocks(io.BytesIO(b"not avro"))

@@ -95,6 +95,7 @@ def _config(**overrides: Any) -> sh.ShuffleConfig:
         "batch_records": 64,
         "messages_per_shard": 40,
         "messages_per_file": 16,
+        "shard_piece_rows": 1,  # small inputs still split into shards
     }
     values.update(overrides)
     return sh.ShuffleConfig(**values)

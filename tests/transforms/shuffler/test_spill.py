@@ -1,0 +1,90 @@
+"""Fenced report pieces (transforms/shuffler/spill.py): an origin shard reads only the chunks its
+hash range touches, gets exactly the rows a full read would give it, and a bucket's shards
+together read each piece about once whatever their number."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from transforms.shuffler import report_rows, spill
+
+ROWS = 5_000
+CHUNK = 256
+
+
+def _report_batch(rows: int, seed: int) -> pa.RecordBatch:
+    rng = np.random.default_rng(seed)
+    hashes = np.sort(rng.integers(0, 2**64, size=rows, dtype=np.uint64))
+    hashes[10:14] = hashes[10]  # one origin's messages may straddle a chunk boundary
+    texts = pa.array([spill.crowd_text("ch", "r@1", name) for name in ("a", "b", None)])
+    crowds = pa.DictionaryArray.from_arrays(
+        pa.array(rng.integers(0, 3, rows, dtype=np.int32)), texts
+    )
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(hashes),
+            pa.array(rng.integers(0, 10**12, rows)),
+            pa.array(np.full(rows, 5)),
+            pa.array([bytes([2 * (i % 100)]) * (i % 40) for i in range(rows)], pa.binary()),
+            pa.array(rng.integers(0, 2**32, rows)),
+            pa.array(np.arange(rows)),
+            crowds,
+        ],
+        schema=spill.REPORT_SPILL_SCHEMA,
+    )
+
+
+@pytest.fixture
+def pieces(tmp_path: Path) -> list[spill.Piece]:
+    batches = [_report_batch(ROWS, 1), _report_batch(CHUNK - 3, 2), _report_batch(ROWS // 3, 3)]
+    path = str(tmp_path / "reports.arrow")
+    written = spill.write_spill(path, batches, CHUNK)
+    return [
+        spill.Piece(path, at.offset, at.length, batch.num_rows, "src", 5, 0, at.fences)
+        for batch, at in zip(batches, written, strict=True)
+    ]
+
+
+@pytest.mark.parametrize("bits", [0, 1, 3, 6, 10])
+def test_a_shard_reads_the_rows_a_full_read_gives_it(pieces, bits: int) -> None:
+    for piece in pieces:
+        whole = spill.read_spill(piece, spill.REPORT_SPILL_SCHEMA)
+        assert whole.num_rows == piece.rows
+        assert bool(piece.fences) == (piece.rows > CHUNK)
+        hashes = whole.column("origin_hash").to_numpy()
+        got = 0
+        for shard in range(1 << bits):
+            begin, end = report_rows.shard_row_range(hashes, shard, bits)
+            rows = spill.read_shard_range(piece, shard, bits)
+            assert rows.equals(whole.slice(begin, end - begin))
+            got += rows.num_rows
+        assert got == piece.rows
+
+
+def test_shards_together_read_a_piece_about_once(pieces, monkeypatch) -> None:
+    """8 shards of a 5,000-row piece in 20 chunks of 256 rows: the bytes read are the piece once,
+    plus per shard its stream head and at most the two chunks its range shares with its
+    neighbours (a shard of fewer rows than a chunk reads a whole chunk)."""
+    read: list[int] = []
+    original = spill._read_ranges
+
+    def counting(path: str, ranges: list[tuple[int, int]]) -> bytes:
+        read.append(sum(end - begin for begin, end in ranges))
+        return original(path, ranges)
+
+    monkeypatch.setattr(spill, "_read_ranges", counting)
+    piece = pieces[0]
+    fences = spill.unpack_ints(piece.fences)
+    head = int(fences[0, 2])
+    largest_chunk = int((fences[:, 3] - fences[:, 2]).max())
+    bits = 3
+    for shard in range(1 << bits):
+        spill.read_shard_range(piece, shard, bits)
+    assert len(read) == 1 << bits
+    assert sum(read) <= piece.length + (1 << bits) * (head + 2 * largest_chunk)
+    # Reading the piece in full once per shard would cost 8 times the piece.
+    assert sum(read) < 2 * piece.length
