@@ -9,10 +9,12 @@ timed), then each step runs in its own child process, so peak memory (``VmHWM``)
   ceiling; ``benchmarks/common.py`` says how);
 * ``esa shuffle --instance u`` for u = 0, 1 (FnApiRunner);
 * the same read of the released message files (the analyzer's ceiling);
-* ``esa analyze`` over both releases (FnApiRunner, no pictures).
+* ``esa analyze`` over both releases (FnApiRunner, no pictures), timed from the call to its end:
+  the driver's verification of the releases (SHA-256 of every file) and the pipeline (which also
+  checks each crowd's messages against its crowd table).
 
-Rows: analyze messages/s against its raw read (target ratio >= 0.5), shuffle + analyze end to end
-against the two raw reads together, and peak memory. Quick mode (a smoke test) skips the
+Rows: analyze messages/s against its raw read (target ratio >= 2 in full mode; issue #23 asks
+for 3), shuffle + analyze end to end against the two raw reads together, and peak memory. Quick mode (a smoke test) skips the
 shuffler: it writes ~100 k released messages and their commit records directly and times the
 analyzer alone.
 """
@@ -55,7 +57,7 @@ print(json.dumps({"seconds": summary["seconds"], "records": summary["read"],
 """
 
 _ANALYZE = """
-import json, sys
+import json, sys, time
 from benchmarks.common import peak_rss_mb
 from apache_beam.options.pipeline_options import PipelineOptions
 from pipelines import analyze
@@ -63,8 +65,10 @@ a = json.loads(sys.argv[1])
 options = PipelineOptions(["--runner=FnApiRunner"], analyze_input=[a["input"]],
                           analyze_output=a["output"], analyze_recipe=[a["recipe"]],
                           analyze_no_pictures=True)
+began = time.monotonic()
 summary = analyze.run(options)
-print(json.dumps({"seconds": summary["seconds"], "records": summary["metrics"]["read"],
+print(json.dumps({"seconds": time.monotonic() - began, "pipeline_seconds": summary["seconds"],
+                  "records": summary["metrics"]["read"],
                   "adds_up": summary["metrics"]["adds_up"], "peak_rss_mb": peak_rss_mb()}))
 """
 
@@ -180,8 +184,10 @@ def run(quick: bool) -> list[dict]:
         raw_rate = raw_released["records"] / raw_released["seconds"]
         note = (
             f"{messages:,} released messages ({respondents:,} respondents, image_grid_onehot, "
-            f"K = {INSTANCES}; generated in {generated:.0f} s); FnApiRunner; accounting adds "
-            f"up: {analyzed['adds_up']}"
+            f"K = {INSTANCES}; generated in {generated:.0f} s); FnApiRunner, "
+            f"{analyzed['seconds']:.1f} s with the driver's verification "
+            f"(pipeline {analyzed['pipeline_seconds']:.1f} s); accounting adds up: "
+            f"{analyzed['adds_up']}"
         )
         rows.append(
             {
@@ -190,7 +196,8 @@ def run(quick: bool) -> list[dict]:
                 "value": analyze_rate,
                 "baseline": raw_rate,
                 "ratio": analyze_rate / raw_rate,
-                "note": f"baseline: {raw_read_note(raw_released)}; target ratio >= 0.5; " + note,
+                "note": f"baseline: {raw_read_note(raw_released)}; target ratio >= 2 in full "
+                "mode (issue #23 asks 3; quick mode is mostly the pipeline's fixed cost); " + note,
             }
         )
         rows.append(

@@ -17,8 +17,9 @@ committed files are read: workers take the file list from the commit record itse
 unless its SHA-256 is the one the driver verified, and the crowds from the crowd tables it
 commits, each checked against its committed SHA-256 (nothing per crowd or file is pickled into
 the job). Each crowd's messages in its bucket's files must match its crowd table
-(``pipelines.release_counts``, one bucket at a time): a crowd read but not released, or a
-``messages_released`` other than the records read, is refused too.
+(``pipelines.release_counts``, one bucket at a time, counted by the workers as they decode): a
+crowd read but not released, or a ``messages_released`` other than the records read, is refused
+too, and nothing of that analysis is published.
 With ``--shuffler-keys KEYS`` (the shufflers' public signing keys) every commit record must also
 carry a valid Ed25519 signature of its own instance's key (schemas/crypto/commit_signing.py): an
 unsigned record, an unknown, wrong-instance or expired key, and a record altered after signing
@@ -83,7 +84,12 @@ from pipelines.commandline import analyzer_key_flags
 from pipelines.commandline.analyze_options import AnalyzeOptions
 from pipelines.commandline.main import UsageError
 from pipelines.commandline.options import temp_location_root, with_default_runner
-from pipelines.release_counts import check_crowd_counts
+from pipelines.release_counts import (
+    CheckCrowdCounts,
+    check_crowd_counts,
+    read_refusal,
+    refuse_on_problems,
+)
 from schemas import SUPPORTED_SCHEMA_VERSIONS
 from schemas.crypto.signing_keys import ShufflerKeys
 from schemas.recipes import load_recipe, shipped_recipes
@@ -269,16 +275,20 @@ def open_release(
     directory: str,
     shuffler_keys: ShufflerKeys | None = None,
     selection: ReleaseSelection | None = None,
+    count_messages: bool = True,
 ) -> Release:
     """Verify ``directory`` against its commit record (and its signature, given the shufflers'
     keys) and its crowd tables against its message files, one bucket at a time; UsageError (one
     line) if it may not be read. One pass: each crowd table is read once, checked, compared with
-    its bucket's messages (``release_counts.check_crowd_counts``) and handed to ``selection``."""
+    its bucket's messages (``release_counts.check_crowd_counts``; not with ``count_messages``
+    False, when the pipeline compares them: ``release_counts.CheckCrowdCounts``) and handed to
+    ``selection``."""
     commit_path = os.path.join(directory, release.COMMIT_FILE)
     digest = release.sha256_of(commit_path) if os.path.isfile(commit_path) else None
 
     def visit(commit: Mapping[str, Any], table: str, crowds: Any, files: Any) -> None:
-        check_crowd_counts(directory, crowds, files)
+        if count_messages:
+            check_crowd_counts(directory, crowds, files)
         if selection is not None:
             selection.add(commit.get("instance"), crowds)
 
@@ -322,13 +332,14 @@ def discover_releases(
     inputs: Sequence[str],
     shuffler_keys: ShufflerKeys | None = None,
     selection: ReleaseSelection | None = None,
+    count_messages: bool = True,
 ) -> list[Release]:
-    """The verified releases ``--input`` names (see the module docstring); UsageError when one
-    is refused or two releases claim one instance."""
+    """The verified releases ``--input`` names (see the module docstring and
+    :func:`open_release`); UsageError when one is refused or two releases claim one instance."""
     if not inputs:
         raise UsageError("--input is required (a release, or a directory of instance=<u>/)")
     releases = [
-        open_release(path, shuffler_keys, selection)
+        open_release(path, shuffler_keys, selection, count_messages)
         for given in inputs
         for path in _release_dirs(given)
     ]
@@ -474,7 +485,8 @@ def run(
     # releases (the pictured crowd keys, the table-size estimate for the number of parts); the
     # respondent counts and withheld crowds are read from the verified releases by workers.
     selection = ReleaseSelection(book, not values.analyze_no_pictures)
-    releases = discover_releases(values.analyze_input or [], shuffler_keys, selection)
+    # The crowd tables against the messages: checked by the pipeline as it decodes them.
+    releases = discover_releases(values.analyze_input or [], shuffler_keys, selection, False)
     runs_ledger.check_runs(releases, values.analyze_runs_ledger)
     check_deletion_flags(releases, stated)
     output = _prepare_output(values.analyze_output, values.analyze_overwrite)
@@ -543,6 +555,7 @@ def run(
         book,
         SUPPORTED_SCHEMA_VERSIONS,
         batch_records=values.analyze_batch_records,
+        range_records=values.analyze_range_records,
         dense_limit=values.analyze_dense_limit,
         key_ring=values.analyze_key_ring,  # a path: workers read the keys (sealed payloads)
         buckets=arithmetic.analyzer_buckets(
@@ -556,14 +569,21 @@ def run(
         config, parts, spill_dir=spill_dir
     )
     _ = aggregated.dead_letters | "WriteDeadLetters" >> WriteDeadLetters(output)
-    _ = (estimates, aggregated.counts) | "WriteAnalysis" >> WriteAnalysis(
-        output, config, inputs, parts=parts
+    # summary.json (written last, from the counters) only when every bucket's files agree with
+    # its crowd table; otherwise the pipeline fails and the driver refuses the release.
+    problems = (aggregated.crowd_records, crowd_tables) | "CheckCrowdCounts" >> CheckCrowdCounts()
+    counts = aggregated.counts | "RefuseDisagreeingReleases" >> beam.Map(
+        refuse_on_problems, beam.pvalue.AsList(problems), spill_dir
     )
+    _ = (estimates, counts) | "WriteAnalysis" >> WriteAnalysis(output, config, inputs, parts=parts)
     _ = estimates.pictures | "DrawPictures" >> beam.ParDo(pictures.DrawPictures(output, book))
     try:
         pipeline.run().wait_until_finish()
     except BaseException:
+        refusal = read_refusal(spill_dir)
         remove_results(output)  # nothing half-written stays (nor makes the next run refuse)
+        if refusal is not None:
+            raise UsageError(refusal) from None
         raise
     finally:  # failed attempts' temporary part files (transforms/common/atomic_files.py)
         for table in (HISTOGRAMS_FILE, LONGITUDINAL_FILE, REPORTS_DIR, WITHHELD_DIR):

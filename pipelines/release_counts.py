@@ -18,38 +18,49 @@ pipeline's accounting.
 
 ``respondents_released`` is not compared with the message count: presence messages are never
 released, so a respondent may have sent no data message to one instance.
+
+``esa analyze`` makes the same check inside its pipeline (:class:`CheckCrowdCounts`), from the
+records per crowd key its workers count in every batch they decode anyway
+(``transforms.analyzer.aggregate.crowd_record_counts``), so the driver decodes no message file: a
+problem fails the pipeline before ``summary.json`` is written (:func:`refuse_on_problems`), and
+the driver removes what was written and refuses with the same line. ``open_release`` with
+``count_messages=True`` (``esa train``) still checks on the driver, bucket by bucket.
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-import pyarrow as pa
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
 
 from pipelines.commandline.main import UsageError
 from schemas.release import commit
 from schemas.release.crowd_buckets import CROWDS_DIR, parse_release_path
-from transforms.common import avro_io
+from transforms.analyzer.aggregate import (
+    crowd_record_counts,
+    pinned_crowd_table_records,
+    release_bucket,
+)
+from transforms.common import atomic_files, avro_io
 
 __all__ = [
+    "CheckCrowdCounts",
     "CrowdKey",
+    "RefusedRelease",
     "check_crowd_counts",
     "count_crowd_messages",
+    "crowd_count_problem",
+    "read_refusal",
+    "refuse_on_problems",
     "release_stems",
 ]
 
 # (window_start_ms, window_end_ms, channel, recipe_id, crowd_id)
 CrowdKey = tuple[int, int, str, str, str | None]
-_KEY_COLUMNS = ("window_start", "window_end", "channel", "recipe_id", "crowd_id")
-
-
-def _as_ms(column: pa.Array) -> list[int]:
-    if pa.types.is_timestamp(column.type):
-        column = column.cast(pa.timestamp("ms")).cast(pa.int64())
-    return column.to_pylist()
 
 
 def count_crowd_messages(
@@ -60,23 +71,8 @@ def count_crowd_messages(
     counts: Counter[CrowdKey] = Counter()
     for path in files:
         for item in avro_io.read_avro_batches(path, batch_records):
-            if isinstance(item, avro_io.UnreadableChunk):
-                continue
-            batch = item.columns
-            if any(name not in batch.schema.names for name in _KEY_COLUMNS):
-                continue
-            table = pa.table(
-                {
-                    "s": pa.array(_as_ms(batch.column("window_start")), pa.int64()),
-                    "e": pa.array(_as_ms(batch.column("window_end")), pa.int64()),
-                    "c": batch.column("channel"),
-                    "r": batch.column("recipe_id"),
-                    "k": batch.column("crowd_id"),
-                }
-            )
-            grouped = table.group_by(["s", "e", "c", "r", "k"]).aggregate([([], "count_all")])
-            for row in grouped.to_pylist():
-                counts[(row["s"], row["e"], row["c"], row["r"], row["k"])] += row["count_all"]
+            if not isinstance(item, avro_io.UnreadableChunk):
+                counts.update(crowd_record_counts(item.columns))
     return counts
 
 
@@ -98,6 +94,15 @@ def check_crowd_counts(
     """UsageError (one line naming ``path`` and the crowd) unless every crowd read from
     ``files`` is released in ``crowds`` with ``messages_released`` equal to its record count, and
     every released crowd's count is what the files hold."""
+    problem = crowd_count_problem(
+        path, stated_counts(crowds), count_crowd_messages(files, batch_records)
+    )
+    if problem is not None:
+        raise UsageError(problem)
+
+
+def stated_counts(crowds: Iterable[Mapping[str, Any]]) -> dict[CrowdKey, int]:
+    """Per crowd key of a crowd table its ``messages_released`` (-1 for a withheld crowd)."""
     stated: dict[CrowdKey, int] = {}
     for crowd in crowds:
         key = (
@@ -110,28 +115,122 @@ def check_crowd_counts(
         stated[key] = (
             int(crowd.get("messages_released") or 0) if crowd.get("status") == "released" else -1
         )
-    read = count_crowd_messages(files, batch_records)
+    return stated
+
+
+def crowd_count_problem(
+    path: str, stated: Mapping[CrowdKey, int], read: Mapping[CrowdKey, int]
+) -> str | None:
+    """The refusal line for release ``path`` when the records ``read`` per crowd key disagree
+    with the crowd table's ``stated`` counts (:func:`stated_counts`) of one bucket; else None."""
     ordered = sorted(read.items(), key=lambda item: repr(item[0]))
     for key, count in ordered:  # first crowds not released at all (relabelled, removed)
         committed = stated.get(key)
         if committed is None or committed < 0:
             why = "not released" if committed is None else "withheld"
-            raise UsageError(
+            return (
                 f"refusing release {path}: its files hold {count} messages of crowd "
                 f"{_describe(key)}, which its commit record lists as {why}"
             )
     for key, count in ordered:
         if stated[key] != count:
-            raise UsageError(
+            return (
                 f"refusing release {path}: crowd {_describe(key)} states messages_released "
                 f"{stated[key]}, its files hold {count}"
             )
     for key, committed in stated.items():
         if committed > 0 and key not in read:
-            raise UsageError(
+            return (
                 f"refusing release {path}: crowd {_describe(key)} states messages_released "
                 f"{committed}, its files hold 0"
             )
+    return None
+
+
+class _AddCrowdRecords(beam.CombineFn):
+    """Adds ``{crowd key: records}`` dicts (inputs never modified)."""
+
+    def create_accumulator(self) -> dict[CrowdKey, int]:
+        return {}
+
+    def add_input(self, total: dict, records: Mapping[CrowdKey, int]) -> dict:
+        for key, count in records.items():
+            total[key] = total.get(key, 0) + int(count)
+        return total
+
+    def merge_accumulators(self, accumulators: Iterable[dict]) -> dict:
+        total: dict[CrowdKey, int] = {}
+        for accumulator in accumulators:
+            self.add_input(total, accumulator)
+        return total
+
+    def extract_output(self, total: dict) -> dict:
+        return total
+
+
+def _stated_in_table(table: tuple[int, str, str]) -> Iterator[tuple[Any, dict[CrowdKey, int]]]:
+    """A committed crowd table (``(instance, path, SHA-256)``, read if its SHA-256 is the
+    committed one) -> ``((release directory, bucket key), stated counts)``."""
+    bucket = release_bucket(table[1])
+    if bucket is not None:
+        yield bucket, stated_counts(crowd for _, crowd in pinned_crowd_table_records(table))
+
+
+def _problems(joined: tuple[Any, Mapping[str, Sequence[Any]]]) -> Iterator[str]:
+    (directory, _), found = joined
+    stated: dict[CrowdKey, int] = {}
+    for table in found["stated"]:
+        stated.update(table)
+    read = _AddCrowdRecords().merge_accumulators(found["read"])
+    problem = crowd_count_problem(directory, stated, read)
+    if problem is not None:
+        yield problem
+
+
+class CheckCrowdCounts(beam.PTransform):
+    """``(((release directory, bucket key), {crowd key: records}) per decoded batch, committed
+    crowd tables as (instance, path, SHA-256))`` -> the refusal line of every bucket whose files
+    disagree with its crowd table (:func:`crowd_count_problem`; normally none), one bucket per
+    element: memory per worker bounded by a bucket's crowds."""
+
+    def expand(self, inputs: tuple[beam.PCollection, beam.PCollection]) -> beam.PCollection:
+        records, tables = inputs
+        read = records | "RecordsPerBucket" >> beam.CombinePerKey(_AddCrowdRecords())
+        stated = tables | "StatedPerBucket" >> beam.FlatMap(_stated_in_table)
+        return (
+            {"read": read, "stated": stated}
+            | "JoinBuckets" >> beam.CoGroupByKey()
+            | "Disagreements" >> beam.FlatMap(_problems)
+        )
+
+
+class RefusedRelease(Exception):
+    """A release whose files disagree with its crowd tables (the refusal line)."""
+
+
+REFUSAL_FILE = "refused.txt"
+
+
+def refuse_on_problems(counts: Any, problems: Sequence[str], directory: str) -> Any:
+    """``counts`` unchanged when there is no problem; else the first refusal line is written to
+    ``directory/refused.txt`` (read by :func:`read_refusal`) and the pipeline fails."""
+    if not problems:
+        return counts
+    line = min(problems)
+    atomic_files.publish_bytes(directory, REFUSAL_FILE, line.encode("utf-8"))
+    raise RefusedRelease(line)
+
+
+def read_refusal(directory: str) -> str | None:
+    """The refusal line :func:`refuse_on_problems` wrote under ``directory``, if any."""
+    path = FileSystems.join(directory, REFUSAL_FILE)
+    try:
+        if not FileSystems.exists(path):
+            return None
+        with avro_io.open_input(path) as handle:
+            return handle.read().decode("utf-8")
+    except (OSError, ValueError):
+        return None
 
 
 def release_stems(verified: commit.VerifiedRelease) -> Iterator[tuple[str, list[str]]]:

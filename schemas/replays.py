@@ -30,7 +30,13 @@ import pyarrow as pa
 
 from schemas.payloads import EncodedPayloads
 
-__all__ = ["DUPLICATE_PAYLOAD", "ENVELOPE_VERSION", "OVERHEAD", "repeated_sealed_payloads"]
+__all__ = [
+    "DUPLICATE_PAYLOAD",
+    "ENVELOPE_VERSION",
+    "OVERHEAD",
+    "payload_fingerprints",
+    "repeated_sealed_payloads",
+]
 
 DUPLICATE_PAYLOAD = "duplicate_payload"
 ENVELOPE_VERSION = 1  # schemas.crypto.sealing.ENVELOPE_VERSION
@@ -45,6 +51,17 @@ def sealed_rows(payloads: EncodedPayloads) -> np.ndarray:
     nonempty = lengths > 0
     first[nonempty] = payloads.data[payloads.offsets[:-1][nonempty]]
     return (lengths > OVERHEAD) & (first == ENVELOPE_VERSION)
+
+
+def payload_fingerprints(payloads: EncodedPayloads) -> np.ndarray:
+    """A uint64 per sealed payload (``sealed_rows``): the first 8 bytes of its encapsulated key
+    mixed with its length. Equal payloads have equal fingerprints; unequal ones rarely do (the
+    key is fresh per honest message), so fingerprints only ever name candidates."""
+    sealed = np.flatnonzero(sealed_rows(payloads))
+    starts = payloads.offsets[:-1][sealed]
+    prefix = payloads.data[starts[:, None] + np.arange(_PREFIX.start, _PREFIX.stop)]
+    lengths = payloads.lengths[sealed].astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    return prefix.view(np.uint64).ravel() ^ lengths
 
 
 def repeated_sealed_payloads(

@@ -24,6 +24,7 @@ from pipelines.commandline.flags import (
     output_directory,
     positive_finite,
 )
+from transforms.analyzer.aggregate import DEFAULT_RANGE_RECORDS
 from transforms.analyzer.analyze import AnalysisConfig
 from transforms.analyzer.arithmetic import DENSE_LIMIT
 from transforms.common.avro_io import DEFAULT_BATCH_RECORDS
@@ -89,6 +90,14 @@ class AnalyzeOptions(StageFlags, PipelineOptions):
                 type=int,
             ),
             Flag(
+                "range_records",
+                "Most records of a release file one worker reads at a time (files are read in "
+                f"ranges of whole blocks). Default {DEFAULT_RANGE_RECORDS:,}; "
+                f"1..{MAX_BATCH_RECORDS:,}.",
+                default=DEFAULT_RANGE_RECORDS,
+                type=int,
+            ),
+            Flag(
                 "dense_limit",
                 f"Largest domain counted densely; larger ones sparsely. Default {DENSE_LIMIT}; "
                 f"0..{MAX_DENSE_LIMIT:,}.",
@@ -145,6 +154,7 @@ class AnalyzeOptions(StageFlags, PipelineOptions):
             else f"--failure-probability must be in (0, 1), got {probability}",
             deletion_errors(value("deletion_epsilon"), value("deletion_delta")),
             int_in("--batch-records", value("batch_records"), 1, MAX_BATCH_RECORDS),
+            int_in("--range-records", value("range_records"), 1, MAX_BATCH_RECORDS),
             int_in("--dense-limit", value("dense_limit"), 0, MAX_DENSE_LIMIT),
             output_directory("--output", value("output")),
             apart(

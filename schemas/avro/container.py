@@ -41,6 +41,8 @@ __all__ = [
     "ByteStream",
     "Header",
     "read_header",
+    "BlockSpan",
+    "walk_blocks",
     "records_in_blocks",
     "header_bytes",
     "frame_block",
@@ -74,11 +76,12 @@ class Truncated(Corrupt):
 class ByteStream:
     """Forward-only buffered reader with absolute positions and rewind within the buffer."""
 
-    def __init__(self, fileobj: BinaryIO, read_chunk: int = READ_CHUNK) -> None:
+    def __init__(self, fileobj: BinaryIO, read_chunk: int = READ_CHUNK, start: int = 0) -> None:
+        """``start``: the file position ``fileobj`` is read from (a window of a file)."""
         self._file = fileobj
         self._chunk = read_chunk
         self._buffer = bytearray()
-        self._buffer_start = 0  # file position of self._buffer[0]
+        self._buffer_start = start  # file position of self._buffer[0]
         self._index = 0  # read position inside self._buffer
         self._eof = False
 
@@ -248,6 +251,63 @@ def read_header(stream: ByteStream) -> Header:
             metadata[key] = stream.read_bytes()
     sync = stream.read_exact(SYNC_SIZE)
     return Header(metadata, sync, stream.position)
+
+
+@dataclass(frozen=True)
+class BlockSpan:
+    """One block's place in its file: bytes ``offset .. end - 1`` (count, size, data and sync
+    marker) holding ``count`` records."""
+
+    offset: int
+    count: int
+    end: int
+
+
+# Bytes read at a block's start: its two varint longs (at most 10 bytes each).
+_BLOCK_HEAD_BYTES = 20
+
+
+def _long_at(data: bytes, index: int) -> tuple[int, int]:
+    """The Avro long at ``data[index:]`` and the index after it; Corrupt if there is none."""
+    shift = value = 0
+    for position in range(index, min(index + 10, len(data))):
+        byte = data[position]
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return (value >> 1) ^ -(value & 1), position + 1
+        shift += 7
+    raise Corrupt("no complete varint at a block's start")
+
+
+def walk_blocks(fileobj: BinaryIO, max_records: int) -> tuple[Header, list[BlockSpan]]:
+    """The header and every block of a seekable container file, found by reading each block's
+    count and size and seeking over its data (a few reads per block, never the data itself).
+
+    Raises :class:`Corrupt` unless the file is nothing but whole, plausible blocks (``count <=
+    max_records``, ``size <= MAX_BLOCK_BYTES``) each followed by the header's sync marker up to
+    its very end: such a file can be read in byte ranges of whole blocks, any other file only
+    from start to end (``schemas.avro.reader.read_container`` says what it makes of it). The
+    block data are not checked here: a block that does not decode is the reader's finding."""
+    header = read_header(ByteStream(fileobj, read_chunk=1 << 16))
+    size_of_file = fileobj.seek(0, os.SEEK_END)
+    blocks: list[BlockSpan] = []
+    position = header.end
+    while position < size_of_file:
+        fileobj.seek(position)
+        head = fileobj.read(_BLOCK_HEAD_BYTES)
+        count, index = _long_at(head, 0)
+        size, index = _long_at(head, index)
+        if not (0 <= count <= max_records and 0 <= size <= MAX_BLOCK_BYTES):
+            raise Corrupt(f"implausible block header at {position}: count={count}, size={size}")
+        end = position + index + size + SYNC_SIZE
+        if end > size_of_file:
+            raise Truncated(f"the block at {position} runs past the end of the file")
+        fileobj.seek(end - SYNC_SIZE)
+        if fileobj.read(SYNC_SIZE) != header.sync:
+            raise Corrupt(f"no sync marker after the block at {position}")
+        blocks.append(BlockSpan(position, count, end))
+        position = end
+    return header, blocks
 
 
 def records_in_blocks(fileobj: BinaryIO) -> int:

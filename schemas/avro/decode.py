@@ -33,6 +33,7 @@ from schemas.avro.columns import arrow_type
 from schemas.avro.varint import read_varints as _varints
 from schemas.avro.varint import unzigzag as _signed
 from schemas.avro.varint import varint_ends as _varint_ends
+from schemas.avro.varint import words
 
 __all__ = ["FlatField", "flat_layout", "decode_flat_blocks"]
 
@@ -52,6 +53,10 @@ _SAMPLED_PER_BLOCK = 16
 _MAX_BEGINNINGS = 16
 _MAX_BEGINNING_BYTES = 4
 _CANDIDATES_PER_RECORD = 1.25
+# Longest field whose bytes are compared across records to decode it once (_constant_fields).
+_CONSTANT_FIELD_BYTES = 64
+# Longest strings and bytes gathered as rows of equal width (see _gather).
+_ROW_GATHER_WIDTH = 64
 
 
 @dataclass(frozen=True)
@@ -203,9 +208,14 @@ def _record_starts(
     size: int,
     block_starts: np.ndarray,
     counts: np.ndarray,
-) -> np.ndarray | None:
+) -> tuple[np.ndarray, int, int] | None:
     """Start of every record (blocks with records only), or None where the candidates do not
-    hold a chain of ``count`` records from some block's start."""
+    hold a chain of ``count`` records from some block's start; with the number of leading
+    fields and of their bytes that are the same in every record (0, 0 when none is known).
+
+    The leading fields whose bytes all sampled records share (a release file's crowd key) are
+    a pattern: candidates that hold it skip those fields in one step, the others field by
+    field (the same positions either way)."""
     records = int(counts.sum())
     sample = np.unique(_sample_beginnings(fields, buf, size, block_starts, counts))
     candidates = _candidates(buf, size, sample, records)
@@ -213,7 +223,17 @@ def _record_starts(
     missing = sample[candidates[found] != sample] if candidates.size else sample
     if missing.size:
         candidates = np.sort(np.concatenate((candidates, missing)))
-    following = _skip_record(fields, buf, candidates, size)
+    shared, pattern = _shared_fields(fields, buf, size, sample)
+    matched = np.zeros(candidates.size, dtype=bool)
+    if shared:
+        matched = _holds(buf, candidates, pattern)
+        following = np.empty(candidates.size, dtype=np.int64)
+        following[matched] = _skip_record(
+            fields[shared:], buf, candidates[matched] + pattern.size, size
+        )
+        following[~matched] = _skip_record(fields, buf, candidates[~matched], size)
+    else:
+        following = _skip_record(fields, buf, candidates, size)
     index = np.minimum(candidates.searchsorted(following), candidates.size - 1)
     missing = candidates.size  # the chain leaves the candidates: a node that maps to itself
     jump = np.append(np.where(candidates[index] == following, index, missing), missing)
@@ -229,16 +249,69 @@ def _record_starts(
             jump = jump[jump]
     if np.any(node == missing):
         return None
-    return candidates[node]
+    if shared and matched[node].all():
+        return candidates[node], shared, pattern.size
+    return candidates[node], 0, 0
+
+
+def _shared_fields(
+    fields: tuple[FlatField, ...], buf: np.ndarray, size: int, sample: np.ndarray
+) -> tuple[int, np.ndarray]:
+    """The leading fields (how many, and their bytes in the first sampled record) whose bytes
+    every sampled record shares, at most _CONSTANT_FIELD_BYTES in all; guesses (unchecked)."""
+    if sample.size == 0:
+        return 0, np.zeros(0, dtype=np.uint8)
+    begin = int(sample[0])
+    end, shared = begin, 0
+    for field in fields:
+        after = int(_skip_record((field,), buf, np.array([end]), size)[0])
+        if after > size or after - begin > _CONSTANT_FIELD_BYTES:
+            break
+        if not _holds(buf, sample + (end - begin), buf[end:after]).all():
+            break
+        end, shared = after, shared + 1
+    return shared, buf[begin:end].copy()
+
+
+def _holds(buf: np.ndarray, positions: np.ndarray, pattern: np.ndarray) -> np.ndarray:
+    """Whether ``buf`` holds ``pattern`` at each of ``positions`` (8 bytes per step)."""
+    holds = np.ones(positions.size, dtype=bool)
+    for offset in range(0, pattern.size, 8):
+        piece = pattern[offset : offset + 8]
+        found = words(buf, positions + offset)
+        if found is None:
+            return np.zeros(positions.size, dtype=bool)
+        expected = np.zeros(8, dtype=np.uint8)
+        expected[: piece.size] = piece
+        keep = np.uint64((1 << (8 * piece.size)) - 1)
+        holds &= found[1] & ((found[0] & keep) == expected.view("<u8")[0])
+    return holds
 
 
 def _gather(buf: np.ndarray, begin: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, Any]:
-    """Arrow offsets (int32) and the concatenated bytes ``buf[begin[i]:begin[i]+lengths[i]]``."""
+    """Arrow offsets (int32) and the concatenated bytes ``buf[begin[i]:begin[i]+lengths[i]]``.
+
+    Short values are gathered as rows of the longest one's width (one row copy each) and the
+    bytes past each value's length dropped; long or very uneven ones through a byte index."""
     offsets = np.zeros(lengths.size + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     total = int(offsets[-1])
     if total == 0:
         return offsets.astype(np.int32), pa.py_buffer(b"")
+    width = int(lengths.max())
+    if (
+        width <= _ROW_GATHER_WIDTH
+        and width * lengths.size <= 2 * total + 8 * lengths.size
+        and int(begin.min()) >= 0
+        and int(begin.max()) <= buf.size - width
+    ):
+        rows = np.lib.stride_tricks.as_strided(
+            buf, shape=(buf.size - width + 1, width), strides=(1, 1)
+        )
+        values = rows[begin]
+        if int(lengths.min()) < width:
+            values = values[np.arange(width) < lengths[:, None]]
+        return offsets.astype(np.int32), pa.py_buffer(values.reshape(-1))
     index = np.repeat(begin - offsets[:-1], lengths)
     index += np.arange(total, dtype=np.int64)
     return offsets.astype(np.int32), pa.py_buffer(buf.take(index))
@@ -320,6 +393,40 @@ def _decode_column(
     return array, end
 
 
+def _constant_fields(
+    fields: tuple[FlatField, ...],
+    buf: np.ndarray,
+    starts: np.ndarray,
+    limit: np.ndarray,
+    known: tuple[int, int] = (0, 0),
+) -> tuple[list[pa.Array], int]:
+    """The leading fields whose bytes are the same in every record (a release file's crowd
+    key, record after record), decoded once from the first record and repeated, and the bytes
+    they take; ``known``: how many fields and bytes every record is known to share already
+    (``_record_starts``), the rest compared here. Exact: equal bytes decode to equal values and
+    end at equal offsets, the first record's are checked as any other's, and the caller still
+    checks every record's end."""
+    columns: list[pa.Array] = []
+    offset = 0
+    first = starts[:1]
+    shared = known[0]
+    for index, field in enumerate(fields):
+        decoded = _decode_column(field, buf, first + offset, limit[:1])
+        if decoded is None:
+            break
+        value, end = decoded
+        length = int(end[0]) - int(first[0]) - offset
+        begin = int(first[0]) + offset
+        if index >= shared and (
+            length > _CONSTANT_FIELD_BYTES
+            or not _holds(buf, starts + offset, buf[begin : begin + length]).all()
+        ):
+            break
+        columns.append(pa.repeat(value[0], starts.size))
+        offset += length
+    return columns, offset
+
+
 def _mask(present: np.ndarray | None) -> np.ndarray | None:
     return None if present is None else ~present
 
@@ -347,13 +454,16 @@ def decode_flat_blocks(
     block_starts = (block_ends - sizes)[nonempty]
     block_ends = block_ends[nonempty]
     count_array = count_array[nonempty]
-    starts = _record_starts(fields, buf, size, block_starts, count_array)
-    if starts is None:
+    found = _record_starts(fields, buf, size, block_starts, count_array)
+    if found is None:
         return None
+    starts, shared, shared_bytes = found
     limit = np.repeat(block_ends, count_array)
-    q = starts
-    columns = []
-    for field in fields:
+    columns, prefix = _constant_fields(fields, buf, starts, limit, (shared, shared_bytes))
+    if len(columns) < shared:  # the first record's shared fields do not decode
+        return None
+    q = starts + prefix
+    for field in fields[len(columns) :]:
         decoded = _decode_column(field, buf, q, limit)
         if decoded is None:
             return None

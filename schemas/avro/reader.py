@@ -57,6 +57,7 @@ __all__ = [
     "UnreadableChunk",
     "read_container",
     "read_container_bytes",
+    "block_windows",
 ]
 
 DEFAULT_BATCH_RECORDS = 50_000
@@ -149,10 +150,16 @@ def read_container(
     batch_records: int = DEFAULT_BATCH_RECORDS,
     expect: Mapping[str, Any] | None = None,
     read_chunk: int = container.READ_CHUNK,
+    window: tuple[int, int, int] | None = None,
 ) -> Iterator[ColumnBatch | UnreadableChunk]:
     """Stream an Avro container file as column batches of about ``batch_records`` records and
     unreadable chunks, in file order (see the module docstring). With ``expect`` (a flat record
-    schema, e.g. ``schemas.schema_json("report")``), batches have exactly its fields and types."""
+    schema, e.g. ``schemas.schema_json("report")``), batches have exactly its fields and types.
+
+    ``window``: ``(start, stop, first record)``: only the whole blocks in bytes ``start .. stop
+    - 1`` of a seekable file (as ``container.walk_blocks`` found them), whose first record is
+    the file's record ``first record``; the header is read, the bytes before ``start`` are not.
+    A file whose header cannot be decoded yields one chunk for the window, records unknown."""
     if batch_records < 1:
         raise ValueError(f"batch_records must be >= 1, got {batch_records}")
     stream = ByteStream(fileobj, read_chunk)
@@ -168,10 +175,19 @@ def read_container(
     next_record = 0
     # Most bytes gathered before decoding: dead files keep their chunks small.
     most_bytes = MAX_RAW_BYTES if decoder is None else container.MAX_DECOMPRESSED_BYTES
-    # A file whose blocks cannot be decoded: its header goes with its first chunk.
-    stream.rewind(0)
-    head = b"" if decoder is not None else stream.read_exact(header.end)
-    stream.rewind(header.end)
+    if window is not None:
+        start, stop, next_record = window
+        if decoder is None:
+            yield UnreadableChunk(source, start, stop - start, reason, detail, b"", None)
+            return
+        fileobj.seek(start)
+        stream = ByteStream(io.BytesIO(fileobj.read(stop - start)), read_chunk, start=start)
+        head = b""
+    else:
+        # A file whose blocks cannot be decoded: its header goes with its first chunk.
+        stream.rewind(0)
+        head = b"" if decoder is not None else stream.read_exact(header.end)
+        stream.rewind(header.end)
 
     def flush() -> Iterator[ColumnBatch | UnreadableChunk]:
         nonlocal next_record, head
@@ -199,6 +215,33 @@ def read_container(
         yield event
     if pending or head:
         yield from flush()
+
+
+def block_windows(
+    fileobj: BinaryIO, max_records: int, expect: Mapping[str, Any] | None = None
+) -> list[tuple[int, int, int, int]] | None:
+    """``(start, stop, first record, records)`` of consecutive runs of whole blocks of a seekable
+    file, each of at most ``max_records`` records (a larger block is a run of its own), covering
+    every block: the windows :func:`read_container` reads separately. None when the file must be
+    read from start to end: a header or block walk that fails (``container.walk_blocks``), a
+    schema or codec it cannot decode, or no block at all."""
+    if max_records < 1:
+        raise ValueError(f"max_records must be >= 1, got {max_records}")
+    try:
+        header, blocks = container.walk_blocks(fileobj, MAX_BLOCK_RECORDS)
+    except Exception:  # noqa: BLE001 - whatever is wrong, the whole-file reader reports it
+        return None
+    if not blocks or _file_problem(header, expect)[0]:
+        return None
+    windows: list[tuple[int, int, int, int]] = []
+    start, first, records = blocks[0].offset, 0, 0
+    for block in blocks:
+        if records and records + block.count > max_records:
+            windows.append((start, block.offset, first, records))
+            start, first, records = block.offset, first + records, 0
+        records += block.count
+    windows.append((start, blocks[-1].end, first, records))
+    return windows
 
 
 def _file_problem(header: Header, expect: Mapping[str, Any] | None) -> tuple[str, str, Any]:

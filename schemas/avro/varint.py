@@ -7,7 +7,10 @@ a long takes at most 10 bytes. Lengths of strings, bytes, blocks and maps are lo
 
 The array functions never loop over values in Python: encoding builds an ``(n, width)`` byte
 matrix one column per byte position; decoding reads the varints that start at an array of
-positions, one byte position per vectorized step.
+positions as 8-byte little-endian words (one gather), finds each one's last byte from the
+words' high bits and packs the 7-bit groups with three shift-and-mask steps; the few varints
+longer than 8 bytes (or positions too near the end of the buffer) are read one byte position per
+vectorized step.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ __all__ = [
     "read_varints",
     "unzigzag",
     "varint_ends",
+    "words",
 ]
 
 MAX_VARINT_BYTES = 10
@@ -78,9 +82,64 @@ def varint_segments(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return lengths, matrix[keep]
 
 
+_HIGH_BITS = np.uint64(0x8080808080808080)
+_LOW_BITS = np.uint64(0x7F7F7F7F7F7F7F7F)
+_BYTE_SUM = np.uint64(0x0101010101010101)
+# Packing the 7-bit groups of a word: (keep mask, moved mask, shift) per step.
+_PACK = tuple(
+    (np.uint64(keep), np.uint64(moved), np.uint64(shift))
+    for keep, moved, shift in (
+        (0x007F007F007F007F, 0x7F007F007F007F00, 1),
+        (0x00003FFF00003FFF, 0x3FFF00003FFF0000, 2),
+        (0x000000000FFFFFFF, 0x0FFFFFFF00000000, 4),
+    )
+)
+
+
+def words(buf: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """The 8 bytes at each position ``q`` of ``buf`` as little-endian uint64 words (a gather
+    from an unaligned uint64 view of ``buf`` one byte apart), and whether each word lies
+    within ``buf`` (the others are garbage); None when ``buf`` is too short or some position
+    negative."""
+    last = buf.size - 8
+    if q.size == 0 or last < 0 or int(q.min()) < 0:
+        return None
+    overlapping = np.ndarray(shape=(last + 1,), dtype="<u8", buffer=buf, strides=(1,))
+    return overlapping[np.minimum(q, last)], q <= last
+
+
+def _word_varints(words: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(values, bytes, whether a varint ends within the word) of the varints at words' starts."""
+    ends = ~words & _HIGH_BITS  # the high bit clear: a varint's last byte
+    lowest = ends & (~ends + np.uint64(1))
+    keep = (lowest << np.uint64(1)) - np.uint64(1)  # bytes up to the last one (all when 8)
+    value = words & keep & _LOW_BITS
+    for kept, moved, shift in _PACK:
+        value = (value & kept) | ((value & moved) >> shift)
+    lengths = (((keep & _HIGH_BITS) >> np.uint64(7)) * _BYTE_SUM) >> np.uint64(56)
+    return value, lengths.astype(np.int64), ends != 0
+
+
 def read_varints(buf: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
     """Varints starting at positions ``q`` of ``buf`` (reads past the end are clipped; callers
     pad): (uint64 zig-zag values, end positions, whether all of them end within 10 bytes)."""
+    q = np.asarray(q, dtype=np.int64)
+    found = words(buf, q)
+    if found is not None:
+        gathered, inside = found
+        value, lengths, ended = _word_varints(gathered)
+        end = q + lengths
+        ended &= inside
+        if ended.all():
+            return value, end, True
+        longer = np.flatnonzero(~ended)
+        value[longer], end[longer], complete = _read_varints_bytewise(buf, q[longer])
+        return value, end, complete
+    return _read_varints_bytewise(buf, q)
+
+
+def _read_varints_bytewise(buf: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray, bool]:
+    """:func:`read_varints` one byte position per vectorized step."""
     first = buf.take(q, mode="clip")
     value = (first & 0x7F).astype(np.uint64)
     more = first >= 0x80
@@ -106,6 +165,27 @@ def unzigzag(zigzagged: np.ndarray) -> np.ndarray:
 
 def varint_ends(buf: np.ndarray, q: np.ndarray) -> np.ndarray:
     """Position after the varint starting at each of ``q`` (at most 10 bytes read)."""
+    q = np.asarray(q, dtype=np.int64)
+    first = buf.take(q, mode="clip")
+    if not (first >= 0x80).any():
+        return q + 1
+    found = words(buf, q)
+    if found is not None:
+        gathered, inside = found
+        ends = ~gathered & _HIGH_BITS
+        lowest = ends & (~ends + np.uint64(1))
+        keep = (lowest << np.uint64(1)) - np.uint64(1)
+        lengths = (((keep & _HIGH_BITS) >> np.uint64(7)) * _BYTE_SUM) >> np.uint64(56)
+        end = q + lengths.astype(np.int64)
+        longer = np.flatnonzero((ends == 0) | ~inside)
+        if longer.size:
+            end[longer] = _varint_ends_bytewise(buf, q[longer])
+        return end
+    return _varint_ends_bytewise(buf, q)
+
+
+def _varint_ends_bytewise(buf: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """:func:`varint_ends` one byte position per vectorized step."""
     more = buf.take(q, mode="clip") >= 0x80
     end = q + 1
     for index in range(1, MAX_VARINT_BYTES):

@@ -128,7 +128,7 @@ def test_the_untouched_release_is_accepted(made: tuple[Path, str], tmp_path: Pat
     assert summary["metrics"]["read"] == 100 and summary["metrics"]["adds_up"]
 
 
-def test_the_driver_reads_each_crowd_table_and_message_file_once(
+def test_the_driver_reads_each_crowd_table_and_message_file_at_most_once(
     made: tuple[Path, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One pass over a release on the driver: verification, the per-crowd counts and the
@@ -162,3 +162,8 @@ def test_the_driver_reads_each_crowd_table_and_message_file_once(
     assert sorted(counted) == sorted(opened.files) and len(counted) == 3
     pictured, rows, crowds = selection.result()
     assert crowds == 2 and {key[5] for key in pictured} == {"a", "b"} and rows > 0
+    # esa analyze's driver decodes no message file: its workers count as they decode.
+    counted.clear()
+    selection = analyze_pipeline.ReleaseSelection(book)
+    analyze_pipeline.discover_releases([str(release_dir)], None, selection, count_messages=False)
+    assert counted == [] and selection.result()[2] == 2

@@ -29,8 +29,13 @@ from schemas.crypto.analyzer_keys import KeyRing
 from schemas.recipes import load_recipe
 from schemas.release import commit
 from schemas.replays import OVERHEAD, repeated_sealed_payloads
+from tests.transforms.analyzer.test_file_ranges import aggregate
 from transforms.analyzer import arithmetic
-from transforms.analyzer.aggregate import DecodeReleaseFile
+from transforms.analyzer.aggregate import (
+    BUNDLES_DECODING,
+    READ_WHOLE_AFTER_RANGES,
+    DecodeReleaseFile,
+)
 from transforms.analyzer.analyze import AnalysisConfig, EstimateBucket
 
 FNAPI = ["--runner=FnApiRunner"]
@@ -167,6 +172,32 @@ def test_repeats_that_reach_the_analyzer_are_discarded_and_counted(world, tmp_pa
     ]
     assert counts["messages"] == clean_counts["messages"]
     assert counts["read"] == clean_counts["read"] + 40
+
+
+def test_repeats_in_a_file_read_in_ranges_are_discarded_exactly(world, tmp_path):
+    """The file cut into ranges of 64 records: repeats in other ranges than their first copy
+    (the file is read whole after its ranges' fingerprints are compared) and repeats next to
+    their first copy count as a whole-file reading counts them."""
+    root, recipe, _ = world
+    [path] = sorted((root / "shuffled" / "instance=0" / "messages").rglob("*.avro"))
+    schema, records = _records(path)
+    far, near = tmp_path / "far.avro", tmp_path / "near.avro"
+    with open(far, "wb") as handle:  # the repeats at the end, in other ranges
+        fastavro.writer(handle, schema, records + records[:40], sync_interval=200)
+    doubled = [copy for record in records[:40] for copy in (record, record)] + records[40:]
+    with open(near, "wb") as handle:  # each repeat right after its first copy
+        fastavro.writer(handle, schema, doubled, sync_interval=200)
+    book = arithmetic.RecipeBook([load_recipe(recipe)])
+    ring = str(root / "keys")
+    for replayed in (far, near):
+        whole = aggregate([str(replayed)], tmp_path, book=book, key_ring=ring, range_records=10**6)
+        ranges = aggregate([str(replayed)], tmp_path, book=book, key_ring=ring, range_records=64)
+        assert ranges[:3] == whole[:3]
+        assert whole[2]["rejected:duplicate_payload"] == 40
+        assert ranges[3][BUNDLES_DECODING] >= 1
+    assert ranges[3].get(READ_WHOLE_AFTER_RANGES, 0) <= 1  # near: a pair may straddle two ranges
+    far_ranges = aggregate([str(far)], tmp_path, book=book, key_ring=ring, range_records=64)
+    assert far_ranges[3][READ_WHOLE_AFTER_RANGES] == 1
 
 
 def test_repeated_sealed_payloads_keeps_the_first_and_leaves_clear_payloads_alone():

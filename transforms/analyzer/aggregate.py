@@ -8,7 +8,16 @@ element per batch, never per message); a batch is verified (schema version, wind
 known recipe on its channel), its payloads decoded per recipe, and its randomized messages
 counted into partial accumulators per crowd (``transforms.analyzer.arithmetic.aggregate_batch``), which
 leave as one :class:`~transforms.analyzer.arithmetic.CrowdBucket` per crowd bucket the batch touches
-(a file may hold any number of crowds). Each released crowd of a crowd table becomes a partial
+(a file may hold any number of crowds).
+
+The unit of parallel work is a :class:`FileRange`, never a whole file: :class:`PlanRanges` walks
+each file's block headers (seeking over the block data) and cuts it into runs of whole blocks of
+at most ``range_records`` records, which are spread over the workers, so one crowd of millions
+of messages in one file is decoded, opened and counted by every worker. A file whose block walk
+fails (or whose schema or codec cannot be decoded, or that has one range only) is one range read
+from start to end by the whole-file reader, as a hostile file always was. See
+:class:`DecodeReleaseFile` for why a file cut into ranges gives exactly what reading it whole
+gives (replays discarded, dead letters and their record numbers, counters). Each released crowd of a crowd table becomes a partial
 accumulator holding only n_u, the respondents instance u states it released
 (``respondent_accumulators``): n never comes from messages; each withheld crowd a record in its
 bucket. A combiner adds the buckets per (kind, window, bucket) (longitudinal crowds: per window
@@ -25,17 +34,19 @@ import json
 import os
 import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from apache_beam.io.filesystems import FileSystems
 
 from schemas import schema_json
 from schemas.dead_letters import dead_letter
 from schemas.release.commit import COMMIT_FILE
-from schemas.release.crowd_buckets import CROWDS_DIR
+from schemas.release.crowd_buckets import CROWDS_DIR, BucketKey, parse_release_path
 from schemas.release.crowd_tables import parse_crowd_table
 from schemas.replays import DUPLICATE_PAYLOAD
 from transforms.analyzer import arithmetic
@@ -48,6 +59,19 @@ STAGE_READ = "analyze.read"
 STAGE_DECODE = "analyze.decode"
 DEAD_LETTER_TAG = "dead_letter"
 COUNTS_TAG = "counts"
+# Outputs of a range of a file cut into several, held back until the file's ranges are checked.
+PENDING_TAG = "pending"
+CHECKS_TAG = "checks"
+# Records per crowd key of each batch, keyed by release file bucket (pipelines/release_counts.py).
+CROWD_RECORDS_TAG = "crowd_records"
+CROWD_KEY_COLUMNS = ("window_start", "window_end", "channel", "recipe_id", "crowd_id")
+BUCKETS_TAG = "buckets"
+# Records per range of a release file (``esa analyze --range-records``).
+DEFAULT_RANGE_RECORDS = 20_000
+# The Beam counter of bundles that decoded records (how far one crowd's work spread).
+BUNDLES_DECODING = "bundles_decoding"
+# The Beam counter of files cut into ranges that were read whole after all.
+READ_WHOLE_AFTER_RANGES = "files_read_whole_after_ranges"
 # Dead letters are emitted in lists of at most this many (one Beam element per list).
 DEAD_LETTERS_PER_ELEMENT = 1000
 
@@ -56,10 +80,78 @@ def _inc(counts: dict[str, int], name: str, value: int) -> None:
     counters.count(counts, METRICS_NAMESPACE, name, value)
 
 
+@dataclass(frozen=True)
+class FileRange:
+    """Records ``first_record .. first_record + records - 1`` of release file ``path``: the whole
+    blocks in bytes ``start .. stop - 1``, one of the file's ``ranges`` ranges. A file of one
+    range is read from start to end (``start``, ``stop`` and ``records`` unused)."""
+
+    path: str
+    start: int = 0
+    stop: int = 0
+    first_record: int = 0
+    records: int = 0
+    ranges: int = 1
+
+    @property
+    def whole(self) -> bool:
+        return self.ranges == 1
+
+    @classmethod
+    def whole_file(cls, path: str) -> FileRange:
+        return cls(path)
+
+
+class PlanRanges(beam.DoFn):
+    """``path`` -> its :class:`FileRange` s of at most ``range_records`` records each (block
+    headers read, block data seeked over: ``transforms.common.avro_io.block_windows``), or the
+    whole file as one range when it cannot be cut (see the module docstring)."""
+
+    def __init__(self, range_records: int = DEFAULT_RANGE_RECORDS) -> None:
+        if range_records < 1:
+            raise ValueError(f"range_records must be >= 1, got {range_records}")
+        self._range_records = int(range_records)
+
+    def process(self, path: str) -> Iterator[FileRange]:
+        expect = schema_json("shuffled_message")
+        windows = avro_io.block_windows(path, self._range_records, expect)
+        if windows is None or len(windows) < 2:
+            yield FileRange.whole_file(path)
+            return
+        for start, stop, first, records in windows:
+            yield FileRange(path, start, stop, first, records, len(windows))
+
+
 @beam.typehints.with_output_types(typing.Any)
 class DecodeReleaseFile(beam.DoFn):
-    """``path`` -> ``(bucket key, partial CrowdBucket)`` per crowd bucket and batch; tagged
-    ``dead_letter`` (lists of DeadLetter dicts) and ``counts`` (dicts of counters) outputs."""
+    """A :class:`FileRange` (or a path: the whole file) -> ``(bucket key, partial CrowdBucket)``
+    per crowd bucket and batch; tagged ``dead_letter`` (lists of DeadLetter dicts) and
+    ``counts`` (dicts of counters) outputs.
+
+    A range of a file cut into several sends all of these to the ``pending`` output instead, as
+    ``(path, tag, value)``, and to ``checks`` a ``(path, (unreadable, fingerprints))``: whether
+    it met an unreadable chunk, and the fingerprints (``schemas.replays.payload_fingerprints``)
+    of the sealed payloads it kept. :class:`AggregateReleases` releases a file's pending outputs
+    only when no range met an unreadable chunk and no fingerprint occurs in two of its ranges;
+    otherwise it drops them and reads the file whole. Why that is exactly the whole-file result:
+
+    * Replays (``arithmetic.FileReplays``: a sealed payload that an earlier record of the same
+      crowd in the file holds byte for byte is discarded, ``duplicate_payload``). A range finds
+      the repeats whose earlier copy lies in the range; each of those is a repeat in the file.
+      Conversely let record r repeat an earlier record of the file, and f be the first record of
+      the file holding those bytes in r's crowd. f is kept by its range (nothing before it in the
+      file, so nothing before it in the range, holds them). If f and r share a range, the range
+      discards r. If not, either r's range discards r (an earlier copy in r's range), or keeps
+      r, and then f and r, in two ranges, have equal fingerprints and the file is read whole. So
+      when the file is released, the ranges discard exactly the file's repeats.
+    * Dead letters and record numbers. With no unreadable chunk in any range every block of the
+      file decoded, each to exactly the records its header declares (the reader checks it), so a
+      range's first record (the declared records of the blocks before it) is the whole-file
+      reader's number of that record: ``path#record=N`` is the same. A file with any unreadable
+      chunk is read whole, its chunks and numbering the whole-file reader's.
+    * Counters are per record, so ranges add up to the file; ``files`` is counted by its first
+      range. A file read whole after its ranges were dropped counts once, by that reading.
+    """
 
     def __init__(
         self,
@@ -77,18 +169,49 @@ class DecodeReleaseFile(beam.DoFn):
         self._dense_limit = dense_limit
         self._key_ring = key_ring  # sealed payloads: the key ring's PATH, never key bytes
         self._opener: sealed_payloads.ReleaseOpener | None = None
+        self._bundle_decoded = False  # whether this bundle decoded records (BUNDLES_DECODING)
+        self._unreadable = False  # whether the range being read met an unreadable chunk
 
     def setup(self) -> None:
         # Private keys are read here, on the worker; without a ring, sealed payloads are refused.
         recipes = {recipe_id: self._book.get(recipe_id) for recipe_id in self._book.ids()}
         self._opener = sealed_payloads.ReleaseOpener.load(self._key_ring, recipes)
 
-    def process(self, path: str) -> Iterator[Any]:
-        counts: dict[str, int] = {"files": 1}
+    def start_bundle(self) -> None:
+        self._bundle_decoded = False
+
+    def finish_bundle(self) -> None:
+        if self._bundle_decoded:
+            beam.metrics.Metrics.counter(METRICS_NAMESPACE, BUNDLES_DECODING).inc()
+
+    def process(self, element: FileRange | str) -> Iterator[Any]:
+        piece = FileRange.whole_file(element) if isinstance(element, str) else element
+        if piece.whole:
+            yield from self._decode(piece)
+            return
+        self._unreadable = False
         replays = arithmetic.FileReplays()
+        for output in self._decode(piece, replays):
+            tag = getattr(output, "tag", BUCKETS_TAG)
+            value = getattr(output, "value", output)
+            yield beam.pvalue.TaggedOutput(PENDING_TAG, (piece.path, tag, value))
+        fingerprints = replays.fingerprints()
+        if self._unreadable or fingerprints.size:
+            check = (self._unreadable, fingerprints)
+            yield beam.pvalue.TaggedOutput(CHECKS_TAG, (piece.path, check))
+
+    def _decode(
+        self, piece: FileRange, replays: arithmetic.FileReplays | None = None
+    ) -> Iterator[Any]:
+        path = piece.path
+        counts: dict[str, int] = {"files": 1} if piece.first_record == 0 else {}
+        replays = arithmetic.FileReplays() if replays is None else replays
         expect = schema_json("shuffled_message")  # else the whole file is schema_mismatch
-        for item in avro_io.read_counted_batches(path, self._batch_records, expect):
+        window = None if piece.whole else (piece.start, piece.stop, piece.first_record)
+        bucket = release_bucket(path)
+        for item in avro_io.read_counted_batches(path, self._batch_records, expect, window):
             if isinstance(item, avro_io.UnreadableChunk):
+                self._unreadable = True
                 if item.records is None:  # nobody knows how many: the balance cannot hold
                     _inc(counts, f"unknown_records:{item.reason}", 1)
                 _inc(counts, "read", item.records or 0)
@@ -96,6 +219,10 @@ class DecodeReleaseFile(beam.DoFn):
                 letter = item.dead_letter(STAGE_READ)
                 yield beam.pvalue.TaggedOutput(DEAD_LETTER_TAG, [letter])
                 continue
+            self._bundle_decoded = self._bundle_decoded or item.rows > 0
+            if bucket is not None:  # every record read, whatever becomes of it
+                records = crowd_record_counts(item.columns)
+                yield beam.pvalue.TaggedOutput(CROWD_RECORDS_TAG, (bucket, records))
             columns, opened = item.columns, None
             # Repeats of a sealed payload in a crowd of this file are discarded, counted.
             repeated = replays.repeated(columns)
@@ -154,6 +281,42 @@ class DecodeReleaseFile(beam.DoFn):
             yield beam.pvalue.TaggedOutput(
                 DEAD_LETTER_TAG, letters[start : start + DEAD_LETTERS_PER_ELEMENT]
             )
+
+
+def release_bucket(path: str) -> tuple[str, BucketKey] | None:
+    """``(release directory, bucket key)`` of a release's message file or crowd table
+    (``<directory>/messages/<stem>-g<group>.avro``, ``<directory>/crowds/<stem>.avro``); None
+    for a path of neither layout."""
+    directory, _, name = path.rpartition("/")
+    release, _, kind = directory.rpartition("/")
+    parsed = parse_release_path(f"{kind}/{name}")
+    return None if parsed is None or not release else (release, parsed[1])
+
+
+def crowd_record_counts(batch: pa.RecordBatch) -> dict[tuple, int]:
+    """Records per crowd key ``(window_start ms, window_end ms, channel, recipe_id, crowd_id)``
+    of a batch (none when it lacks a key column)."""
+    if batch.num_rows == 0 or any(n not in batch.schema.names for n in CROWD_KEY_COLUMNS):
+        return {}
+    columns = []
+    for name in CROWD_KEY_COLUMNS:
+        column = batch.column(name)
+        if pa.types.is_timestamp(column.type):
+            column = column.cast(pa.timestamp("ms")).cast(pa.int64())
+        columns.append(column)
+    if all(_constant(column) for column in columns):  # one crowd (the common case): no hashing
+        return {tuple(column[0].as_py() for column in columns): batch.num_rows}
+    names = [str(i) for i in range(len(columns))]
+    grouped = pa.Table.from_arrays(columns, names).group_by(names).aggregate([([], "count_all")])
+    keys = [grouped.column(name).to_pylist() for name in names]
+    return dict(zip(zip(*keys, strict=True), grouped.column("count_all").to_pylist(), strict=True))
+
+
+def _constant(column: pa.Array) -> bool:
+    """Whether every value of a non-empty column is its first (nulls included)."""
+    if column.null_count:
+        return column.null_count == len(column)
+    return bool(pc.all(pc.equal(column, column[0])).as_py())
 
 
 class _Rejections(NamedTuple):
@@ -293,6 +456,8 @@ class AggregateOutputs(NamedTuple):
     buckets: beam.PCollection  # (bucket key, CrowdBucket)
     dead_letters: beam.PCollection  # lists of DeadLetter dicts
     counts: beam.PCollection  # one dict of counters (global)
+    # ((release directory, bucket key), {crowd key: records}) per batch of a release's file
+    crowd_records: beam.PCollection
 
 
 class AggregateReleases(beam.PTransform):
@@ -311,8 +476,10 @@ class AggregateReleases(beam.PTransform):
         key_ring: str | None = None,
         buckets: int = arithmetic.ANALYZER_BUCKETS,
         read_crowds: Callable[[Any], Iterable[tuple[int, Mapping[str, Any]]]] | None = None,
+        range_records: int = DEFAULT_RANGE_RECORDS,
     ) -> None:
         super().__init__()
+        self._plan = PlanRanges(range_records)
         self._decode = DecodeReleaseFile(
             book, supported_versions, batch_records, dense_limit, key_ring=key_ring, buckets=buckets
         )
@@ -321,17 +488,68 @@ class AggregateReleases(beam.PTransform):
 
     def expand(self, inputs: tuple[beam.PCollection, beam.PCollection]) -> AggregateOutputs:
         files, crowd_sources = inputs
-        decoded = files | "DecodeBatches" >> beam.ParDo(self._decode).with_outputs(
-            DEAD_LETTER_TAG, COUNTS_TAG, main="buckets"
+        outputs = (DEAD_LETTER_TAG, COUNTS_TAG, PENDING_TAG, CHECKS_TAG, CROWD_RECORDS_TAG)
+        decoded = (
+            files
+            | "PlanRanges" >> beam.ParDo(self._plan)
+            | "SpreadRanges" >> beam.Reshuffle()
+            | "DecodeBatches" >> beam.ParDo(self._decode).with_outputs(*outputs, main=BUCKETS_TAG)
         )
+        # Files cut into ranges: read whole instead when their ranges' checks say so.
+        rereads = (
+            decoded[CHECKS_TAG]
+            | "ChecksPerFile" >> beam.GroupByKey()
+            | "FilesToReadWhole" >> beam.FlatMap(_must_read_whole)
+        )
+        released = decoded[PENDING_TAG] | "ReleaseCheckedRanges" >> beam.ParDo(
+            _ReleaseChecked(), beam.pvalue.AsList(rereads)
+        ).with_outputs(DEAD_LETTER_TAG, COUNTS_TAG, CROWD_RECORDS_TAG, main=BUCKETS_TAG)
+        whole = (
+            rereads
+            | "AsWholeFiles" >> beam.Map(FileRange.whole_file)
+            | "DecodeWholeFiles"
+            >> beam.ParDo(self._decode).with_outputs(*outputs, main=BUCKETS_TAG)
+        )
+        parts = (decoded, released, whole)
         stated = crowd_sources | "CrowdsFromCommits" >> beam.ParDo(self._crowds)
         buckets = (
-            (decoded.buckets, stated)
+            (*(part[BUCKETS_TAG] for part in parts), stated)
             | "CountsAndRespondents" >> beam.Flatten()
             | "AddBuckets" >> beam.CombinePerKey(CombineBucket(self._dense_limit))
         )
-        counts = decoded[COUNTS_TAG] | "AddCounters" >> beam.CombineGlobally(SumCounts())
-        return AggregateOutputs(buckets, decoded[DEAD_LETTER_TAG], counts)
+        counts = (
+            [part[COUNTS_TAG] for part in parts]
+            | "AllCounters" >> beam.Flatten()
+            | "AddCounters" >> beam.CombineGlobally(SumCounts())
+        )
+        letters = [part[DEAD_LETTER_TAG] for part in parts]
+        dead_letters = letters | "AllDeadLetters" >> beam.Flatten()
+        crowd_records = [part[CROWD_RECORDS_TAG] for part in parts]
+        records = crowd_records | "AllCrowdRecords" >> beam.Flatten()
+        return AggregateOutputs(buckets, dead_letters, counts, records)
+
+
+def _must_read_whole(checks: tuple[str, Iterable[tuple[bool, np.ndarray]]]) -> Iterator[str]:
+    """A file's path when one of its ranges met an unreadable chunk or two of them may hold one
+    sealed payload (``arithmetic.repeats_across_ranges``): see :class:`DecodeReleaseFile`."""
+    path, found = checks
+    found = list(found)
+    if any(unreadable for unreadable, _ in found) or arithmetic.repeats_across_ranges(
+        [fingerprints for _, fingerprints in found]
+    ):
+        beam.metrics.Metrics.counter(METRICS_NAMESPACE, READ_WHOLE_AFTER_RANGES).inc()
+        yield path
+
+
+class _ReleaseChecked(beam.DoFn):
+    """``(path, tag, value)`` held back by a range -> ``value`` on output ``tag``, unless the
+    file is read whole instead (``rereads``)."""
+
+    def process(self, pending: tuple[str, str, Any], rereads: list[str]) -> Iterator[Any]:
+        path, tag, value = pending
+        if rereads and path in set(rereads):
+            return
+        yield value if tag == BUCKETS_TAG else beam.pvalue.TaggedOutput(tag, value)
 
 
 def metrics_summary(counts: Mapping[str, int]) -> dict[str, Any]:

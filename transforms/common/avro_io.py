@@ -23,11 +23,13 @@ from schemas.avro.reader import (
     UnreadableChunk,
     read_container,
 )
+from schemas.avro.reader import block_windows as reader_windows
 from schemas.regular_files import open_regular
 
 __all__ = [
     "DEFAULT_BATCH_RECORDS",
     "ColumnBatch",
+    "block_windows",
     "open_input",
     "UnreadableChunk",
     "read_avro_batches",
@@ -55,10 +57,12 @@ def read_avro_batches(
     path: str,
     batch_records: int = DEFAULT_BATCH_RECORDS,
     expect: Mapping[str, Any] | None = None,
+    window: tuple[int, int, int] | None = None,
 ) -> Iterator[ColumnBatch | UnreadableChunk]:
     """Stream the Avro container file at ``path`` as column batches and unreadable chunks
-    (:func:`schemas.avro.reader.read_container`); a file that cannot be opened is one
-    ``unreadable_file`` chunk of unknown records."""
+    (:func:`schemas.avro.reader.read_container`; ``window``: only those blocks, one of
+    :func:`block_windows`); a file that cannot be opened is one ``unreadable_file`` chunk of
+    unknown records."""
     if batch_records < 1:
         raise ValueError(f"batch_records must be >= 1, got {batch_records}")
     try:
@@ -67,7 +71,21 @@ def read_avro_batches(
         yield UnreadableChunk(path, 0, 0, UNREADABLE_FILE, f"cannot open: {error}", b"", None)
         return
     with fileobj:
-        yield from read_container(fileobj, path, batch_records, expect)
+        yield from read_container(fileobj, path, batch_records, expect, window=window)
+
+
+def block_windows(
+    path: str, max_records: int, expect: Mapping[str, Any] | None = None
+) -> list[tuple[int, int, int, int]] | None:
+    """``(start, stop, first record, records)`` windows of whole blocks of the file at ``path``
+    (:func:`schemas.avro.reader.block_windows`: block headers read, block data seeked over);
+    None when it must be read from start to end (or cannot be opened)."""
+    try:
+        fileobj = _open(path)
+    except Exception:  # noqa: BLE001 - the whole-file reader reports it
+        return None
+    with fileobj:
+        return reader_windows(fileobj, max_records, expect)
 
 
 def records_in(item: ColumnBatch | UnreadableChunk) -> int:
@@ -79,10 +97,13 @@ def read_counted_batches(
     path: str,
     batch_records: int = DEFAULT_BATCH_RECORDS,
     expect: Mapping[str, Any] | None = None,
+    window: tuple[int, int, int] | None = None,
 ) -> Iterator[ColumnBatch | UnreadableChunk]:
     """:func:`read_avro_batches`, each batch's records counted as done for the progress line
-    (``schemas/progress_counts.py``: one addition per batch, a write at the end of the file)."""
-    return progress_counts.counted(read_avro_batches(path, batch_records, expect), records_in)
+    (``schemas/progress_counts.py``: one addition per batch, a write at the end of the file or
+    ``window``)."""
+    batches = read_avro_batches(path, batch_records, expect, window)
+    return progress_counts.counted(batches, records_in)
 
 
 def read_writer_schema(path: str) -> dict[str, Any]:

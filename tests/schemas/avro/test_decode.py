@@ -192,3 +192,23 @@ def test_unselective_record_beginnings_still_decode_correctly() -> None:
     assert pa.Table.from_batches([b.columns for b in batches]).equals(
         pa.Table.from_batches([expected])
     )
+
+
+@pytest.mark.parametrize("constant", range(len(FLAT_SCHEMA["fields"]) + 1))
+def test_leading_fields_equal_in_every_record_decode_as_fastavro_does(constant: int) -> None:
+    """The first ``constant`` fields hold the same value in every record (decoded once, the
+    bytes compared), the rest vary; then two records that were not sampled (``_record_starts``
+    guesses the shared fields from the first records of the first blocks) differ in the last
+    of them."""
+    records = _flat_records(600, seed=constant)
+    names = [field["name"] for field in FLAT_SCHEMA["fields"]][:constant]
+    for record in records:
+        record.update({name: records[0][name] for name in names})
+        record["text"] = record["text"][:3]  # small records: blocks of many, few of them sampled
+    for changed in ([], [records[-1], records[450]] if constant else []):
+        for record in changed:  # a record that breaks the run of equal bytes
+            record[names[-1]] = records[1][names[-1]]
+        blocks = _blocks(_container(records, "null", 2000))
+        contents = [content for content, _ in blocks]
+        fast = _fast_batch(contents, [count for _, count in blocks])
+        assert fast is not None and fast.equals(_fastavro_batch(contents))

@@ -79,6 +79,7 @@ from transforms.analyzer.arithmetic.rejections import (
     FileReplays,
     all_rejected_note,
     rejected_accumulators,
+    repeats_across_ranges,
 )
 from transforms.analyzer.arithmetic.report import (
     ALGORITHM_3,
@@ -96,6 +97,7 @@ from transforms.analyzer.arithmetic.report import (
 
 __all__ = [
     "FileReplays",
+    "repeats_across_ranges",
     "all_rejected_note",
     "rejected_accumulators",
     "ALGORITHM_3",

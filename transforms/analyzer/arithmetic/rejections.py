@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from schemas.payloads import EncodedPayloads
-from schemas.replays import repeated_sealed_payloads, sealed_rows
+from schemas.replays import payload_fingerprints, repeated_sealed_payloads, sealed_rows
 from transforms.analyzer.arithmetic.accumulate import (
     HISTOGRAM,
     LONGITUDINAL,
@@ -36,7 +36,12 @@ from transforms.analyzer.arithmetic.accumulate import (
 from transforms.analyzer.arithmetic.batches import payloads_subset
 from transforms.common.grouping import group_rows
 
-__all__ = ["FileReplays", "all_rejected_note", "rejected_accumulators"]
+__all__ = [
+    "FileReplays",
+    "all_rejected_note",
+    "rejected_accumulators",
+    "repeats_across_ranges",
+]
 
 _KEY_COLUMNS = ("window_start", "window_end", "channel", "recipe_id", "crowd_id")
 
@@ -96,6 +101,24 @@ class FileReplays:
         self._seen_crowds.append(crowds[fresh])
         self._seen.append(payloads_subset(mine, fresh))
         return repeated
+
+    def fingerprints(self) -> np.ndarray:
+        """``schemas.replays.payload_fingerprints`` of the sealed payloads kept so far (those
+        that were no repeat), in no particular order."""
+        if not self._seen:
+            return np.zeros(0, dtype=np.uint64)
+        return np.concatenate([payload_fingerprints(part) for part in self._seen])
+
+
+def repeats_across_ranges(fingerprints: Sequence[np.ndarray]) -> bool:
+    """Whether some fingerprint occurs in two of the ranges (one array per range of a file, each
+    :meth:`FileReplays.fingerprints` of that range): then two of its ranges may hold one sealed
+    payload, and only a reading of the whole file finds which copy is the repeat."""
+    parts = [np.unique(part) for part in fingerprints if part.size]
+    if len(parts) < 2:
+        return False
+    every = np.sort(np.concatenate(parts))
+    return bool(np.any(every[1:] == every[:-1]))  # unique within a range: a pair spans two
 
 
 def rejected_accumulators(
