@@ -565,15 +565,22 @@ def run(
     )
     # The estimates' batches are spilled to files; the groupings into parts carry their paths.
     spill_dir = analysis_spill_dir(output, options.view_as(GoogleCloudOptions).temp_location)
-    estimates = aggregated.buckets | "EstimateBuckets" >> EstimateBuckets(
-        config, parts, spill_dir=spill_dir
-    )
-    _ = aggregated.dead_letters | "WriteDeadLetters" >> WriteDeadLetters(output)
-    # summary.json (written last, from the counters) only when every bucket's files agree with
-    # its crowd table; otherwise the pipeline fails and the driver refuses the release.
+    # Nothing is estimated, written or drawn until every bucket's files agree with its crowd
+    # table: the check is a side input of the steps that feed every output (a side input is
+    # complete before its consumer runs), which fail on a problem, and the driver refuses the
+    # release; no result of a refused release is ever written, not even for a while.
     problems = (aggregated.crowd_records, crowd_tables) | "CheckCrowdCounts" >> CheckCrowdCounts()
+    checked = beam.pvalue.AsList(problems)
+    buckets = aggregated.buckets | "OnlyAgreeingBuckets" >> beam.Map(
+        refuse_on_problems, checked, spill_dir
+    )
+    estimates = buckets | "EstimateBuckets" >> EstimateBuckets(config, parts, spill_dir=spill_dir)
+    letters = aggregated.dead_letters | "OnlyAgreeingDeadLetters" >> beam.Map(
+        refuse_on_problems, checked, spill_dir
+    )
+    _ = letters | "WriteDeadLetters" >> WriteDeadLetters(output)
     counts = aggregated.counts | "RefuseDisagreeingReleases" >> beam.Map(
-        refuse_on_problems, beam.pvalue.AsList(problems), spill_dir
+        refuse_on_problems, checked, spill_dir
     )
     _ = (estimates, counts) | "WriteAnalysis" >> WriteAnalysis(output, config, inputs, parts=parts)
     _ = estimates.pictures | "DrawPictures" >> beam.ParDo(pictures.DrawPictures(output, book))

@@ -111,6 +111,32 @@ def test_commit_figures_that_disagree_with_the_files_are_refused(
     assert not (tmp_path / "an" / "summary.json").exists()
 
 
+def test_a_refused_release_never_has_results_written(
+    made: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The count check gates every output step, not only summary.json: with the driver's
+    clean-up of a failed run switched off, the refused release has left no table, report,
+    dead letter or picture behind (they were never written, not written and removed)."""
+    from pipelines import analyze
+
+    release_dir, recipe = made
+    copy = tmp_path / "rel"
+    shutil.copytree(release_dir, copy)
+    [table] = (copy / "crowds").iterdir()
+    crowds = _Table(read_crowd_table(str(table)))
+    _move(crowds)
+    fx.write_avro(table, "released_crowd", fx.table_rows(crowds.rows))
+    fx.recommit(copy, totals=True)
+    monkeypatch.setattr(analyze, "remove_results", lambda output: None)
+    assert _analyze(copy, recipe, tmp_path / "an") == 2
+    left = sorted(
+        path.relative_to(tmp_path / "an").as_posix()
+        for path in (tmp_path / "an").rglob("*")
+        if path.is_file()
+    )
+    assert not [name for name in left if name.split("/")[0] in analyze.RESULT_NAMES], left
+
+
 def test_files_are_counted_per_crowd_key(made: tuple[Path, str]) -> None:
     release_dir, _ = made
     [(table, files)] = release_stems(rel.verify_release(str(release_dir)))
