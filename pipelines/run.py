@@ -14,7 +14,9 @@ Steps (each a Beam pipeline on the same runner flags):
    outputs (dead letters with origins, manifests, metrics) in ``OUTPUT/shuffler-<u>/private/``,
    outside the folder the analyzer is given. The K runs are independent (as in a
    deployment, where each instance sits in its own trust domain), so up to ``--parallel-shuffles``
-   of them run at once, each in its own process;
+   of them run at once, each in its own process (by default: one after the other in this process
+   while each instance has under 500,000 messages, where a process's start-up costs more than
+   it saves; else one per CPU);
 3. ``esa analyze --input OUTPUT/releases --shuffler-keys OUTPUT/shuffler_keys`` over the K releases (each commit record
    must carry its instance's valid signature) with the simulation's truth: ``OUTPUT/analysis/``
    (histograms.parquet, longitudinal.parquet, summary.json, pictures/*.png).
@@ -85,6 +87,8 @@ SUBDIRECTORIES = (
     "simulation", RELEASES_DIR, "analysis", AGGREGATORS_DIR, "collected", "devices", "collector_tls"
 )  # fmt: skip
 COLLECTOR_START_S = 60.0
+PROCESS_SHUFFLE_MIN_MESSAGES = 500_000  # per instance: below it the shuffles run in this process
+SIMULATED_KINDS = ("messages", "chaff", "presence")  # simulation.json's <kind>_per_instance
 
 
 def shuffler_private_dir(output: Path, instance: int) -> Path:
@@ -227,6 +231,26 @@ def collect(
     if uploads["failed"] or any(process.returncode for process in processes):
         raise RuntimeError(f"uploads to the collectors failed: {uploads}")
     return uploads
+
+
+def shuffle_processes(requested: int | None, simulation: dict[str, Any], instances: int) -> int:
+    """How many shuffler instances run at once: ``--parallel-shuffles`` when given; else one
+    after the other in this process while every instance has fewer than
+    ``PROCESS_SHUFFLE_MIN_MESSAGES`` messages (a fresh interpreter imports for ~4 s of CPU before
+    its pipeline starts: ``make run``'s two shuffles of 120,000 sealed messages took 9.0 s in two
+    processes on two cores), else as many as there are CPUs."""
+    if requested is not None:
+        return min(instances, requested)
+    largest = max(
+        sum(
+            (simulation.get(f"{kind}_per_instance") or [0] * instances)[u]
+            for kind in SIMULATED_KINDS
+        )
+        for u in range(instances)
+    )
+    if largest < PROCESS_SHUFFLE_MIN_MESSAGES:
+        return 1
+    return min(instances, os.cpu_count() or 1)
 
 
 def _shuffle_instance(flags: list[str], values: dict[str, Any]) -> dict[str, Any]:
@@ -399,7 +423,7 @@ def _run(
         for instance in range(recipe.shuffler_instances)
     }
     began = time.monotonic()
-    workers = min(len(shuffle_jobs), values.run_parallel_shuffles or os.cpu_count() or 1)
+    workers = shuffle_processes(values.run_parallel_shuffles, simulation, len(shuffle_jobs))
     say(f"shuffle: {len(shuffle_jobs)} instances, {workers} at a time")
     summaries: dict[int, dict[str, Any]] = {}
     stage = contextlib.ExitStack()  # the progress line, closed below or when the run fails

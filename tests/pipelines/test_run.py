@@ -413,3 +413,23 @@ def test_a_rerun_needs_overwrite_and_a_failed_run_leaves_nothing(tmp_path, monke
     assert (output / "run.json").read_text() == first
     with redirect_stdout(io.StringIO()):
         assert cli.main([*argv, "--overwrite"]) == 0
+
+
+def test_shuffles_run_in_this_process_until_an_instance_is_large(monkeypatch):
+    """--parallel-shuffles is obeyed; by default small instances (make run's 120,000 messages
+    each) are shuffled one after the other in this process, and processes are started only
+    when an instance's messages (data, chaff and presence) reach the threshold."""
+    monkeypatch.setattr(run_pipeline.os, "cpu_count", lambda: 8)
+    limit = run_pipeline.PROCESS_SHUFFLE_MIN_MESSAGES
+    small = {"messages_per_instance": [80_000, 80_000], "chaff_per_instance": [10_000, 10_000],
+             "presence_per_instance": [40_000, 40_000]}  # fmt: skip
+    assert run_pipeline.shuffle_processes(None, small, 2) == 1
+    assert run_pipeline.shuffle_processes(2, small, 2) == 2
+    assert run_pipeline.shuffle_processes(5, small, 3) == 3
+    large = {"messages_per_instance": [limit - 2, 10], "chaff_per_instance": [1, 0],
+             "presence_per_instance": [1, 0]}  # fmt: skip
+    assert run_pipeline.shuffle_processes(None, large, 2) == 2
+    large["presence_per_instance"] = [0, 0]  # one message short of the threshold
+    assert run_pipeline.shuffle_processes(None, large, 2) == 1
+    unsealed = {"messages_per_instance": [limit] * 3, "presence_per_instance": [0] * 3}
+    assert run_pipeline.shuffle_processes(None, unsealed, 3) == 3
