@@ -433,3 +433,30 @@ def test_shuffles_run_in_this_process_until_an_instance_is_large(monkeypatch):
     assert run_pipeline.shuffle_processes(None, large, 2) == 1
     unsealed = {"messages_per_instance": [limit] * 3, "presence_per_instance": [0] * 3}
     assert run_pipeline.shuffle_processes(None, unsealed, 3) == 3
+
+
+def test_a_large_simulation_runs_on_one_worker_process_per_cpu(monkeypatch):
+    """With no runner flags, a simulation of >= SIMULATE_PROCESSES_MIN_MESSAGES messages runs on
+    the multi-process DirectRunner with one shard per CPU; a small one, or one given a runner,
+    keeps the flags it was given."""
+    from simulators.shards import ShardContext
+
+    monkeypatch.setattr(run_pipeline.os, "cpu_count", lambda: 2)
+
+    def options(respondents: int, flags: list[str]) -> PipelineOptions:
+        values = {"simulate_recipe": "image_grid_sealed", "simulate_population": "image:disc",
+                  "simulate_respondents": respondents, "simulate_seed": 1}  # fmt: skip
+        return run_pipeline.simulate_options(flags, values)
+
+    large = options(80_000, [])
+    beam_flags = large.get_all_options()
+    assert beam_flags["direct_running_mode"] == "multi_processing"
+    assert beam_flags["direct_num_workers"] == 2
+    shards = ShardContext(simulate_pipeline.plan_from_options(large)).shards()
+    sizes = [shard.stop - shard.start for shard in shards]
+    assert len(sizes) == 2 and sum(sizes) == 80_000 and max(sizes) - min(sizes) <= 1
+    default_shard = options(100, []).get_all_options()["simulate_messages_per_shard"]
+    for small in (options(100, []), options(80_000, FNAPI)):
+        kept = small.get_all_options()
+        assert kept["direct_running_mode"] == "in_memory"
+        assert kept["simulate_messages_per_shard"] == default_shard
