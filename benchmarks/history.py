@@ -3,7 +3,8 @@ benchmarks/README.md, so that the figures the docs quote come from a script, nev
 
     python -m benchmarks.history bench-results/bench.json [--readme benchmarks/README.md]
 
-The row: when the benchmarks started (UTC), quick or full mode, the commit, the machine's cores
+The row: when the benchmarks started (UTC), quick or full mode, the commit they ran (bench.json's,
+else the checkout's when the row is appended), the machine's cores
 and its 1-minute load average when they started, and from the rows of bench.json: the unsealed
 shuffle's and analysis's throughput as a multiple of the plain fastavro read of the same files
 (bench_shuffle, bench_analyze), the analyzer's crowds per second at many crowds (bench_crowds),
@@ -81,7 +82,7 @@ def history_row(results: dict[str, Any], commit: str | None = None) -> str:
     cells = [
         (meta.get("started") or "-").replace("+00:00", "").replace("T", " "),
         "quick" if meta.get("quick") else "full",
-        commit if commit is not None else _commit(),
+        commit if commit is not None else (meta.get("commit") or _commit()),
         str(meta.get("cores", "-")),
         _number(load[0]) if load else "-",
         ratio("shuffle", "messages_per_s"),
@@ -116,8 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         "--readme", default=str(Path(__file__).with_name("README.md")), help="file to append to"
     )
     parser.add_argument("--print", action="store_true", help="print the row, append nothing")
+    parser.add_argument("--commit", help="the commit benchmarked, where bench.json does not say")
     args = parser.parse_args(argv)
-    row = history_row(json.loads(Path(args.results).read_text()))
+    results = json.loads(Path(args.results).read_text())
+    row = history_row(results, None if results.get("meta", {}).get("commit") else args.commit)
     if args.print:
         print(row)
     else:

@@ -15,6 +15,7 @@ import json
 import os
 import pkgutil
 import platform
+import subprocess
 import sys
 import time
 import traceback
@@ -50,6 +51,20 @@ def markdown_table(rows: list[dict]) -> str:
     for row in rows:
         lines.append("| " + " | ".join(format_value(row.get(col)) for col in COLUMNS) + " |")
     return "\n".join(lines)
+
+
+def _commit() -> str | None:
+    """The checkout's commit, with ``+dirty`` when files differ from it; None outside git."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
+                              cwd=Path(benchmarks.__file__).parent).stdout.strip()  # fmt: skip
+
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_before": [round(value, 2) for value in load_before],
         "load_after": [round(value, 2) for value in os.getloadavg()],
         "only": args.only,
+        "commit": _commit(),
     }
     (out / "bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     table = markdown_table(rows)
