@@ -8,10 +8,14 @@ same-run baseline are what we compare across commits, not absolute numbers).
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import importlib
+import inspect
 import json
+import os
 import pkgutil
 import platform
+import subprocess
 import sys
 import time
 import traceback
@@ -49,19 +53,47 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _commit() -> str | None:
+    """The checkout's commit, with ``+dirty`` when files differ from it; None outside git."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
+                              cwd=Path(benchmarks.__file__).parent).stdout.strip()  # fmt: skip
+
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", default="bench-results", help="directory for results")
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
     parser.add_argument("--only", nargs="*", help="benchmark names without the bench_ prefix")
+    parser.add_argument(
+        "--workers",
+        help="worker counts for the benchmarks that take them (bench_scaling), e.g. 1,4,16; "
+        "default 1,2 capped at the machine's cores",
+    )
     args = parser.parse_args(argv)
+    workers = [int(item) for item in args.workers.split(",")] if args.workers else None
 
     rows: list[dict] = []
     failures = 0
+    started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    load_before = os.getloadavg()
     for name in discover(args.only):
         started = time.perf_counter()
         try:
-            module_rows = importlib.import_module(f"benchmarks.{name}").run(quick=args.quick)
+            module = importlib.import_module(f"benchmarks.{name}")
+            extra = (
+                {"workers": workers}
+                if "workers" in inspect.signature(module.run).parameters
+                else {}
+            )
+            module_rows = module.run(quick=args.quick, **extra)
         except Exception:  # one broken benchmark must not hide the others' numbers
             failures += 1
             traceback.print_exc()
@@ -72,7 +104,17 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"python": platform.python_version(), "machine": platform.machine(), "quick": args.quick}
+    meta = {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "quick": args.quick,
+        "started": started_at,
+        "cores": os.cpu_count(),
+        "load_before": [round(value, 2) for value in load_before],
+        "load_after": [round(value, 2) for value in os.getloadavg()],
+        "only": args.only,
+        "commit": _commit(),
+    }
     (out / "bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     table = markdown_table(rows)
     (out / "bench.md").write_text(table + "\n")

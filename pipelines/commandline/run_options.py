@@ -63,8 +63,9 @@ class RunOptions(StageFlags, PipelineOptions):
         ),
         Flag(
             "parallel_shuffles",
-            "How many shuffler instances run at once, each in its own process. Default: the "
-            f"number of CPUs; 1..{MAX_PARALLEL_SHUFFLES}.",
+            "How many shuffler instances run at once, each in its own process. Default: one "
+            "after the other in this process while each instance has under 500,000 messages, "
+            f"else the number of CPUs; 1..{MAX_PARALLEL_SHUFFLES}.",
             type=int,
         ),
         Flag("seed", "Simulation seed. Default: random.", type=int),

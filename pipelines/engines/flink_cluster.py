@@ -147,6 +147,10 @@ class FlinkCluster:
             "taskmanager.bind-host": "localhost",
             "taskmanager.numberOfTaskSlots": self.slots,
             "taskmanager.memory.process.size": "2048m",
+            # Network buffers for the slots' shuffles: Flink's default (a tenth of its memory, 64
+            # MB at least) left 449 of the 512 buffers esa analyze needs with 2 slots.
+            "taskmanager.memory.network.min": "256m",
+            "taskmanager.memory.network.max": "256m",
             "parallelism.default": 1,
             # A failed task is retried (the region it belongs to restarts), as on a production
             # cluster: outputs must come out exactly once all the same (tests/engines).

@@ -413,3 +413,50 @@ def test_a_rerun_needs_overwrite_and_a_failed_run_leaves_nothing(tmp_path, monke
     assert (output / "run.json").read_text() == first
     with redirect_stdout(io.StringIO()):
         assert cli.main([*argv, "--overwrite"]) == 0
+
+
+def test_shuffles_run_in_this_process_until_an_instance_is_large(monkeypatch):
+    """--parallel-shuffles is obeyed; by default small instances (make run's 120,000 messages
+    each) are shuffled one after the other in this process, and processes are started only
+    when an instance's messages (data, chaff and presence) reach the threshold."""
+    monkeypatch.setattr(run_pipeline.os, "cpu_count", lambda: 8)
+    limit = run_pipeline.PROCESS_SHUFFLE_MIN_MESSAGES
+    small = {"messages_per_instance": [80_000, 80_000], "chaff_per_instance": [10_000, 10_000],
+             "presence_per_instance": [40_000, 40_000]}  # fmt: skip
+    assert run_pipeline.shuffle_processes(None, small, 2) == 1
+    assert run_pipeline.shuffle_processes(2, small, 2) == 2
+    assert run_pipeline.shuffle_processes(5, small, 3) == 3
+    large = {"messages_per_instance": [limit - 2, 10], "chaff_per_instance": [1, 0],
+             "presence_per_instance": [1, 0]}  # fmt: skip
+    assert run_pipeline.shuffle_processes(None, large, 2) == 2
+    large["presence_per_instance"] = [0, 0]  # one message short of the threshold
+    assert run_pipeline.shuffle_processes(None, large, 2) == 1
+    unsealed = {"messages_per_instance": [limit] * 3, "presence_per_instance": [0] * 3}
+    assert run_pipeline.shuffle_processes(None, unsealed, 3) == 3
+
+
+def test_a_large_simulation_runs_on_one_worker_process_per_cpu(monkeypatch):
+    """With no runner flags, a simulation of >= SIMULATE_PROCESSES_MIN_MESSAGES messages runs on
+    the multi-process DirectRunner with one shard per CPU; a small one, or one given a runner,
+    keeps the flags it was given."""
+    from simulators.shards import ShardContext
+
+    monkeypatch.setattr(run_pipeline.os, "cpu_count", lambda: 2)
+
+    def options(respondents: int, flags: list[str]) -> PipelineOptions:
+        values = {"simulate_recipe": "image_grid_sealed", "simulate_population": "image:disc",
+                  "simulate_respondents": respondents, "simulate_seed": 1}  # fmt: skip
+        return run_pipeline.simulate_options(flags, values)
+
+    large = options(80_000, [])
+    beam_flags = large.get_all_options()
+    assert beam_flags["direct_running_mode"] == "multi_processing"
+    assert beam_flags["direct_num_workers"] == 2
+    shards = ShardContext(simulate_pipeline.plan_from_options(large)).shards()
+    sizes = [shard.stop - shard.start for shard in shards]
+    assert len(sizes) == 2 and sum(sizes) == 80_000 and max(sizes) - min(sizes) <= 1
+    default_shard = options(100, []).get_all_options()["simulate_messages_per_shard"]
+    for small in (options(100, []), options(80_000, FNAPI)):
+        kept = small.get_all_options()
+        assert kept["direct_running_mode"] == "in_memory"
+        assert kept["simulate_messages_per_shard"] == default_shard
