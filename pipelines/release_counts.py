@@ -42,8 +42,10 @@ from schemas.release import commit
 from schemas.release.crowd_buckets import CROWDS_DIR, parse_release_path
 from transforms.analyzer.aggregate import (
     crowd_record_counts,
+    pack_crowd_records,
     pinned_crowd_table_records,
     release_bucket,
+    unpack_crowd_records,
 )
 from transforms.common import atomic_files, avro_io
 
@@ -148,39 +150,47 @@ def crowd_count_problem(
 
 
 class _AddCrowdRecords(beam.CombineFn):
-    """Adds ``{crowd key: records}`` dicts (inputs never modified)."""
+    """Adds packed ``{crowd key: records}`` blobs (``pack_crowd_records``) of one bucket; the
+    accumulator is a dict while a bundle adds, packed again before it crosses a grouping
+    (``compact``) and as the output, so memory stays flat in the number of crowds."""
 
     def create_accumulator(self) -> dict[CrowdKey, int]:
         return {}
 
-    def add_input(self, total: dict, records: Mapping[CrowdKey, int]) -> dict:
+    def add_input(self, total: dict, records: bytes | Mapping[CrowdKey, int]) -> dict:
+        if isinstance(records, bytes):
+            records = unpack_crowd_records(records)
         for key, count in records.items():
             total[key] = total.get(key, 0) + int(count)
         return total
 
-    def merge_accumulators(self, accumulators: Iterable[dict]) -> dict:
+    def merge_accumulators(self, accumulators: Iterable[dict | bytes]) -> dict:
         total: dict[CrowdKey, int] = {}
         for accumulator in accumulators:
             self.add_input(total, accumulator)
         return total
 
-    def extract_output(self, total: dict) -> dict:
-        return total
+    def compact(self, total: dict | bytes) -> bytes:
+        return total if isinstance(total, bytes) else pack_crowd_records(total)
+
+    def extract_output(self, total: dict | bytes) -> bytes:
+        return self.compact(total)
 
 
-def _stated_in_table(table: tuple[int, str, str]) -> Iterator[tuple[Any, dict[CrowdKey, int]]]:
+def _stated_in_table(table: tuple[int, str, str]) -> Iterator[tuple[Any, bytes]]:
     """A committed crowd table (``(instance, path, SHA-256)``, read if its SHA-256 is the
-    committed one) -> ``((release directory, bucket key), stated counts)``."""
+    committed one) -> ``((release directory, bucket key), packed stated counts)``."""
     bucket = release_bucket(table[1])
     if bucket is not None:
-        yield bucket, stated_counts(crowd for _, crowd in pinned_crowd_table_records(table))
+        stated = stated_counts(crowd for _, crowd in pinned_crowd_table_records(table))
+        yield bucket, pack_crowd_records(stated)
 
 
 def _problems(joined: tuple[Any, Mapping[str, Sequence[Any]]]) -> Iterator[str]:
     (directory, _), found = joined
     stated: dict[CrowdKey, int] = {}
     for table in found["stated"]:
-        stated.update(table)
+        stated.update(unpack_crowd_records(table))
     read = _AddCrowdRecords().merge_accumulators(found["read"])
     problem = crowd_count_problem(directory, stated, read)
     if problem is not None:

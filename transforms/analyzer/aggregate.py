@@ -32,7 +32,9 @@ import dataclasses
 import hashlib
 import json
 import os
+import pickle
 import typing
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -221,7 +223,7 @@ class DecodeReleaseFile(beam.DoFn):
                 continue
             self._bundle_decoded = self._bundle_decoded or item.rows > 0
             if bucket is not None:  # every record read, whatever becomes of it
-                records = crowd_record_counts(item.columns)
+                records = pack_crowd_records(crowd_record_counts(item.columns))
                 yield beam.pvalue.TaggedOutput(CROWD_RECORDS_TAG, (bucket, records))
             columns, opened = item.columns, None
             # Repeats of a sealed payload in a crowd of this file are discarded, counted.
@@ -310,6 +312,18 @@ def crowd_record_counts(batch: pa.RecordBatch) -> dict[tuple, int]:
     grouped = pa.Table.from_arrays(columns, names).group_by(names).aggregate([([], "count_all")])
     keys = [grouped.column(name).to_pylist() for name in names]
     return dict(zip(zip(*keys, strict=True), grouped.column("count_all").to_pylist(), strict=True))
+
+
+def pack_crowd_records(records: Mapping[tuple, int]) -> bytes:
+    """``{crowd key: records}`` as one compressed blob: what crosses the count check's groupings
+    per batch or bucket is one bytes object, never a Python object per crowd (FnApiRunner holds
+    a grouping's values decoded, so per-crowd objects would make memory grow with the crowds)."""
+    return zlib.compress(pickle.dumps(list(records.items()), protocol=pickle.HIGHEST_PROTOCOL), 1)
+
+
+def unpack_crowd_records(blob: bytes) -> dict[tuple, int]:
+    """The ``{crowd key: records}`` of :func:`pack_crowd_records` (blobs this pipeline made)."""
+    return dict(pickle.loads(zlib.decompress(blob)))
 
 
 def _constant(column: pa.Array) -> bool:
