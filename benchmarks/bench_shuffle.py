@@ -43,10 +43,9 @@ from schemas.avro.crc32c import crc32c_many
 DAY_MS = 86_400_000
 T0 = 1_700_006_400_000
 MESSAGES_PER_RESPONDENT = 5
-# FnApiRunner against the plain read: 1.31 at 1 M messages on 2 cores (load 1.6), 0.86 at 2 M
-# under load 7 to 8 (the pipeline's threads suffer more from a busy machine than the one-thread
-# read); the 2x the issue asks for needs more than one core (the multi-process row).
-TARGET_RATIO = 1.0
+# The goal for the shuffle against the plain read of the same files, in full mode; the rows say
+# whether a run met it (one process, and the multi-process row on all the machine's cores).
+TARGET_RATIO = 2.0
 SEALED_BYTES = 83  # a sealed message of the shipped one-hot recipes: 57 bytes of envelope + pad
 ROUTES = {"bench@1": ("bench", 2), "bench_alt@1": ("bench_alt", 1)}
 
@@ -131,6 +130,11 @@ def multi_process(workers: int) -> list[str]:
     return ["--direct_running_mode=multi_processing", f"--direct_num_workers={workers}"]
 
 
+def _target(ratio: float) -> str:
+    """The goal against the plain read and whether ``ratio`` meets it."""
+    return f"target ratio >= {TARGET_RATIO:g} ({'met' if ratio >= TARGET_RATIO else 'not met'})"
+
+
 def _shuffle(paths_glob: str, output: Path, flags: list[str] = FNAPI) -> dict:
     arguments = {"input": paths_glob, "output": str(output), "routes": ROUTES, "flags": flags}
     return run_child(_SHUFFLE, arguments)
@@ -168,7 +172,7 @@ def run(
                 "value": shuffle_rate,
                 "baseline": raw_rate,
                 "ratio": shuffle_rate / raw_rate,
-                "note": f"baseline: {raw_read_note(raw)}; target ratio >= {TARGET_RATIO:g}; "
+                "note": f"baseline: {raw_read_note(raw)}; {_target(shuffle_rate / raw_rate)}; "
                 + note,
             },
             {
@@ -177,8 +181,9 @@ def run(
                 "value": parallel_rate,
                 "baseline": raw_rate,
                 "ratio": parallel_rate / raw_rate,
-                "note": f"baseline: the plain read above; multi-process DirectRunner, {workers} "
-                f"workers (the machine's cores; load {load:.2f} at start); released "
+                "note": f"baseline: the plain read above; {_target(parallel_rate / raw_rate)}; "
+                f"multi-process DirectRunner, {workers} workers (the machine's cores; load "
+                f"{load:.2f} at start); released "
                 f"{parallel['released']:,}, accounting adds up: {parallel['adds_up']}",
             },
             {
