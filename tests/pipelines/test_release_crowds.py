@@ -90,10 +90,8 @@ def _analyze(release_dir: Path, recipe: str, output: Path) -> int:
     return cli.main(argv)
 
 
-@pytest.mark.parametrize(("edit", "words"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_commit_figures_that_disagree_with_the_files_are_refused(
-    made: tuple[Path, str], tmp_path: Path, capsys, edit: Edit, words: str
-) -> None:
+def _edited_copy(made: tuple[Path, str], tmp_path: Path, edit: Edit) -> tuple[Path, str]:
+    """A copy of the release with its crowd table edited and the release re-committed."""
     release_dir, recipe = made
     copy = tmp_path / "rel"
     shutil.copytree(release_dir, copy)
@@ -102,6 +100,14 @@ def test_commit_figures_that_disagree_with_the_files_are_refused(
     edit(crowds)
     fx.write_avro(table, "released_crowd", fx.table_rows(crowds.rows))
     fx.recommit(copy, totals=True)
+    return copy, recipe
+
+
+@pytest.mark.parametrize(("edit", "words"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_commit_figures_that_disagree_with_the_files_are_refused(
+    made: tuple[Path, str], tmp_path: Path, capsys, edit: Edit, words: str
+) -> None:
+    copy, recipe = _edited_copy(made, tmp_path, edit)
     # The release-wide checks pass: files re-committed, totals and messages per bucket unchanged.
     rel.verify_release(str(copy))
     assert _analyze(copy, recipe, tmp_path / "an") == 2
@@ -119,14 +125,7 @@ def test_a_refused_release_never_has_results_written(
     dead letter or picture behind (they were never written, not written and removed)."""
     from pipelines import analyze
 
-    release_dir, recipe = made
-    copy = tmp_path / "rel"
-    shutil.copytree(release_dir, copy)
-    [table] = (copy / "crowds").iterdir()
-    crowds = _Table(read_crowd_table(str(table)))
-    _move(crowds)
-    fx.write_avro(table, "released_crowd", fx.table_rows(crowds.rows))
-    fx.recommit(copy, totals=True)
+    copy, recipe = _edited_copy(made, tmp_path, _move)
     monkeypatch.setattr(analyze, "remove_results", lambda output: None)
     assert _analyze(copy, recipe, tmp_path / "an") == 2
     left = sorted(
