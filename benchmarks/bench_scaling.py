@@ -147,7 +147,7 @@ def _engine_flags(engine: str, workers: int) -> Iterator[list[str]]:
     if engine == "fnapi":
         yield ["--runner=FnApiRunner"]
     elif engine == "direct":
-        yield ["--runner=DirectRunner", "--direct_running_mode=multi_processing",
+        yield ["--runner=FnApiRunner", "--direct_running_mode=multi_processing",
                f"--direct_num_workers={workers}"]  # fmt: skip
     elif engine == "prism":
         yield [*runners.runner_flags("prism"), *sdk_workers]
@@ -172,7 +172,7 @@ def _prepare(work: Path, devices: int) -> dict[str, Any]:
         _SIMULATE,
         {
             "flags": [
-                "--runner=DirectRunner",
+                "--runner=FnApiRunner",
                 "--direct_running_mode=multi_processing",
                 f"--direct_num_workers={os.cpu_count() or 1}",
             ],  # fmt: skip

@@ -261,7 +261,7 @@ def simulate_options(flags: list[str], values: dict[str, Any]) -> PipelineOption
     workers = min(cpus, SIMULATE_PROCESSES_MAX)
     per_shard = math.ceil(math.ceil(respondents / workers) * per_respondent)
     return PipelineOptions(
-        [*flags, "--runner=DirectRunner", "--direct_running_mode=multi_processing",
+        [*flags, "--runner=FnApiRunner", "--direct_running_mode=multi_processing",
          f"--direct_num_workers={workers}"],
         **values,
         simulate_messages_per_shard=per_shard,

@@ -37,7 +37,7 @@ pytestmark = pytest.mark.slow
 
 FNAPI = ["--runner=FnApiRunner"]
 MULTI_PROCESS = [
-    "--runner=DirectRunner",
+    "--runner=FnApiRunner",
     "--direct_running_mode=multi_processing",
     "--direct_num_workers=2",
 ]

@@ -26,7 +26,9 @@ def test_one_crowd_is_worked_on_in_at_least_as_many_bundles_as_workers(tmp_path:
     config = _config(messages_per_shard=40, messages_per_file=50)
     output, private = tmp_path / "out", tmp_path / "out.private"
     options = PipelineOptions(
-        [
+        [  # FnApiRunner by name: a bare DirectRunner hands the pipeline to Prism when a Prism
+            # job server is already up in the process (as in a full suite): one SDK worker.
+            "--runner=FnApiRunner",
             "--direct_running_mode=multi_processing",
             f"--direct_num_workers={WORKERS}",
         ]
