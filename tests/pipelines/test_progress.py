@@ -203,16 +203,7 @@ def test_the_simulation_counts_device_rounds(tmp_path, monkeypatch):
 @pytest.fixture
 def reports(tmp_path: Path) -> tuple[str, str]:
     """A recipe (minimum crowd 5) and two report files: 60 valid reports, 5 others."""
-    recipe, fields = rf.write_recipe(tmp_path, "progress_test", min_crowd_size=5)
-    folder = tmp_path / "reports"
-    folder.mkdir()
-    rf.write_reports(folder / "a.avro", rf.crowd(30, 2, **fields))
-    rf.write_reports(
-        folder / "b.avro",
-        rf.crowd(3, 1, prefix="few", crowd_id="few", **fields)
-        + [rf.report("x", instance=4, **fields), rf.report("y", crc=1, **fields)],
-    )
-    return recipe, str(folder / "*.avro")
+    return rf.cli_reports(tmp_path, "progress_test")
 
 
 def _shuffle(tmp_path: Path, recipe: str, pattern: str, *flags: str) -> dict:

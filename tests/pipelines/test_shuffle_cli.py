@@ -24,16 +24,7 @@ from transforms.shuffler import decide
 @pytest.fixture
 def inputs(tmp_path: Path) -> tuple[str, str]:
     """A recipe file (a shipped recipe renamed, minimum crowd 5) and report files using it."""
-    recipe, fields = rf.write_recipe(tmp_path, "cli_test", min_crowd_size=5)
-    reports = tmp_path / "reports"
-    reports.mkdir()
-    rf.write_reports(reports / "a.avro", rf.crowd(30, 2, **fields))
-    rf.write_reports(
-        reports / "b.avro",
-        rf.crowd(3, 1, prefix="few", crowd_id="few", **fields)
-        + [rf.report("x", instance=4, **fields), rf.report("y", crc=1, **fields)],
-    )
-    return recipe, str(reports / "*.avro")
+    return rf.cli_reports(tmp_path, "cli_test")
 
 
 def _shuffle(tmp_path: Path, recipe: str, pattern: str, *extra: str) -> tuple[int, Path]:

@@ -124,3 +124,19 @@ def write_recipe(directory: Path, name: str, min_crowd_size: int) -> tuple[str, 
     path = directory / f"{name}.json"
     path.write_text(json.dumps(body))
     return str(path), {"recipe_id": f"{name}@{body['version']}", "channel": body["channel"]}
+
+
+def cli_reports(folder: Path, recipe_name: str) -> tuple[str, str]:
+    """A recipe file (a shipped recipe renamed, minimum crowd 5) and two report files using it
+    under ``folder/reports``: 60 valid reports of one crowd, and 5 others (a crowd of 3, a
+    wrong instance, a bad CRC). Returns the recipe path and the files' glob."""
+    recipe, fields = write_recipe(folder, recipe_name, min_crowd_size=5)
+    reports = folder / "reports"
+    reports.mkdir()
+    write_reports(reports / "a.avro", crowd(30, 2, **fields))
+    write_reports(
+        reports / "b.avro",
+        crowd(3, 1, prefix="few", crowd_id="few", **fields)
+        + [report("x", instance=4, **fields), report("y", crc=1, **fields)],
+    )
+    return recipe, str(reports / "*.avro")
