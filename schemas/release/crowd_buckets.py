@@ -55,17 +55,19 @@ def crowd_bucket(channel: str, recipe_id: str, crowd_id: str | None, buckets: in
     """The bucket in ``[0, buckets)`` of a crowd: the first 8 bytes of SHA-256 over the JSON of
     ``[channel, recipe_id, crowd_id]``, big-endian, modulo ``buckets`` (window and instance are
     not hashed: they are parts of the stem)."""
-    if (
-        isinstance(buckets, bool)
-        or not isinstance(buckets, int)
-        or not 1 <= buckets <= MAX_CROWD_BUCKETS
-    ):
+    is_int = type(buckets) is int or (isinstance(buckets, int) and not isinstance(buckets, bool))
+    if not is_int or not 1 <= buckets <= MAX_CROWD_BUCKETS:
         raise ValueError(
             f"crowd buckets must be an int in [1, {MAX_CROWD_BUCKETS}], got {buckets!r}"
         )
-    text = json.dumps([channel, recipe_id, crowd_id], separators=(",", ":"), ensure_ascii=False)
-    digest = hashlib.sha256(text.encode("utf-8")).digest()
-    return int.from_bytes(digest[:8], "big") % buckets
+    text = _KEY_JSON.encode([channel, recipe_id, crowd_id])
+    return int.from_bytes(_sha256(text.encode("utf-8")).digest()[:8], "big") % buckets
+
+
+# json.dumps(key, separators=(",", ":"), ensure_ascii=False), without making an encoder per call
+# (it is called once per crowd by shufflers and the analyzer).
+_KEY_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+_sha256 = hashlib.sha256
 
 
 def crowd_order(channel: str, recipe_id: str, crowd_id: str | None) -> tuple[str, str, int, str]:

@@ -253,3 +253,30 @@ def test_bounded_reading_never_lists_every_crowd(made: Path) -> None:
 def test_crowd_dicts_are_json_like_the_commit_crowds_were(made: Path) -> None:
     crowd = next(rel.iter_crowds(rel.verify_release(str(made))))
     assert json.loads(json.dumps(crowd)) == crowd
+
+
+def test_a_table_of_another_writer_schema_is_resolved_to_released_crowd(made: Path) -> None:
+    """The shuffler's own schema is read as written; a table written with another schema that
+    resolves (fields reordered, an extra field, a field left to its default) reads as the
+    crowds ReleasedCrowd gives; one that does not resolve is not a crowd table."""
+    import fastavro
+
+    from schemas import schema_json
+
+    table = _table_of(made, 0)
+    expected = rc.read_crowd_table(str(table))
+    rows = fx.table_rows(expected)
+    schema = json.loads(json.dumps(schema_json("released_crowd")))
+    schema["fields"] = [*reversed(schema["fields"]), {"name": "extra", "type": "int"}]
+    with table.open("wb") as sink:
+        fastavro.writer(sink, fastavro.parse_schema(schema), [{**r, "extra": 1} for r in rows])
+    assert rc.read_crowd_table(str(table)) == expected
+    without_id = {**schema, "fields": [f for f in schema["fields"] if f["name"] != "crowd_id"]}
+    with table.open("wb") as sink:  # the reader's default fills the field
+        fastavro.writer(sink, fastavro.parse_schema(without_id), [{**r, "extra": 1} for r in rows])
+    assert rc.read_crowd_table(str(table)) == [{**r, "crowd_id": None} for r in expected]
+    schema["fields"] = [f for f in schema["fields"] if f["name"] != "messages_released"]
+    with table.open("wb") as sink:
+        fastavro.writer(sink, fastavro.parse_schema(schema), [{**r, "extra": 1} for r in rows])
+    with pytest.raises(rc.ReleaseError, match="not a crowd table"):
+        rc.read_crowd_table(str(table))
