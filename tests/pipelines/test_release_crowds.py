@@ -192,3 +192,32 @@ def test_the_driver_reads_each_crowd_table_and_message_file_at_most_once(
     selection = analyze_pipeline.ReleaseSelection(book)
     analyze_pipeline.discover_releases([str(release_dir)], None, selection, count_messages=False)
     assert counted == [] and selection.result()[2] == 2
+
+
+def test_the_analyzer_sizes_its_buckets_by_the_largest_unit_not_by_all_crowds() -> None:
+    """ReleaseSelection.unit_crowds: the most crowds one instance holds in one kind and window
+    (longitudinal crowds: every window of one length together, as their rounds span windows),
+    so crowds spread over many windows get no more buckets than one window's need."""
+    from pipelines.analyze import ReleaseSelection
+    from schemas.recipes import load_recipe
+    from transforms.analyzer import arithmetic
+
+    one_hot, tree = load_recipe("small_one_hot_rappor"), load_recipe("small_longitudinal")
+    selection = ReleaseSelection(arithmetic.RecipeBook([one_hot, tree]), pictures_wanted=False)
+    day = 86_400_000
+
+    def table(recipe, window: int, crowds: int, status: str = "released") -> list[dict]:
+        start = rf.T0 + window * day
+        return [{"window_start_ms": start, "window_end_ms": start + day, "channel": recipe.channel,
+                 "recipe_id": recipe.id, "crowd_id": f"c{i}", "status": status,
+                 "respondents_released": 9, "messages_released": 9} for i in range(crowds)]  # fmt: skip
+
+    for window in range(30):  # 30 windows of 1,500 histogram crowds: one window's worth
+        selection.add(0, table(one_hot, window, 1_000))
+        selection.add(0, table(one_hot, window, 500, "withheld"))
+    selection.add(1, table(one_hot, 0, 1_200))
+    assert selection.result()[2] == 45_000 and selection.unit_crowds() == 1_500
+    assert arithmetic.analyzer_buckets(selection.unit_crowds()) == arithmetic.ANALYZER_BUCKETS
+    for window in range(30):  # a longitudinal crowd's windows are one unit
+        selection.add(0, table(tree, window, 100))
+    assert selection.unit_crowds() == 3_000

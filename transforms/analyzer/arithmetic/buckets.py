@@ -41,11 +41,11 @@ CROWDS_PER_BUCKET = 1000
 
 
 def analyzer_buckets(crowds: int, crowds_per_bucket: int = CROWDS_PER_BUCKET) -> int:
-    """Crowd buckets for about ``crowds`` crowds (all windows counted): enough that a bucket of
-    one window holds at most about ``crowds_per_bucket`` crowds even if every crowd is in the
-    same window, so what a worker holds of one bucket (its crowds' accumulators, reports and
-    rows) does not grow with the crowds; at least :data:`ANALYZER_BUCKETS`, at most
-    ``MAX_CROWD_BUCKETS``."""
+    """Crowd buckets for ``crowds`` crowds in the largest unit of analysis (a kind and window;
+    all crowds of every window bound it): enough that a bucket of that unit holds at most about
+    ``crowds_per_bucket`` crowds, so what a worker holds of one bucket (its crowds'
+    accumulators, reports and rows) does not grow with the crowds; at least
+    :data:`ANALYZER_BUCKETS`, at most ``MAX_CROWD_BUCKETS``."""
     wanted = math.ceil(max(0, int(crowds)) / max(1, int(crowds_per_bucket)))
     return min(MAX_CROWD_BUCKETS, max(ANALYZER_BUCKETS, wanted))
 
