@@ -99,6 +99,7 @@ from schemas.release.crowd_buckets import CROWDS_DIR
 from transforms.analyzer import arithmetic
 from transforms.analyzer.aggregate import (
     AggregateReleases,
+    crowd_table_bucket,
     pinned_crowd_table_records,
     pinned_crowd_tables,
     pinned_message_paths,
@@ -577,6 +578,7 @@ def run(
         # a bucket's size does not grow with the crowds (nor with a unit's)
         buckets=arithmetic.analyzer_buckets(selection.unit_crowds()),
         read_crowds=pinned_crowd_table_records,
+        stated_bucket=crowd_table_bucket,  # the count check's figures, from the same read
     )
     # The estimates' batches are spilled to files; the groupings into parts carry their paths.
     spill_dir = analysis_spill_dir(output, options.view_as(GoogleCloudOptions).temp_location)
@@ -584,7 +586,10 @@ def run(
     # table: the check is a side input of the steps that feed every output (a side input is
     # complete before its consumer runs), which fail on a problem, and the driver refuses the
     # release; no result of a refused release is ever written, not even for a while.
-    problems = (aggregated.crowd_records, crowd_tables) | "CheckCrowdCounts" >> CheckCrowdCounts()
+    problems = (
+        aggregated.crowd_records,
+        aggregated.stated_records,
+    ) | "CheckCrowdCounts" >> CheckCrowdCounts()
     checked = beam.pvalue.AsList(problems)
     buckets = aggregated.buckets | "OnlyAgreeingBuckets" >> beam.Map(
         refuse_on_problems, checked, spill_dir

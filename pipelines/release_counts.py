@@ -43,8 +43,7 @@ from schemas.release.crowd_buckets import CROWDS_DIR, parse_release_path
 from transforms.analyzer.aggregate import (
     crowd_record_counts,
     pack_crowd_records,
-    pinned_crowd_table_records,
-    release_bucket,
+    stated_records,
     unpack_crowd_records,
 )
 from transforms.common import atomic_files, avro_io
@@ -104,20 +103,9 @@ def check_crowd_counts(
 
 
 def stated_counts(crowds: Iterable[Mapping[str, Any]]) -> dict[CrowdKey, int]:
-    """Per crowd key of a crowd table its ``messages_released`` (-1 for a withheld crowd)."""
-    stated: dict[CrowdKey, int] = {}
-    for crowd in crowds:
-        key = (
-            crowd.get("window_start_ms"),
-            crowd.get("window_end_ms"),
-            crowd.get("channel"),
-            crowd.get("recipe_id"),
-            crowd.get("crowd_id"),
-        )
-        stated[key] = (
-            int(crowd.get("messages_released") or 0) if crowd.get("status") == "released" else -1
-        )
-    return stated
+    """Per crowd key of a crowd table its ``messages_released`` (-1 for a withheld crowd):
+    ``transforms.analyzer.aggregate.stated_records``."""
+    return stated_records(crowds)
 
 
 def crowd_count_problem(
@@ -177,15 +165,6 @@ class _AddCrowdRecords(beam.CombineFn):
         return self.compact(total)
 
 
-def _stated_in_table(table: tuple[int, str, str]) -> Iterator[tuple[Any, bytes]]:
-    """A committed crowd table (``(instance, path, SHA-256)``, read if its SHA-256 is the
-    committed one) -> ``((release directory, bucket key), packed stated counts)``."""
-    bucket = release_bucket(table[1])
-    if bucket is not None:
-        stated = stated_counts(crowd for _, crowd in pinned_crowd_table_records(table))
-        yield bucket, pack_crowd_records(stated)
-
-
 def _problems(joined: tuple[Any, Mapping[str, Sequence[Any]]]) -> Iterator[str]:
     (directory, _), found = joined
     stated: dict[CrowdKey, int] = {}
@@ -198,15 +177,16 @@ def _problems(joined: tuple[Any, Mapping[str, Sequence[Any]]]) -> Iterator[str]:
 
 
 class CheckCrowdCounts(beam.PTransform):
-    """``(((release directory, bucket key), {crowd key: records}) per decoded batch, committed
-    crowd tables as (instance, path, SHA-256))`` -> the refusal line of every bucket whose files
-    disagree with its crowd table (:func:`crowd_count_problem`; normally none), one bucket per
-    element: memory per worker bounded by a bucket's crowds."""
+    """``(((release directory, bucket key), {crowd key: records}) per decoded batch, ((release
+    directory, bucket key), {crowd key: messages_released}) per crowd table)`` (packed blobs:
+    ``AggregateOutputs.crowd_records`` and ``stated_records``, the tables read once with their
+    crowds) -> the refusal line of every bucket whose files disagree with its crowd table
+    (:func:`crowd_count_problem`; normally none), one bucket per element: memory per worker
+    bounded by a bucket's crowds."""
 
     def expand(self, inputs: tuple[beam.PCollection, beam.PCollection]) -> beam.PCollection:
-        records, tables = inputs
+        records, stated = inputs
         read = records | "RecordsPerBucket" >> beam.CombinePerKey(_AddCrowdRecords())
-        stated = tables | "StatedPerBucket" >> beam.FlatMap(_stated_in_table)
         return (
             {"read": read, "stated": stated}
             | "JoinBuckets" >> beam.CoGroupByKey()

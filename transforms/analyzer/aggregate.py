@@ -67,6 +67,9 @@ CHECKS_TAG = "checks"
 # Records per crowd key of each batch, keyed by release file bucket (pipelines/release_counts.py).
 CROWD_RECORDS_TAG = "crowd_records"
 CROWD_KEY_COLUMNS = ("window_start", "window_end", "channel", "recipe_id", "crowd_id")
+# Messages released per crowd key of each crowd table, keyed by release file bucket (read with
+# the table's crowds: ``CrowdBuckets`` with ``stated_bucket``).
+STATED_TAG = "stated"
 BUCKETS_TAG = "buckets"
 # Records per range of a release file (``esa analyze --range-records``).
 DEFAULT_RANGE_RECORDS = 20_000
@@ -398,23 +401,58 @@ def pinned_crowd_table_records(
         yield instance, crowd
 
 
+def stated_records(crowds: Iterable[Mapping[str, Any]]) -> dict[tuple, int]:
+    """Per crowd key ``(window_start ms, window_end ms, channel, recipe_id, crowd_id)`` of a
+    crowd table its ``messages_released`` (-1 for a withheld crowd): what the count check
+    (``pipelines.release_counts``) compares with :func:`crowd_record_counts`."""
+    stated: dict[tuple, int] = {}
+    for crowd in crowds:
+        key = (
+            crowd.get("window_start_ms"),
+            crowd.get("window_end_ms"),
+            crowd.get("channel"),
+            crowd.get("recipe_id"),
+            crowd.get("crowd_id"),
+        )
+        stated[key] = (
+            int(crowd.get("messages_released") or 0) if crowd.get("status") == "released" else -1
+        )
+    return stated
+
+
+def crowd_table_bucket(table: tuple[int, str, str]) -> tuple[str, BucketKey] | None:
+    """``(release directory, bucket key)`` of a committed crowd table ``(instance, path,
+    SHA-256)`` (:func:`release_bucket` of its path)."""
+    return release_bucket(table[1])
+
+
 class CrowdBuckets(beam.DoFn):
     """A source of crowd records (e.g. a commit record) -> ``(bucket key, partial CrowdBucket)``
     per bucket its crowds fall in (``analyze_core.commit_buckets``): the released crowds' n_u and
-    the withheld crowds' records, one element per bucket and source, never per crowd."""
+    the withheld crowds' records, one element per bucket and source, never per crowd.
+
+    With ``stated_bucket``, the source's crowds are also counted for the count check from the
+    same read: ``(stated_bucket(source), packed stated_records)`` on output
+    :data:`STATED_TAG` (nothing when it gives None)."""
 
     def __init__(
         self,
         book: arithmetic.RecipeBook,
         read_crowds: Callable[[Any], Iterable[tuple[int, Mapping[str, Any]]]],
         buckets: int = arithmetic.ANALYZER_BUCKETS,
+        stated_bucket: Callable[[Any], Any] | None = None,
     ) -> None:
         self._book, self._read_crowds, self._buckets = book, read_crowds, int(buckets)
+        self._stated_bucket = stated_bucket
 
-    def process(
-        self, source: Any
-    ) -> Iterator[tuple[arithmetic.AnalysisBucketKey, arithmetic.CrowdBucket]]:
+    def process(self, source: Any) -> Iterator[Any]:
         crowds = self._read_crowds(source)
+        if self._stated_bucket is not None:
+            crowds = list(crowds)
+            bucket = self._stated_bucket(source)
+            if bucket is not None:
+                stated = pack_crowd_records(stated_records(crowd for _, crowd in crowds))
+                yield beam.pvalue.TaggedOutput(STATED_TAG, (bucket, stated))
         yield from arithmetic.commit_buckets(crowds, self._book, self._buckets).items()
 
 
@@ -472,6 +510,9 @@ class AggregateOutputs(NamedTuple):
     counts: beam.PCollection  # one dict of counters (global)
     # ((release directory, bucket key), {crowd key: records}) per batch of a release's file
     crowd_records: beam.PCollection
+    # ((release directory, bucket key), packed stated_records) per crowd table (with
+    # ``stated_bucket``; else empty)
+    stated_records: beam.PCollection
 
 
 class AggregateReleases(beam.PTransform):
@@ -491,13 +532,16 @@ class AggregateReleases(beam.PTransform):
         buckets: int = arithmetic.ANALYZER_BUCKETS,
         read_crowds: Callable[[Any], Iterable[tuple[int, Mapping[str, Any]]]] | None = None,
         range_records: int = DEFAULT_RANGE_RECORDS,
+        stated_bucket: Callable[[Any], Any] | None = None,
     ) -> None:
         super().__init__()
         self._plan = PlanRanges(range_records)
         self._decode = DecodeReleaseFile(
             book, supported_versions, batch_records, dense_limit, key_ring=key_ring, buckets=buckets
         )
-        self._crowds = CrowdBuckets(book, read_crowds or pinned_crowd_table_records, buckets)
+        self._crowds = CrowdBuckets(
+            book, read_crowds or pinned_crowd_table_records, buckets, stated_bucket
+        )
         self._dense_limit = dense_limit
 
     def expand(self, inputs: tuple[beam.PCollection, beam.PCollection]) -> AggregateOutputs:
@@ -525,9 +569,11 @@ class AggregateReleases(beam.PTransform):
             >> beam.ParDo(self._decode).with_outputs(*outputs, main=BUCKETS_TAG)
         )
         parts = (decoded, released, whole)
-        stated = crowd_sources | "CrowdsFromCommits" >> beam.ParDo(self._crowds)
+        from_commits = crowd_sources | "CrowdsFromCommits" >> beam.ParDo(self._crowds).with_outputs(
+            STATED_TAG, main=BUCKETS_TAG
+        )
         buckets = (
-            (*(part[BUCKETS_TAG] for part in parts), stated)
+            (*(part[BUCKETS_TAG] for part in parts), from_commits[BUCKETS_TAG])
             | "CountsAndRespondents" >> beam.Flatten()
             | "AddBuckets" >> beam.CombinePerKey(CombineBucket(self._dense_limit))
         )
@@ -540,7 +586,7 @@ class AggregateReleases(beam.PTransform):
         dead_letters = letters | "AllDeadLetters" >> beam.Flatten()
         crowd_records = [part[CROWD_RECORDS_TAG] for part in parts]
         records = crowd_records | "AllCrowdRecords" >> beam.Flatten()
-        return AggregateOutputs(buckets, dead_letters, counts, records)
+        return AggregateOutputs(buckets, dead_letters, counts, records, from_commits[STATED_TAG])
 
 
 def _must_read_whole(checks: tuple[str, Iterable[tuple[bool, np.ndarray]]]) -> Iterator[str]:

@@ -29,7 +29,9 @@ from transforms.analyzer.arithmetic.accumulate import (
     CrowdAccumulator,
     CrowdKey,
     RecipeBook,
+    _check_respondents,
     _merge_respondents,
+    is_longitudinal,
 )
 from transforms.analyzer.arithmetic.batches import crowd_key, respondent_accumulators
 
@@ -350,6 +352,14 @@ class CrowdBucket:
         self._pending: list[bytes] = []
         self._pending_bytes = 0
 
+    @classmethod
+    def of_content(cls, content: _Content) -> CrowdBucket:
+        """A bucket holding ``content`` (its own from now on)."""
+        out = cls()
+        out._crowds = out._withheld = None
+        out._content = content
+        return out
+
     def _own_content(self) -> _Content:
         """This bucket's content as rows, the waiting blobs added (the objects are let go)."""
         if self._crowds is not None:
@@ -492,25 +502,58 @@ def commit_buckets(
     known recipe as an accumulator holding only n_u (``respondent_accumulators``; counts kept
     empty and sparse until :meth:`CrowdBucket.densify`), each withheld crowd as a
     :data:`WithheldRecord` in the bucket its estimate would be in (a histogram bucket when
-    its recipe is unknown). ValueError on a malformed released record."""
-    out: dict[AnalysisBucketKey, CrowdBucket] = {}
+    its recipe is unknown). ValueError on a malformed released record. Histogram crowds of
+    domains up to :data:`ROW_DOMAIN_LIMIT` go straight into the bucket's rows (no accumulator
+    per crowd)."""
+    units: dict[AnalysisBucketKey, tuple[dict, dict, list]] = {}
+    domains: dict[str, int | None] = {}  # recipe id -> its rows' domain (None: an object each)
 
-    def bucket_of(key: CrowdKey) -> CrowdBucket:
+    def unit_of(key: CrowdKey) -> tuple[dict, dict, list]:
         unit = bucket_key(key, buckets)
-        bucket = out.get(unit)
-        if bucket is None:
-            bucket = out[unit] = CrowdBucket()
-        return bucket
+        parts = units.get(unit)
+        if parts is None:
+            parts = units[unit] = ({}, {}, [])  # rows by domain, other accumulators, withheld
+        return parts
 
     for instance, crowd in crowds:
         if crowd.get("status") == "released":
-            for key, accumulator in respondent_accumulators([crowd], instance, book, 0):
-                bucket = bucket_of(key)
-                mine = bucket.crowds.get(key)
-                if mine is None:
-                    bucket.crowds[key] = accumulator
-                else:
-                    mine.merge(accumulator)
+            recipe_id = crowd.get("recipe_id")
+            if recipe_id not in domains:
+                recipe = book.get(recipe_id)
+                domain = None
+                if recipe is not None and not is_longitudinal(recipe):
+                    size = recipe.build_randomizer().message_domain_size
+                    domain = size if size <= ROW_DOMAIN_LIMIT else None
+                domains[recipe_id] = domain
+            domain = domains[recipe_id]
+            if domain is None:  # a longitudinal or large domain, or an unknown recipe (none)
+                for key, accumulator in respondent_accumulators([crowd], instance, book, 0):
+                    others = unit_of(key)[1]
+                    mine = others.get(key)
+                    if mine is None:
+                        others[key] = accumulator
+                    else:
+                        mine.merge(accumulator)
+                continue
+            count = crowd.get("respondents_released")
+            if type(count) is not int or count < 0:  # bool is no count either
+                raise ValueError(f"released crowd without respondents_released >= 0: {dict(crowd)}")
+            start, stop = crowd.get("window_start_ms"), crowd.get("window_end_ms")
+            if not (isinstance(start, int) and isinstance(stop, int) and start < stop):
+                raise ValueError(f"crowd window must be integers start < end: {dict(crowd)}")
+            _check_respondents(instance, count)
+            key = (HISTOGRAM, int(start), int(stop), crowd["channel"], recipe_id,
+                   crowd.get("crowd_id"))  # fmt: skip
+            rows = unit_of(key)[0].get(domain)
+            if rows is None:
+                rows = unit_of(key)[0][domain] = ({}, [])  # key -> position, respondents
+            positions, respondents = rows
+            position = positions.get(key)
+            if position is None:
+                positions[key] = len(respondents)
+                respondents.append({int(instance): int(count)})
+            else:
+                _merge_respondents(respondents[position], {int(instance): int(count)}, "instance")
             continue
         recipe = book.get(crowd["recipe_id"])
         start, stop = int(crowd["window_start_ms"]), int(crowd["window_end_ms"])
@@ -520,7 +563,22 @@ def commit_buckets(
         else:
             key = (HISTOGRAM, start, stop, channel, recipe_id, crowd_id)
         record = (start, stop, channel, recipe_id, crowd_id, int(instance))
-        bucket_of(key).withheld.append(record)
+        unit_of(key)[2].append(record)
+    out: dict[AnalysisBucketKey, CrowdBucket] = {}
+    for unit, (by_domain, others, withheld) in units.items():
+        rows = {}
+        for domain, (positions, respondents) in by_domain.items():
+            crowds_in = len(respondents)
+            rows[domain] = _Rows(
+                domain,
+                list(positions),
+                np.zeros(crowds_in, dtype=bool),  # empty sparse sums until densified
+                np.zeros((crowds_in, domain), dtype=np.int64),
+                np.zeros(crowds_in, dtype=np.int64),
+                respondents,
+                [{} for _ in range(crowds_in)],
+            )
+        out[unit] = CrowdBucket.of_content(_Content(rows, others, withheld))
     return out
 
 
