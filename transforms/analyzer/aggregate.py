@@ -32,7 +32,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import pickle
 import typing
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -67,6 +66,17 @@ CHECKS_TAG = "checks"
 # Records per crowd key of each batch, keyed by release file bucket (pipelines/release_counts.py).
 CROWD_RECORDS_TAG = "crowd_records"
 CROWD_KEY_COLUMNS = ("window_start", "window_end", "channel", "recipe_id", "crowd_id")
+# Records (or messages released: -1 for a withheld crowd) per crowd key, as blobs carry them.
+CROWD_RECORD_SCHEMA = pa.schema(
+    [
+        ("window_start", pa.int64()),
+        ("window_end", pa.int64()),
+        ("channel", pa.string()),
+        ("recipe_id", pa.string()),
+        ("crowd_id", pa.string()),
+        ("records", pa.int64()),
+    ]
+)
 # Messages released per crowd key of each crowd table, keyed by release file bucket (read with
 # the table's crowds: ``CrowdBuckets`` with ``stated_bucket``).
 STATED_TAG = "stated"
@@ -226,7 +236,7 @@ class DecodeReleaseFile(beam.DoFn):
                 continue
             self._bundle_decoded = self._bundle_decoded or item.rows > 0
             if bucket is not None:  # every record read, whatever becomes of it
-                records = pack_crowd_records(crowd_record_counts(item.columns))
+                records = pack_crowd_records(crowd_record_table(item.columns))
                 yield beam.pvalue.TaggedOutput(CROWD_RECORDS_TAG, (bucket, records))
             columns, opened = item.columns, None
             # Repeats of a sealed payload in a crowd of this file are discarded, counted.
@@ -298,35 +308,72 @@ def release_bucket(path: str) -> tuple[str, BucketKey] | None:
     return None if parsed is None or not release else (release, parsed[1])
 
 
-def crowd_record_counts(batch: pa.RecordBatch) -> dict[tuple, int]:
-    """Records per crowd key ``(window_start ms, window_end ms, channel, recipe_id, crowd_id)``
-    of a batch (none when it lacks a key column)."""
+def crowd_record_table(batch: pa.RecordBatch) -> pa.Table:
+    """Records per crowd key of a batch as a table: :data:`CROWD_RECORD_SCHEMA` (the key
+    columns, window bounds in ms, and ``records``), one row per crowd (none when the batch
+    lacks a key column)."""
     if batch.num_rows == 0 or any(n not in batch.schema.names for n in CROWD_KEY_COLUMNS):
-        return {}
+        return CROWD_RECORD_SCHEMA.empty_table()
     columns = []
-    for name in CROWD_KEY_COLUMNS:
+    for name, field in zip(CROWD_KEY_COLUMNS, CROWD_RECORD_SCHEMA, strict=False):
         column = batch.column(name)
         if pa.types.is_timestamp(column.type):
             column = column.cast(pa.timestamp("ms")).cast(pa.int64())
-        columns.append(column)
+        columns.append(column.cast(field.type))
     if all(_constant(column) for column in columns):  # one crowd (the common case): no hashing
-        return {tuple(column[0].as_py() for column in columns): batch.num_rows}
-    names = [str(i) for i in range(len(columns))]
+        keys = [column.slice(0, 1) for column in columns]
+        return pa.Table.from_arrays([*keys, pa.array([batch.num_rows], pa.int64())],
+                                    schema=CROWD_RECORD_SCHEMA)  # fmt: skip
+    names = list(CROWD_KEY_COLUMNS)
     grouped = pa.Table.from_arrays(columns, names).group_by(names).aggregate([([], "count_all")])
-    keys = [grouped.column(name).to_pylist() for name in names]
-    return dict(zip(zip(*keys, strict=True), grouped.column("count_all").to_pylist(), strict=True))
+    arrays = [grouped.column(name) for name in names] + [grouped.column("count_all")]
+    return pa.Table.from_arrays(arrays, schema=CROWD_RECORD_SCHEMA)
 
 
-def pack_crowd_records(records: Mapping[tuple, int]) -> bytes:
-    """``{crowd key: records}`` as one compressed blob: what crosses the count check's groupings
-    per batch or bucket is one bytes object, never a Python object per crowd (FnApiRunner holds
-    a grouping's values decoded, so per-crowd objects would make memory grow with the crowds)."""
-    return zlib.compress(pickle.dumps(list(records.items()), protocol=pickle.HIGHEST_PROTOCOL), 1)
+def crowd_record_counts(batch: pa.RecordBatch) -> dict[tuple, int]:
+    """Records per crowd key ``(window_start ms, window_end ms, channel, recipe_id, crowd_id)``
+    of a batch (none when it lacks a key column)."""
+    return crowd_records_dict(crowd_record_table(batch))
+
+
+def crowd_records_dict(table: pa.Table) -> dict[tuple, int]:
+    """A :data:`CROWD_RECORD_SCHEMA` table as ``{crowd key: records}``."""
+    keys = [table.column(name).to_pylist() for name in CROWD_KEY_COLUMNS]
+    records = table.column("records").to_pylist()
+    return dict(zip(zip(*keys, strict=True), records, strict=True))
+
+
+def crowd_records_table(records: Mapping[tuple, int]) -> pa.Table:
+    """``{crowd key: records}`` as a :data:`CROWD_RECORD_SCHEMA` table."""
+    keys = list(records)
+    columns = [pa.array([key[index] for key in keys], field.type)
+               for index, field in enumerate(list(CROWD_RECORD_SCHEMA)[:-1])]  # fmt: skip
+    columns.append(pa.array(list(records.values()), pa.int64()))
+    return pa.Table.from_arrays(columns, schema=CROWD_RECORD_SCHEMA)
+
+
+def pack_crowd_records(records: Mapping[tuple, int] | pa.Table) -> bytes:
+    """``{crowd key: records}`` (or its :func:`crowd_record_table`) as one compressed blob:
+    Arrow columns, so that what crosses the count check's groupings per batch or bucket is one
+    bytes object, never a Python object per crowd (FnApiRunner holds a grouping's values
+    decoded, so per-crowd objects would make memory grow with the crowds), and adding and
+    comparing blobs is columnar (``pipelines.release_counts``)."""
+    table = records if isinstance(records, pa.Table) else crowd_records_table(records)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, CROWD_RECORD_SCHEMA) as writer:
+        writer.write_table(table)
+    return zlib.compress(sink.getvalue().to_pybytes(), 1)
+
+
+def unpack_crowd_record_table(blob: bytes) -> pa.Table:
+    """The :data:`CROWD_RECORD_SCHEMA` table of :func:`pack_crowd_records` (blobs this
+    pipeline made)."""
+    return pa.ipc.open_stream(zlib.decompress(blob)).read_all()
 
 
 def unpack_crowd_records(blob: bytes) -> dict[tuple, int]:
     """The ``{crowd key: records}`` of :func:`pack_crowd_records` (blobs this pipeline made)."""
-    return dict(pickle.loads(zlib.decompress(blob)))
+    return crowd_records_dict(unpack_crowd_record_table(blob))
 
 
 def _constant(column: pa.Array) -> bool:
