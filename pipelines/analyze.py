@@ -99,6 +99,7 @@ from schemas.release.crowd_buckets import CROWDS_DIR
 from transforms.analyzer import arithmetic
 from transforms.analyzer.aggregate import (
     AggregateReleases,
+    crowd_table_bucket,
     pinned_crowd_table_records,
     pinned_crowd_tables,
     pinned_message_paths,
@@ -235,8 +236,10 @@ class ReleaseSelection:
     them (``open_release``): the crowd keys that get pictures (``pictures.PicturedCrowds``: the
     first released crowds of known recipes in the summary's order), about how many histogram
     rows the released crowds give (dense domains in full) and how many crowds there are (the
-    largest release's figures, as the instances release mostly the same crowds). Holds nothing
-    per crowd."""
+    largest release's figures, as the instances release mostly the same crowds) and how many
+    crowds the largest analysis unit (a kind and window: ``arithmetic.bucket_key`` without the
+    bucket) holds, which sizes the analyzer's buckets (:meth:`unit_crowds`). Holds nothing per
+    crowd: a count per instance, kind and window."""
 
     def __init__(self, book: arithmetic.RecipeBook, pictures_wanted: bool = True) -> None:
         self.book = book
@@ -245,12 +248,20 @@ class ReleaseSelection:
         self._sizes: dict[str, int] = {}
         self._rows: dict[Any, int] = {}
         self._crowds: dict[Any, int] = {}
+        self._units: dict[tuple, int] = {}
 
     def add(self, instance: Any, crowds: Sequence[Mapping[str, Any]]) -> None:
         """One crowd table's rows of release ``instance``."""
         self._crowds[instance] = self._crowds.get(instance, 0) + len(crowds)
+        units = self._units
         for crowd in crowds:
             recipe = self.book.get(crowd["recipe_id"])
+            start, stop = crowd["window_start_ms"], crowd["window_end_ms"]
+            if recipe is not None and arithmetic.is_longitudinal(recipe):
+                unit = (instance, arithmetic.LONGITUDINAL, 0, stop - start)  # rounds span windows
+            else:
+                unit = (instance, arithmetic.HISTOGRAM, start, stop)
+            units[unit] = units.get(unit, 0) + 1
             if crowd["status"] != "released" or recipe is None:
                 continue
             key = arithmetic.crowd_key(recipe, crowd)
@@ -261,6 +272,12 @@ class ReleaseSelection:
                 self._rows[instance] = self._rows.get(instance, 0) + self._sizes[recipe.id]
             if self.pictures_wanted:
                 self._pictured.add(key)
+
+    def unit_crowds(self) -> int:
+        """The most crowds (released or withheld) one instance holds in one analysis unit: the
+        size ``arithmetic.analyzer_buckets`` keeps each bucket of a unit under a thousand
+        crowds with (crowds spread over many windows need no more buckets than one window's)."""
+        return max(self._units.values(), default=0)
 
     def result(self) -> tuple[frozenset, int, int]:
         """(pictured crowd keys, histogram rows, crowds)."""
@@ -558,10 +575,10 @@ def run(
         range_records=values.analyze_range_records,
         dense_limit=values.analyze_dense_limit,
         key_ring=values.analyze_key_ring,  # a path: workers read the keys (sealed payloads)
-        buckets=arithmetic.analyzer_buckets(
-            crowds
-        ),  # a bucket's size does not grow with the crowds
+        # a bucket's size does not grow with the crowds (nor with a unit's)
+        buckets=arithmetic.analyzer_buckets(selection.unit_crowds()),
         read_crowds=pinned_crowd_table_records,
+        stated_bucket=crowd_table_bucket,  # the count check's figures, from the same read
     )
     # The estimates' batches are spilled to files; the groupings into parts carry their paths.
     spill_dir = analysis_spill_dir(output, options.view_as(GoogleCloudOptions).temp_location)
@@ -569,7 +586,10 @@ def run(
     # table: the check is a side input of the steps that feed every output (a side input is
     # complete before its consumer runs), which fail on a problem, and the driver refuses the
     # release; no result of a refused release is ever written, not even for a while.
-    problems = (aggregated.crowd_records, crowd_tables) | "CheckCrowdCounts" >> CheckCrowdCounts()
+    problems = (
+        aggregated.crowd_records,
+        aggregated.stated_records,
+    ) | "CheckCrowdCounts" >> CheckCrowdCounts()
     checked = beam.pvalue.AsList(problems)
     buckets = aggregated.buckets | "OnlyAgreeingBuckets" >> beam.Map(
         refuse_on_problems, checked, spill_dir

@@ -35,16 +35,20 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import apache_beam as beam
+import pyarrow as pa
+import pyarrow.compute as pc
 from apache_beam.io.filesystems import FileSystems
 
 from pipelines.commandline.main import UsageError
 from schemas.release import commit
 from schemas.release.crowd_buckets import CROWDS_DIR, parse_release_path
 from transforms.analyzer.aggregate import (
+    CROWD_KEY_COLUMNS,
+    CROWD_RECORD_SCHEMA,
     crowd_record_counts,
     pack_crowd_records,
-    pinned_crowd_table_records,
-    release_bucket,
+    stated_records,
+    unpack_crowd_record_table,
     unpack_crowd_records,
 )
 from transforms.common import atomic_files, avro_io
@@ -104,20 +108,9 @@ def check_crowd_counts(
 
 
 def stated_counts(crowds: Iterable[Mapping[str, Any]]) -> dict[CrowdKey, int]:
-    """Per crowd key of a crowd table its ``messages_released`` (-1 for a withheld crowd)."""
-    stated: dict[CrowdKey, int] = {}
-    for crowd in crowds:
-        key = (
-            crowd.get("window_start_ms"),
-            crowd.get("window_end_ms"),
-            crowd.get("channel"),
-            crowd.get("recipe_id"),
-            crowd.get("crowd_id"),
-        )
-        stated[key] = (
-            int(crowd.get("messages_released") or 0) if crowd.get("status") == "released" else -1
-        )
-    return stated
+    """Per crowd key of a crowd table its ``messages_released`` (-1 for a withheld crowd):
+    ``transforms.analyzer.aggregate.stated_records``."""
+    return stated_records(crowds)
 
 
 def crowd_count_problem(
@@ -149,64 +142,131 @@ def crowd_count_problem(
     return None
 
 
+# A combiner's pending record tables are added up once they hold this many rows, or as many as
+# its added-up blob.
+_PENDING_ROWS = 1 << 12
+_KEYS = list(CROWD_KEY_COLUMNS)
+
+
+def _sum_records(tables: list[pa.Table]) -> pa.Table:
+    """Record tables added up per crowd key (one row per crowd)."""
+    table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    grouped = table.group_by(_KEYS, use_threads=False).aggregate([("records", "sum")])
+    arrays = [grouped.column(name) for name in _KEYS] + [grouped.column("records_sum")]
+    return pa.Table.from_arrays(arrays, schema=CROWD_RECORD_SCHEMA)
+
+
+class _Records:
+    """A bucket's records per crowd key while they are added: the added-up part as one packed
+    blob and the tables added since (folded in once they weigh as much)."""
+
+    __slots__ = ("packed", "packed_rows", "pending", "pending_rows")
+
+    def __init__(self) -> None:
+        self.packed: bytes | None = None
+        self.packed_rows = 0
+        self.pending: list[pa.Table] = []
+        self.pending_rows = 0
+
+    def add(self, table: pa.Table) -> None:
+        self.pending.append(table)
+        self.pending_rows += table.num_rows
+        if self.pending_rows >= max(_PENDING_ROWS, self.packed_rows):
+            self.fold()
+
+    def fold(self) -> None:
+        if not self.pending:
+            return
+        tables = self.pending
+        if self.packed is not None:
+            tables = [unpack_crowd_record_table(self.packed), *tables]
+        total = _sum_records(tables)
+        self.packed, self.packed_rows = pack_crowd_records(total), total.num_rows
+        self.pending, self.pending_rows = [], 0
+
+    def blob(self) -> bytes:
+        self.fold()
+        return self.packed if self.packed is not None else pack_crowd_records({})
+
+
 class _AddCrowdRecords(beam.CombineFn):
-    """Adds packed ``{crowd key: records}`` blobs (``pack_crowd_records``) of one bucket; the
-    accumulator is a dict while a bundle adds, packed again before it crosses a grouping
+    """Adds packed record blobs (``pack_crowd_records``: Arrow columns) of one bucket with
+    Arrow's group-by; the accumulator keeps what it added up packed and the tables added
+    since as columns (:class:`_Records`), and is one packed blob as it crosses a grouping
     (``compact``) and as the output, so memory stays flat in the number of crowds."""
 
-    def create_accumulator(self) -> dict[CrowdKey, int]:
-        return {}
+    def create_accumulator(self) -> _Records:
+        return _Records()
 
-    def add_input(self, total: dict, records: bytes | Mapping[CrowdKey, int]) -> dict:
-        if isinstance(records, bytes):
-            records = unpack_crowd_records(records)
-        for key, count in records.items():
-            total[key] = total.get(key, 0) + int(count)
+    def add_input(self, total: _Records | bytes, records: bytes) -> _Records:
+        total = self._open(total)
+        total.add(unpack_crowd_record_table(records))
         return total
 
-    def merge_accumulators(self, accumulators: Iterable[dict | bytes]) -> dict:
-        total: dict[CrowdKey, int] = {}
+    def merge_accumulators(self, accumulators: Iterable[_Records | bytes]) -> _Records:
+        total = _Records()
         for accumulator in accumulators:
-            self.add_input(total, accumulator)
+            blob = accumulator if isinstance(accumulator, bytes) else accumulator.blob()
+            total.add(unpack_crowd_record_table(blob))
         return total
 
-    def compact(self, total: dict | bytes) -> bytes:
-        return total if isinstance(total, bytes) else pack_crowd_records(total)
+    def compact(self, total: _Records | bytes) -> bytes:
+        return total if isinstance(total, bytes) else total.blob()
 
-    def extract_output(self, total: dict | bytes) -> bytes:
+    def extract_output(self, total: _Records | bytes) -> bytes:
         return self.compact(total)
 
+    @staticmethod
+    def _open(total: _Records | bytes) -> _Records:
+        if isinstance(total, bytes):
+            opened = _Records()
+            opened.add(unpack_crowd_record_table(total))
+            return opened
+        return total
 
-def _stated_in_table(table: tuple[int, str, str]) -> Iterator[tuple[Any, bytes]]:
-    """A committed crowd table (``(instance, path, SHA-256)``, read if its SHA-256 is the
-    committed one) -> ``((release directory, bucket key), packed stated counts)``."""
-    bucket = release_bucket(table[1])
-    if bucket is not None:
-        stated = stated_counts(crowd for _, crowd in pinned_crowd_table_records(table))
-        yield bucket, pack_crowd_records(stated)
+
+def _agree(stated: pa.Table, read: pa.Table) -> bool:
+    """Whether a bucket's records read (one row per crowd key) are exactly its crowd table's
+    stated counts (keys unique): each read crowd stated released with as many messages, and
+    every crowd stated with messages read, i.e. the read rows are the stated rows with
+    messages, as sets. Columnar: both sorted by key (a null crowd ID sorts like any value)."""
+    stated = stated.filter(pc.greater(stated.column("records"), 0))
+    if stated.num_rows != read.num_rows:
+        return False
+    order = [(name, "ascending") for name in _KEYS]
+    return stated.sort_by(order).equals(read.sort_by(order))
 
 
 def _problems(joined: tuple[Any, Mapping[str, Sequence[Any]]]) -> Iterator[str]:
     (directory, _), found = joined
+    read_blobs = list(found["read"])
+    if len(read_blobs) == 1:  # the bucket's records added up already (CombinePerKey)
+        read = read_blobs[0]
+    else:
+        read = _AddCrowdRecords().extract_output(_AddCrowdRecords().merge_accumulators(read_blobs))
+    if len(found["stated"]) == 1:  # one crowd table: its keys are unique (checked in order)
+        stated_table = unpack_crowd_record_table(found["stated"][0])
+        if _agree(stated_table, unpack_crowd_record_table(read)):
+            return
     stated: dict[CrowdKey, int] = {}
     for table in found["stated"]:
         stated.update(unpack_crowd_records(table))
-    read = _AddCrowdRecords().merge_accumulators(found["read"])
-    problem = crowd_count_problem(directory, stated, read)
+    problem = crowd_count_problem(directory, stated, unpack_crowd_records(read))
     if problem is not None:
         yield problem
 
 
 class CheckCrowdCounts(beam.PTransform):
-    """``(((release directory, bucket key), {crowd key: records}) per decoded batch, committed
-    crowd tables as (instance, path, SHA-256))`` -> the refusal line of every bucket whose files
-    disagree with its crowd table (:func:`crowd_count_problem`; normally none), one bucket per
-    element: memory per worker bounded by a bucket's crowds."""
+    """``(((release directory, bucket key), {crowd key: records}) per decoded batch, ((release
+    directory, bucket key), {crowd key: messages_released}) per crowd table)`` (packed blobs:
+    ``AggregateOutputs.crowd_records`` and ``stated_records``, the tables read once with their
+    crowds) -> the refusal line of every bucket whose files disagree with its crowd table
+    (:func:`crowd_count_problem`; normally none), one bucket per element: memory per worker
+    bounded by a bucket's crowds."""
 
     def expand(self, inputs: tuple[beam.PCollection, beam.PCollection]) -> beam.PCollection:
-        records, tables = inputs
+        records, stated = inputs
         read = records | "RecordsPerBucket" >> beam.CombinePerKey(_AddCrowdRecords())
-        stated = tables | "StatedPerBucket" >> beam.FlatMap(_stated_in_table)
         return (
             {"read": read, "stated": stated}
             | "JoinBuckets" >> beam.CoGroupByKey()

@@ -55,17 +55,36 @@ def crowd_bucket(channel: str, recipe_id: str, crowd_id: str | None, buckets: in
     """The bucket in ``[0, buckets)`` of a crowd: the first 8 bytes of SHA-256 over the JSON of
     ``[channel, recipe_id, crowd_id]``, big-endian, modulo ``buckets`` (window and instance are
     not hashed: they are parts of the stem)."""
-    if (
-        isinstance(buckets, bool)
-        or not isinstance(buckets, int)
-        or not 1 <= buckets <= MAX_CROWD_BUCKETS
-    ):
+    is_int = type(buckets) is int or (isinstance(buckets, int) and not isinstance(buckets, bool))
+    if not is_int or not 1 <= buckets <= MAX_CROWD_BUCKETS:
         raise ValueError(
             f"crowd buckets must be an int in [1, {MAX_CROWD_BUCKETS}], got {buckets!r}"
         )
-    text = json.dumps([channel, recipe_id, crowd_id], separators=(",", ":"), ensure_ascii=False)
-    digest = hashlib.sha256(text.encode("utf-8")).digest()
+    digest = _sha256(_key_json(channel, recipe_id, crowd_id)).digest()
     return int.from_bytes(digest[:8], "big") % buckets
+
+
+# json.dumps(key, separators=(",", ":"), ensure_ascii=False), without making an encoder per call
+# (it is called once per crowd by shufflers and the analyzer).
+_KEY_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+# What json.dumps escapes with ensure_ascii=False (json.encoder.ESCAPE): strings without any of
+# these are written as they are, between quotes.
+_ESCAPED = re.compile(r'[\x00-\x1f\\"]')
+_sha256 = hashlib.sha256
+
+
+def _key_json(channel: str, recipe_id: str, crowd_id: str | None) -> bytes:
+    """UTF-8 of ``json.dumps([channel, recipe_id, crowd_id], separators=(",", ":"),
+    ensure_ascii=False)``: joined directly for plain strings, else by the encoder."""
+    if (
+        type(channel) is str
+        and type(recipe_id) is str
+        and (crowd_id is None or type(crowd_id) is str)
+        and _ESCAPED.search(f"{channel}{recipe_id}{crowd_id or ''}") is None
+    ):
+        last = "null" if crowd_id is None else f'"{crowd_id}"'
+        return f'["{channel}","{recipe_id}",{last}]'.encode()
+    return _KEY_JSON.encode([channel, recipe_id, crowd_id]).encode()
 
 
 def crowd_order(channel: str, recipe_id: str, crowd_id: str | None) -> tuple[str, str, int, str]:

@@ -99,16 +99,43 @@ def _ms(value: Any) -> int:
     return int(value)
 
 
+def _without_parse_keys(schema: Any) -> Any:
+    """A fastavro-parsed schema without fastavro's own bookkeeping keys (``__fastavro_parsed``,
+    ``__named_schemas``), for comparing a file's writer schema with ours."""
+    if isinstance(schema, dict):
+        return {k: _without_parse_keys(v) for k, v in schema.items() if not k.startswith("__")}
+    if isinstance(schema, list):
+        return [_without_parse_keys(item) for item in schema]
+    return schema
+
+
+_RELEASED_CROWD_SCHEMA: list[Any] = []
+
+
+def _released_crowd_schema() -> Any:
+    """``released_crowd.avsc`` parsed, as :func:`_without_parse_keys` gives it (made once)."""
+    if not _RELEASED_CROWD_SCHEMA:
+        _RELEASED_CROWD_SCHEMA.append(_without_parse_keys(parsed_schema(RELEASED_CROWD)))
+    return _RELEASED_CROWD_SCHEMA[0]
+
+
 def parse_crowd_table(source: BinaryIO | bytes, name: str) -> list[dict[str, Any]]:
     """The rows of a crowd table held in ``source`` (bytes or a binary file) as crowd dicts;
     ReleaseError naming ``name`` when it is not an Avro file of ReleasedCrowd records."""
     handle = io.BytesIO(source) if isinstance(source, bytes | bytearray) else source
     try:
-        reader = fastavro.reader(handle, reader_schema=parsed_schema(RELEASED_CROWD))
+        start = handle.tell()
+        reader = fastavro.reader(handle)
+        if _without_parse_keys(reader.writer_schema) != _released_crowd_schema():
+            # Another writer schema: resolved against ReleasedCrowd record by record (slow; a
+            # schema that does not resolve is refused). The shuffler's own is read as written.
+            handle.seek(start)
+            reader = fastavro.reader(handle, reader_schema=parsed_schema(RELEASED_CROWD))
+        ms = _ms
         return [
             {
-                "window_start_ms": _ms(row["window_start"]),
-                "window_end_ms": _ms(row["window_end"]),
+                "window_start_ms": ms(row["window_start"]),
+                "window_end_ms": ms(row["window_end"]),
                 "instance": row["instance"],
                 "channel": row["channel"],
                 "recipe_id": row["recipe_id"],

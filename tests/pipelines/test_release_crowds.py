@@ -192,3 +192,86 @@ def test_the_driver_reads_each_crowd_table_and_message_file_at_most_once(
     selection = analyze_pipeline.ReleaseSelection(book)
     analyze_pipeline.discover_releases([str(release_dir)], None, selection, count_messages=False)
     assert counted == [] and selection.result()[2] == 2
+
+
+def test_the_analyzer_sizes_its_buckets_by_the_largest_unit_not_by_all_crowds() -> None:
+    """ReleaseSelection.unit_crowds: the most crowds one instance holds in one kind and window
+    (longitudinal crowds: every window of one length together, as their rounds span windows),
+    so crowds spread over many windows get no more buckets than one window's need."""
+    from pipelines.analyze import ReleaseSelection
+    from schemas.recipes import load_recipe
+    from transforms.analyzer import arithmetic
+
+    one_hot, tree = load_recipe("small_one_hot_rappor"), load_recipe("small_longitudinal")
+    selection = ReleaseSelection(arithmetic.RecipeBook([one_hot, tree]), pictures_wanted=False)
+    day = 86_400_000
+
+    def table(recipe, window: int, crowds: int, status: str = "released") -> list[dict]:
+        start = rf.T0 + window * day
+        return [{"window_start_ms": start, "window_end_ms": start + day, "channel": recipe.channel,
+                 "recipe_id": recipe.id, "crowd_id": f"c{i}", "status": status,
+                 "respondents_released": 9, "messages_released": 9} for i in range(crowds)]  # fmt: skip
+
+    for window in range(30):  # 30 windows of 1,500 histogram crowds: one window's worth
+        selection.add(0, table(one_hot, window, 1_000))
+        selection.add(0, table(one_hot, window, 500, "withheld"))
+    selection.add(1, table(one_hot, 0, 1_200))
+    assert selection.result()[2] == 45_000 and selection.unit_crowds() == 1_500
+    assert arithmetic.analyzer_buckets(selection.unit_crowds()) == arithmetic.ANALYZER_BUCKETS
+    for window in range(30):  # a longitudinal crowd's windows are one unit
+        selection.add(0, table(tree, window, 100))
+    assert selection.unit_crowds() == 3_000
+
+
+@pytest.mark.parametrize("pending_rows", [2, 1 << 12])
+def test_the_columnar_count_check_agrees_with_the_crowd_by_crowd_one(
+    pending_rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pipeline adds record blobs with Arrow (folding as it goes) and compares a bucket's
+    records with its table's stated counts by joins; on random buckets (null crowd IDs,
+    withheld crowds, counts off by one, crowds missing on either side) it adds up what dicts
+    add up, and agrees exactly when crowd_count_problem finds nothing."""
+    import random
+
+    from pipelines import release_counts as rc
+    from transforms.analyzer.aggregate import (
+        pack_crowd_records,
+        unpack_crowd_record_table,
+        unpack_crowd_records,
+    )
+
+    monkeypatch.setattr(rc, "_PENDING_ROWS", pending_rows)  # 2: folds after every few batches
+    rng = random.Random(3)
+    agreed = 0
+    for case in range(300):
+        keys = [(rf.T0, rf.T0 + 9, "ch", "r@1", None if i == 0 else f"c{i}")
+                for i in range(rng.randint(1, 12))]  # fmt: skip
+        stated = {key: rng.choice([-1, 0, 1, 2, 5]) if case % 2 else rng.randint(1, 5)
+                  for key in keys}  # fmt: skip
+        read = {key: count for key, count in stated.items() if count > 0}
+        if case % 3 == 0:
+            key = rng.choice(keys + [(rf.T0, rf.T0 + 9, "ch", "r@1", "stranger")])
+            read[key] = read.get(key, 0) + rng.choice([1, -1, 2])
+            read = {k: v for k, v in read.items() if v > 0}
+        parts, total = [], {}
+        for key, count in read.items():  # the records split over batches
+            for piece in (count // 2, count - count // 2):
+                if piece:
+                    parts.append(pack_crowd_records({key: piece}))
+        combine = rc._AddCrowdRecords()
+        accumulator = combine.create_accumulator()
+        for part in parts:
+            accumulator = combine.add_input(accumulator, part)
+            for key, count in unpack_crowd_records(part).items():
+                total[key] = total.get(key, 0) + count
+        added = combine.extract_output(combine.merge_accumulators([combine.compact(accumulator)]))
+        assert unpack_crowd_records(added) == total == read
+        problem = rc.crowd_count_problem("rel", stated, read)
+        found = list(rc._problems((("rel", None), {"read": [added], "stated": [
+            pack_crowd_records(stated)]})))  # fmt: skip
+        assert found == ([] if problem is None else [problem])
+        columns = rc._agree(unpack_crowd_record_table(pack_crowd_records(stated)),
+                            unpack_crowd_record_table(added))  # fmt: skip
+        assert columns == (problem is None)  # the joins alone decide agreement
+        agreed += problem is None
+    assert 50 < agreed < 250

@@ -32,7 +32,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import pickle
 import typing
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -67,6 +66,20 @@ CHECKS_TAG = "checks"
 # Records per crowd key of each batch, keyed by release file bucket (pipelines/release_counts.py).
 CROWD_RECORDS_TAG = "crowd_records"
 CROWD_KEY_COLUMNS = ("window_start", "window_end", "channel", "recipe_id", "crowd_id")
+# Records (or messages released: -1 for a withheld crowd) per crowd key, as blobs carry them.
+CROWD_RECORD_SCHEMA = pa.schema(
+    [
+        ("window_start", pa.int64()),
+        ("window_end", pa.int64()),
+        ("channel", pa.string()),
+        ("recipe_id", pa.string()),
+        ("crowd_id", pa.string()),
+        ("records", pa.int64()),
+    ]
+)
+# Messages released per crowd key of each crowd table, keyed by release file bucket (read with
+# the table's crowds: ``CrowdBuckets`` with ``stated_bucket``).
+STATED_TAG = "stated"
 BUCKETS_TAG = "buckets"
 # Records per range of a release file (``esa analyze --range-records``).
 DEFAULT_RANGE_RECORDS = 20_000
@@ -223,7 +236,7 @@ class DecodeReleaseFile(beam.DoFn):
                 continue
             self._bundle_decoded = self._bundle_decoded or item.rows > 0
             if bucket is not None:  # every record read, whatever becomes of it
-                records = pack_crowd_records(crowd_record_counts(item.columns))
+                records = pack_crowd_records(crowd_record_table(item.columns))
                 yield beam.pvalue.TaggedOutput(CROWD_RECORDS_TAG, (bucket, records))
             columns, opened = item.columns, None
             # Repeats of a sealed payload in a crowd of this file are discarded, counted.
@@ -295,35 +308,72 @@ def release_bucket(path: str) -> tuple[str, BucketKey] | None:
     return None if parsed is None or not release else (release, parsed[1])
 
 
-def crowd_record_counts(batch: pa.RecordBatch) -> dict[tuple, int]:
-    """Records per crowd key ``(window_start ms, window_end ms, channel, recipe_id, crowd_id)``
-    of a batch (none when it lacks a key column)."""
+def crowd_record_table(batch: pa.RecordBatch) -> pa.Table:
+    """Records per crowd key of a batch as a table: :data:`CROWD_RECORD_SCHEMA` (the key
+    columns, window bounds in ms, and ``records``), one row per crowd (none when the batch
+    lacks a key column)."""
     if batch.num_rows == 0 or any(n not in batch.schema.names for n in CROWD_KEY_COLUMNS):
-        return {}
+        return CROWD_RECORD_SCHEMA.empty_table()
     columns = []
-    for name in CROWD_KEY_COLUMNS:
+    for name, field in zip(CROWD_KEY_COLUMNS, CROWD_RECORD_SCHEMA, strict=False):
         column = batch.column(name)
         if pa.types.is_timestamp(column.type):
             column = column.cast(pa.timestamp("ms")).cast(pa.int64())
-        columns.append(column)
+        columns.append(column.cast(field.type))
     if all(_constant(column) for column in columns):  # one crowd (the common case): no hashing
-        return {tuple(column[0].as_py() for column in columns): batch.num_rows}
-    names = [str(i) for i in range(len(columns))]
+        keys = [column.slice(0, 1) for column in columns]
+        return pa.Table.from_arrays([*keys, pa.array([batch.num_rows], pa.int64())],
+                                    schema=CROWD_RECORD_SCHEMA)  # fmt: skip
+    names = list(CROWD_KEY_COLUMNS)
     grouped = pa.Table.from_arrays(columns, names).group_by(names).aggregate([([], "count_all")])
-    keys = [grouped.column(name).to_pylist() for name in names]
-    return dict(zip(zip(*keys, strict=True), grouped.column("count_all").to_pylist(), strict=True))
+    arrays = [grouped.column(name) for name in names] + [grouped.column("count_all")]
+    return pa.Table.from_arrays(arrays, schema=CROWD_RECORD_SCHEMA)
 
 
-def pack_crowd_records(records: Mapping[tuple, int]) -> bytes:
-    """``{crowd key: records}`` as one compressed blob: what crosses the count check's groupings
-    per batch or bucket is one bytes object, never a Python object per crowd (FnApiRunner holds
-    a grouping's values decoded, so per-crowd objects would make memory grow with the crowds)."""
-    return zlib.compress(pickle.dumps(list(records.items()), protocol=pickle.HIGHEST_PROTOCOL), 1)
+def crowd_record_counts(batch: pa.RecordBatch) -> dict[tuple, int]:
+    """Records per crowd key ``(window_start ms, window_end ms, channel, recipe_id, crowd_id)``
+    of a batch (none when it lacks a key column)."""
+    return crowd_records_dict(crowd_record_table(batch))
+
+
+def crowd_records_dict(table: pa.Table) -> dict[tuple, int]:
+    """A :data:`CROWD_RECORD_SCHEMA` table as ``{crowd key: records}``."""
+    keys = [table.column(name).to_pylist() for name in CROWD_KEY_COLUMNS]
+    records = table.column("records").to_pylist()
+    return dict(zip(zip(*keys, strict=True), records, strict=True))
+
+
+def crowd_records_table(records: Mapping[tuple, int]) -> pa.Table:
+    """``{crowd key: records}`` as a :data:`CROWD_RECORD_SCHEMA` table."""
+    keys = list(records)
+    columns = [pa.array([key[index] for key in keys], field.type)
+               for index, field in enumerate(list(CROWD_RECORD_SCHEMA)[:-1])]  # fmt: skip
+    columns.append(pa.array(list(records.values()), pa.int64()))
+    return pa.Table.from_arrays(columns, schema=CROWD_RECORD_SCHEMA)
+
+
+def pack_crowd_records(records: Mapping[tuple, int] | pa.Table) -> bytes:
+    """``{crowd key: records}`` (or its :func:`crowd_record_table`) as one compressed blob:
+    Arrow columns, so that what crosses the count check's groupings per batch or bucket is one
+    bytes object, never a Python object per crowd (FnApiRunner holds a grouping's values
+    decoded, so per-crowd objects would make memory grow with the crowds), and adding and
+    comparing blobs is columnar (``pipelines.release_counts``)."""
+    table = records if isinstance(records, pa.Table) else crowd_records_table(records)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, CROWD_RECORD_SCHEMA) as writer:
+        writer.write_table(table)
+    return zlib.compress(sink.getvalue().to_pybytes(), 1)
+
+
+def unpack_crowd_record_table(blob: bytes) -> pa.Table:
+    """The :data:`CROWD_RECORD_SCHEMA` table of :func:`pack_crowd_records` (blobs this
+    pipeline made)."""
+    return pa.ipc.open_stream(zlib.decompress(blob)).read_all()
 
 
 def unpack_crowd_records(blob: bytes) -> dict[tuple, int]:
     """The ``{crowd key: records}`` of :func:`pack_crowd_records` (blobs this pipeline made)."""
-    return dict(pickle.loads(zlib.decompress(blob)))
+    return crowd_records_dict(unpack_crowd_record_table(blob))
 
 
 def _constant(column: pa.Array) -> bool:
@@ -398,23 +448,58 @@ def pinned_crowd_table_records(
         yield instance, crowd
 
 
+def stated_records(crowds: Iterable[Mapping[str, Any]]) -> dict[tuple, int]:
+    """Per crowd key ``(window_start ms, window_end ms, channel, recipe_id, crowd_id)`` of a
+    crowd table its ``messages_released`` (-1 for a withheld crowd): what the count check
+    (``pipelines.release_counts``) compares with :func:`crowd_record_counts`."""
+    stated: dict[tuple, int] = {}
+    for crowd in crowds:
+        key = (
+            crowd.get("window_start_ms"),
+            crowd.get("window_end_ms"),
+            crowd.get("channel"),
+            crowd.get("recipe_id"),
+            crowd.get("crowd_id"),
+        )
+        stated[key] = (
+            int(crowd.get("messages_released") or 0) if crowd.get("status") == "released" else -1
+        )
+    return stated
+
+
+def crowd_table_bucket(table: tuple[int, str, str]) -> tuple[str, BucketKey] | None:
+    """``(release directory, bucket key)`` of a committed crowd table ``(instance, path,
+    SHA-256)`` (:func:`release_bucket` of its path)."""
+    return release_bucket(table[1])
+
+
 class CrowdBuckets(beam.DoFn):
     """A source of crowd records (e.g. a commit record) -> ``(bucket key, partial CrowdBucket)``
     per bucket its crowds fall in (``analyze_core.commit_buckets``): the released crowds' n_u and
-    the withheld crowds' records, one element per bucket and source, never per crowd."""
+    the withheld crowds' records, one element per bucket and source, never per crowd.
+
+    With ``stated_bucket``, the source's crowds are also counted for the count check from the
+    same read: ``(stated_bucket(source), packed stated_records)`` on output
+    :data:`STATED_TAG` (nothing when it gives None)."""
 
     def __init__(
         self,
         book: arithmetic.RecipeBook,
         read_crowds: Callable[[Any], Iterable[tuple[int, Mapping[str, Any]]]],
         buckets: int = arithmetic.ANALYZER_BUCKETS,
+        stated_bucket: Callable[[Any], Any] | None = None,
     ) -> None:
         self._book, self._read_crowds, self._buckets = book, read_crowds, int(buckets)
+        self._stated_bucket = stated_bucket
 
-    def process(
-        self, source: Any
-    ) -> Iterator[tuple[arithmetic.AnalysisBucketKey, arithmetic.CrowdBucket]]:
+    def process(self, source: Any) -> Iterator[Any]:
         crowds = self._read_crowds(source)
+        if self._stated_bucket is not None:
+            crowds = list(crowds)
+            bucket = self._stated_bucket(source)
+            if bucket is not None:
+                stated = pack_crowd_records(stated_records(crowd for _, crowd in crowds))
+                yield beam.pvalue.TaggedOutput(STATED_TAG, (bucket, stated))
         yield from arithmetic.commit_buckets(crowds, self._book, self._buckets).items()
 
 
@@ -472,6 +557,9 @@ class AggregateOutputs(NamedTuple):
     counts: beam.PCollection  # one dict of counters (global)
     # ((release directory, bucket key), {crowd key: records}) per batch of a release's file
     crowd_records: beam.PCollection
+    # ((release directory, bucket key), packed stated_records) per crowd table (with
+    # ``stated_bucket``; else empty)
+    stated_records: beam.PCollection
 
 
 class AggregateReleases(beam.PTransform):
@@ -491,13 +579,16 @@ class AggregateReleases(beam.PTransform):
         buckets: int = arithmetic.ANALYZER_BUCKETS,
         read_crowds: Callable[[Any], Iterable[tuple[int, Mapping[str, Any]]]] | None = None,
         range_records: int = DEFAULT_RANGE_RECORDS,
+        stated_bucket: Callable[[Any], Any] | None = None,
     ) -> None:
         super().__init__()
         self._plan = PlanRanges(range_records)
         self._decode = DecodeReleaseFile(
             book, supported_versions, batch_records, dense_limit, key_ring=key_ring, buckets=buckets
         )
-        self._crowds = CrowdBuckets(book, read_crowds or pinned_crowd_table_records, buckets)
+        self._crowds = CrowdBuckets(
+            book, read_crowds or pinned_crowd_table_records, buckets, stated_bucket
+        )
         self._dense_limit = dense_limit
 
     def expand(self, inputs: tuple[beam.PCollection, beam.PCollection]) -> AggregateOutputs:
@@ -525,9 +616,11 @@ class AggregateReleases(beam.PTransform):
             >> beam.ParDo(self._decode).with_outputs(*outputs, main=BUCKETS_TAG)
         )
         parts = (decoded, released, whole)
-        stated = crowd_sources | "CrowdsFromCommits" >> beam.ParDo(self._crowds)
+        from_commits = crowd_sources | "CrowdsFromCommits" >> beam.ParDo(self._crowds).with_outputs(
+            STATED_TAG, main=BUCKETS_TAG
+        )
         buckets = (
-            (*(part[BUCKETS_TAG] for part in parts), stated)
+            (*(part[BUCKETS_TAG] for part in parts), from_commits[BUCKETS_TAG])
             | "CountsAndRespondents" >> beam.Flatten()
             | "AddBuckets" >> beam.CombinePerKey(CombineBucket(self._dense_limit))
         )
@@ -540,7 +633,7 @@ class AggregateReleases(beam.PTransform):
         dead_letters = letters | "AllDeadLetters" >> beam.Flatten()
         crowd_records = [part[CROWD_RECORDS_TAG] for part in parts]
         records = crowd_records | "AllCrowdRecords" >> beam.Flatten()
-        return AggregateOutputs(buckets, dead_letters, counts, records)
+        return AggregateOutputs(buckets, dead_letters, counts, records, from_commits[STATED_TAG])
 
 
 def _must_read_whole(checks: tuple[str, Iterable[tuple[bool, np.ndarray]]]) -> Iterator[str]:

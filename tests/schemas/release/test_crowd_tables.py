@@ -253,3 +253,51 @@ def test_bounded_reading_never_lists_every_crowd(made: Path) -> None:
 def test_crowd_dicts_are_json_like_the_commit_crowds_were(made: Path) -> None:
     crowd = next(rel.iter_crowds(rel.verify_release(str(made))))
     assert json.loads(json.dumps(crowd)) == crowd
+
+
+def test_a_table_of_another_writer_schema_is_resolved_to_released_crowd(made: Path) -> None:
+    """The shuffler's own schema is read as written; a table written with another schema that
+    resolves (fields reordered, an extra field, a field left to its default) reads as the
+    crowds ReleasedCrowd gives; one that does not resolve is not a crowd table."""
+    import fastavro
+
+    from schemas import schema_json
+
+    table = _table_of(made, 0)
+    expected = rc.read_crowd_table(str(table))
+    rows = fx.table_rows(expected)
+    schema = json.loads(json.dumps(schema_json("released_crowd")))
+    schema["fields"] = [*reversed(schema["fields"]), {"name": "extra", "type": "int"}]
+    with table.open("wb") as sink:
+        fastavro.writer(sink, fastavro.parse_schema(schema), [{**r, "extra": 1} for r in rows])
+    assert rc.read_crowd_table(str(table)) == expected
+    without_id = {**schema, "fields": [f for f in schema["fields"] if f["name"] != "crowd_id"]}
+    with table.open("wb") as sink:  # the reader's default fills the field
+        fastavro.writer(sink, fastavro.parse_schema(without_id), [{**r, "extra": 1} for r in rows])
+    assert rc.read_crowd_table(str(table)) == [{**r, "crowd_id": None} for r in expected]
+    schema["fields"] = [f for f in schema["fields"] if f["name"] != "messages_released"]
+    with table.open("wb") as sink:
+        fastavro.writer(sink, fastavro.parse_schema(schema), [{**r, "extra": 1} for r in rows])
+    with pytest.raises(rc.ReleaseError, match="not a crowd table"):
+        rc.read_crowd_table(str(table))
+
+
+def test_crowd_bucket_is_the_digest_of_the_json_key_whatever_its_strings_hold() -> None:
+    """crowd_bucket joins plain keys without the JSON encoder: the same bucket as the documented
+    SHA-256 of ``json.dumps([channel, recipe_id, crowd_id], separators=(",", ":"),
+    ensure_ascii=False)`` for strings with quotes, backslashes, control and non-ASCII
+    characters, and a null crowd ID."""
+    import hashlib
+    import random
+
+    def documented(channel, recipe_id, crowd_id, buckets):
+        text = json.dumps([channel, recipe_id, crowd_id], separators=(",", ":"), ensure_ascii=False)
+        return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big") % buckets
+
+    rng = random.Random(5)
+    alphabet = 'ab"\\\n\t\x00\x1f\x7fä€😀\u2028/ '
+    for _ in range(5_000):
+        key = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 5))) for _ in range(3)]
+        key[2] = None if rng.random() < 0.2 else key[2]
+        buckets = rng.randint(1, 1 << 16)
+        assert crowd_bucket(*key, buckets) == documented(*key, buckets)

@@ -170,3 +170,69 @@ def test_buckets_added_lazily_stay_packed_and_equal_eager_merges():
     for (key, mine), (other_key, other) in zip(lazy.items(), eager.items(), strict=True):
         assert key == other_key and mine.messages == other.messages
         np.testing.assert_array_equal(mine.counts.dense(), other.counts.dense())
+
+
+def _snapshot(bucket: arithmetic.CrowdBucket) -> list:
+    """Every crowd of a bucket as plain values (sums, density, respondents in their order)."""
+    out = []
+    for key, accumulator in bucket.items():
+        if isinstance(accumulator, arithmetic.LongitudinalAccumulator):
+            nodes = {start: c.dense().tolist() for start, c in accumulator.nodes.items()}
+            out.append((key, nodes, accumulator.respondents, accumulator.messages))
+            continue
+        counts = accumulator.counts
+        out.append((key, counts.is_dense, counts.sparse()[0].tolist(), counts.sparse()[1].tolist(),
+                    list(accumulator.respondents.items()), accumulator.messages,
+                    accumulator.rejected))  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("sparse_buckets", [False, True])
+def test_buckets_added_as_rows_equal_accumulators_merged_one_by_one(sparse_buckets):
+    """Packed buckets keep small-domain histogram crowds as rows of a matrix and add them with
+    numpy; whatever mix of dense sums, sparse ones (empty: a commit record's n_u; or holding
+    buckets: a small dense limit), longitudinal crowds, rejections and withheld records the parts
+    hold, the folded bucket equals merging the accumulators one by one, and no part changes.
+    (A crowd that is rows in one part and sparse sums with buckets in another is merged as
+    accumulators: ``sparse_buckets``.)"""
+    rng = seeded_generator(7)
+    parts = []
+    for index in range(90):
+        key = _key(index % 2, f"c{index % 13}")
+        choice = index % 6
+        if choice == 0:  # a commit record's respondents: empty sparse sums
+            accumulator = arithmetic.CrowdAccumulator.empty(16, 0)
+            accumulator.set_respondents(index // 6, int(rng.integers(1, 50)))
+        elif choice == 1 and sparse_buckets:  # sparse sums with buckets (a small dense limit)
+            accumulator = arithmetic.CrowdAccumulator.empty(16, 0)
+            accumulator.add_messages(rng.integers(0, 16, size=3))
+        elif choice == 2:
+            accumulator = arithmetic.LongitudinalAccumulator(7, DAY)
+            accumulator.add_messages(T0, rng.integers(0, 7, size=4), np.ones(4, dtype=np.int64))
+            key = (arithmetic.LONGITUDINAL, 0, DAY, TREE.channel, TREE.id, f"t{index % 5}")
+        else:
+            accumulator = arithmetic.CrowdAccumulator.empty(16)
+            accumulator.add_messages(rng.integers(0, 16, size=4))
+            if choice == 4:
+                accumulator.add_rejected("crc_mismatch", 2)
+        withheld = [(T0, T0 + DAY, "onehot", "onehot@1", f"w{index}", 0)] if choice == 5 else []
+        parts.append(arithmetic.CrowdBucket({key: accumulator}, withheld))
+    before = [_snapshot(part) for part in parts]
+    for dense_limit in (1 << 20, 0):
+        lazy, eager = arithmetic.CrowdBucket(), arithmetic.CrowdBucket()
+        for part in parts:
+            lazy.add(pickle.loads(pickle.dumps(part)))
+            eager.merge(part)
+        lazy = pickle.loads(pickle.dumps(lazy))
+        lazy.densify(dense_limit)
+        eager.densify(dense_limit)
+        assert _snapshot(lazy) == _snapshot(eager)
+        assert sorted(lazy.withheld) == sorted(eager.withheld) and len(lazy.withheld) == 15
+    assert [_snapshot(part) for part in parts] == before
+    twice = arithmetic.CrowdAccumulator.empty(16, 0)
+    twice.set_respondents(0, 5)
+    doubled = arithmetic.CrowdBucket()
+    for _ in range(2):
+        doubled.add(arithmetic.CrowdBucket({_key(0, "a"): twice}))
+    with pytest.raises(ValueError, match="stated twice"):
+        doubled.densify(1 << 20)

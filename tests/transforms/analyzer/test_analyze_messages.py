@@ -237,3 +237,70 @@ def test_respondent_accumulators_take_released_crowds_of_known_recipes_only():
         crowd = {**commit_crowd(T0, "onehot", 1), "respondents_released": bad}
         with pytest.raises(ValueError, match="respondents_released"):
             respondent_accumulators([crowd], 0, BOOK)
+
+
+def test_histogram_crowds_counted_as_rows_equal_crowd_by_crowd_counting():
+    """aggregate_batch counts the histogram crowds of small dense domains of a batch together
+    (one bincount over crowd x bucket per recipe); with a dense limit of 0 every crowd is
+    counted alone into sparse sums. A shuffled batch of every shipped small recipe (fragments,
+    sketches, zero-sum signs), longitudinal rounds, census payloads, bad CRCs, unknown recipes,
+    wrong channels and undecodable payloads gives the same sums, messages, dead letters and
+    counters both ways."""
+    from schemas.payloads import encode_message_batch
+    from schemas.recipes import load_recipe
+    from transforms.analyzer.arithmetic import CrowdAccumulator, RecipeBook
+
+    names = ["small_asymmetric_one_hot", "small_binary_rr", "small_count_mean_sketch",
+             "small_one_hot_rappor", "small_report_fragmented", "small_zero_sum_histogram"]  # fmt: skip
+    recipes = [load_recipe(name) for name in names]
+    book = RecipeBook([*recipes, TREE])
+    rng = seeded_generator(11)
+    rows = []
+    for recipe in recipes:
+        randomizer = recipe.build_randomizer()
+        for crowd in range(12):
+            values = rng.integers(0, randomizer.domain_size, size=int(rng.integers(1, 6)))
+            messages = randomizer.randomize(values, rng)
+            width = getattr(randomizer, "width", None)
+            payloads = encode_message_batch(messages, recipe.payload_kind, width).to_list()
+            start = T0 + (crowd % 3) * DAY
+            crowd_id = None if crowd == 0 else f"c{crowd}"
+            rows += [(start, recipe.channel, recipe.id, crowd_id, p) for p in payloads]
+    tree = TREE.build_randomizer()
+    states = np.arange(tree.periods)[np.newaxis, :] >= rng.integers(0, tree.periods, size=(4, 1))
+    for payload in encode_message_batch(tree.randomize(states, rng), "tree_node").to_list():
+        rows.append((T0, TREE.channel, TREE.id, "t", payload))
+    one_hot = recipes[3]
+    rows += [
+        (T0, one_hot.channel, one_hot.id, "c1", CENSUS_BYTES),
+        (T0, one_hot.channel, one_hot.id, "c1", bucket_payload(1), 12345),
+        (T0, one_hot.channel, "nobody@1", "c1", bucket_payload(1)),
+        (T0, recipes[0].channel, one_hot.id, "c2", bucket_payload(1)),
+        (T0, one_hot.channel, one_hot.id, "c2", b"\xff"),
+        (T0, one_hot.channel, one_hot.id, "bad only", b""),
+    ]
+    order = rng.permutation(len(rows))
+    batch = message_batch([rows[i] for i in order])
+    together = aggregate_batch(batch, book, {1})
+    alone = aggregate_batch(batch, book, {1}, dense_limit=0)
+    assert list(together.accumulators) == list(alone.accumulators)
+    assert together.counts == alone.counts and together.counts["messages"] > 300
+    np.testing.assert_array_equal(together.rejected_rows, alone.rejected_rows)
+    assert together.rejected_reasons == alone.rejected_reasons
+    assert len(together.rejected_reasons) >= 5
+    as_rows = histograms = 0
+    for key, accumulator in together.accumulators.items():
+        other = alone.accumulators[key]
+        assert accumulator.messages == other.messages and accumulator.rejected == other.rejected
+        if isinstance(accumulator, CrowdAccumulator):
+            as_rows += accumulator.counts.is_dense
+            histograms += 1
+            assert not other.counts.is_dense
+            sums, expected = accumulator.counts.sparse(), other.counts.sparse()
+            np.testing.assert_array_equal(sums[0], expected[0])
+            np.testing.assert_array_equal(sums[1], expected[1])
+        else:
+            assert {s: c.dense().tolist() for s, c in accumulator.nodes.items()} == {
+                s: c.dense().tolist() for s, c in other.nodes.items()
+            }
+    assert as_rows == histograms > 60  # every histogram crowd counted as a row

@@ -169,6 +169,28 @@ class BucketCounts:
         out[keys] = values
         return out
 
+    @classmethod
+    def from_row(cls, domain_size: int, row: np.ndarray | None) -> BucketCounts:
+        """Dense sums held in ``row`` (a writable int64 array of ``domain_size``, taken as it
+        is, e.g. a row of a bucket's matrix), or empty sparse sums when ``row`` is None: what
+        ``CrowdBucket`` rebuilds its crowds from, without ``__init__``'s checks and zeros."""
+        out = cls.__new__(cls)
+        out.domain_size = domain_size
+        out._dense = row
+        out._keys = out._values = _EMPTY
+        out._pending = []
+        out._pending_size = 0
+        return out
+
+    def dense_row(self) -> np.ndarray | None:
+        """The dense sums themselves (not a copy: read only), an empty int64 array for sparse
+        sums without a bucket, None for sparse sums with buckets (``CrowdBucket`` stores the
+        first two as rows of a matrix)."""
+        if self._dense is not None:
+            return self._dense
+        self.compact()
+        return _EMPTY if self._keys.size == 0 else None
+
     def total(self) -> int:
         """Sum over all buckets."""
         if self._dense is not None:

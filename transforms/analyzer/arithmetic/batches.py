@@ -1,7 +1,8 @@
 """One batch of shuffled messages -> partial accumulators per crowd and dead-letter reasons.
 
 Verification (schema version, window, CRC32C, recipe on its channel) and payload decoding are
-vectorized over the batch; the only Python loop is over the crowds the batch holds.
+vectorized over the batch, and so is counting the histogram crowds of small dense domains (one
+bincount over crowd x bucket per recipe); what is left per crowd is making its accumulator.
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ from transforms.analyzer.arithmetic.accumulate import (
     HISTOGRAM,
     LONGITUDINAL,
     Accumulator,
+    BucketCounts,
     CrowdAccumulator,
     CrowdKey,
     LongitudinalAccumulator,
     RecipeBook,
+    _bincount,
     decode_limits,
     is_longitudinal,
 )
@@ -96,8 +99,11 @@ def aggregate_batch(
     Checks, in order: schema version, window bounds, payload CRC32C, a known recipe on its own
     channel, then the payload itself (``schemas.payloads.decode_payloads`` with the recipe's
     payload kind and domain; a retired census payload is dead-lettered ``census_not_counted``: n
-    comes only from the shufflers' commit records). Everything is vectorized over the batch; the
-    only Python loop is over the crowds the batch holds.
+    comes only from the shufflers' commit records). Everything is vectorized over the batch
+    (payloads decoded once per recipe; histogram crowds of domains up to
+    :data:`ROW_DOMAIN_LIMIT` counted as the rows of one matrix); the Python loop over the crowds
+    the batch holds only makes their accumulators (longitudinal crowds and larger or sparse
+    domains are counted crowd by crowd).
     """
     rows = batch.num_rows
     missing = [name for name in MESSAGE_COLUMNS if name not in batch.schema.names]
@@ -132,97 +138,154 @@ def aggregate_batch(
         batch.column("crowd_id"),
     ]
     order, starts = group_rows(key_columns)
-    channel_column = batch.column("channel")
-    recipe_column = batch.column("recipe_id")
-    crowd_column = batch.column("crowd_id")
-    crowds: list[tuple[int, Recipe, str, str, str | None, np.ndarray]] = []
-    for begin, end in zip(starts[:-1].tolist(), starts[1:].tolist(), strict=True):
-        group = order[begin:end]
-        first = int(group[0])
-        recipe_id = recipe_column[first].as_py()
-        channel = channel_column[first].as_py()
-        crowd_id = crowd_column[first].as_py()
-        recipe = book.get(recipe_id) if recipe_id is not None else None
-        if recipe is None:
-            _reject(reasons, group, UNKNOWN_RECIPE)
-            continue
-        if channel != recipe.channel:
-            _reject(reasons, group, RECIPE_CHANNEL_MISMATCH)
-            continue
-        live = group[reasons[group] == ""]
-        if live.size == 0:
-            continue
-        crowds.append((first, recipe, channel, recipe_id, crowd_id, live))
-    decoded_crowds = _decode_per_recipe(payloads, crowds)
-    randomizers: dict[str, Any] = {}
-    for (first, recipe, channel, recipe_id, crowd_id, live), decoded in zip(
-        crowds, decoded_crowds, strict=True
-    ):
-        bad = ~decoded.valid
-        if bad.any():
-            reasons[live[bad]] = decoded.reason_names()[bad]
-        census = decoded.is_kind(CENSUS)
-        if census.any():  # retired census payloads cannot move n: dead letters
-            reasons[live[census]] = CENSUS_NOT_COUNTED
-        start, stop = int(window_start[first]), int(window_end[first])
-        if is_longitudinal(recipe):
-            key = (LONGITUDINAL, 0, stop - start, channel, recipe_id, crowd_id)
-            _add_longitudinal(accumulators, recipe, key, decoded, live, reasons, start, stop)
+    sizes = np.diff(starts)
+    firsts = order[starts[:-1]]  # each crowd's first row
+    group_of = np.empty(rows, dtype=np.int64)
+    group_of[order] = np.repeat(np.arange(firsts.size), sizes)
+    recipe_ids = batch.column("recipe_id").take(pa.array(firsts)).to_pylist()
+    channels = batch.column("channel").take(pa.array(firsts)).to_pylist()
+    crowd_ids = batch.column("crowd_id").take(pa.array(firsts)).to_pylist()
+    # A known recipe on its own channel, per crowd (looked up once per recipe and channel).
+    verdicts: dict[tuple[Any, Any], Recipe | str] = {}
+    recipes: list[Recipe | None] = []
+    refused = np.zeros(firsts.size, dtype=np.int8)  # 1: unknown recipe, 2: wrong channel
+    for group, pair in enumerate(zip(recipe_ids, channels, strict=True)):
+        verdict = verdicts.get(pair)
+        if verdict is None:
+            recipe = book.get(pair[0]) if pair[0] is not None else None
+            if recipe is None:
+                verdict = UNKNOWN_RECIPE
+            elif pair[1] != recipe.channel:
+                verdict = RECIPE_CHANNEL_MISMATCH
+            else:
+                verdict = recipe
+            verdicts[pair] = verdict
+        if isinstance(verdict, str):
+            refused[group] = 1 if verdict == UNKNOWN_RECIPE else 2
+            recipes.append(None)
         else:
-            key = (HISTOGRAM, start, stop, channel, recipe_id, crowd_id)
-            randomizer = randomizers.get(recipe_id)
-            if randomizer is None:
-                randomizer = randomizers[recipe_id] = recipe.build_randomizer()
-            accumulator = CrowdAccumulator.empty(randomizer.message_domain_size, dense_limit)
-            columns = message_columns(
-                decoded,
-                recipe.payload_kind,
-                sketch_width=getattr(randomizer, "width", None),
-            )
-            if recipe.payload_kind == "fragment_bucket":
-                no_fragment = decoded.columns["fragment"][decoded.is_kind("fragment_bucket")] < 1
-                if no_fragment.any():  # fragments are numbered 1..τ (Algorithm 2)
-                    kind_rows = live[decoded.is_kind("fragment_bucket")]
-                    reasons[kind_rows[no_fragment]] = "value_out_of_range"
-                    columns = {name: col[~no_fragment] for name, col in columns.items()}
-            signed = recipe.payload_kind == "signed_bucket"
-            accumulator.add_messages(columns["bucket"], columns["sign"] if signed else None)
-            accumulators[key] = accumulator
-    return _finish(accumulators, reasons, counts)
-
-
-def _decode_per_recipe(
-    payloads: EncodedPayloads,
-    crowds: list[tuple[int, Recipe, str, str, str | None, np.ndarray]],
-) -> list[DecodedPayloads]:
-    """Each crowd's payloads (its ``live`` rows) decoded, in one ``decode_payloads`` call per
-    recipe (the decoder is vectorized and row-wise: the same result as per crowd, without a
-    call's fixed cost per crowd)."""
-    out: list[DecodedPayloads | None] = [None] * len(crowds)
+            recipes.append(verdict)
+    row_refused = refused[group_of]
+    _reject(reasons, everything[row_refused == 1], UNKNOWN_RECIPE)
+    _reject(reasons, everything[row_refused == 2], RECIPE_CHANNEL_MISMATCH)
+    live_rows = order[(reasons[order] == "") & (row_refused[order] == 0)]  # in crowd order
+    live_sizes = np.bincount(group_of[live_rows], minlength=firsts.size)
+    # Each crowd's accumulator, made per recipe: histogram crowds of small dense domains at once
+    # (one bincount over crowd x bucket), the others crowd by crowd.
+    made: dict[int, Accumulator] = {}
     by_recipe: dict[str, list[int]] = {}
-    for index, crowd in enumerate(crowds):
-        by_recipe.setdefault(crowd[3], []).append(index)
-    for indices in by_recipe.values():
-        recipe = crowds[indices[0]][1]
-        rows = np.concatenate([crowds[index][5] for index in indices])
+    for group in np.flatnonzero(live_sizes).tolist():
+        by_recipe.setdefault(recipe_ids[group], []).append(group)
+    for groups in by_recipe.values():
+        recipe = recipes[groups[0]]
+        chosen = np.zeros(firsts.size, dtype=bool)
+        chosen[groups] = True
+        recipe_rows = live_rows[chosen[group_of[live_rows]]]  # crowd after crowd, as read
         decoded = decode_payloads(
-            payloads_subset(payloads, rows),
+            payloads_subset(payloads, recipe_rows),
             allowed_kinds=(CENSUS, recipe.payload_kind),
             limits=decode_limits(recipe),
         )
-        offset = 0
-        for index in indices:
-            size = crowds[index][5].size
-            part = slice(offset, offset + size)
-            out[index] = dataclasses.replace(
-                decoded,
-                kind=decoded.kind[part],
-                columns={name: column[part] for name, column in decoded.columns.items()},
-                valid=decoded.valid[part],
-                reason=decoded.reason[part],
+        bad = ~decoded.valid
+        if bad.any():
+            reasons[recipe_rows[bad]] = decoded.reason_names()[bad]
+        census = decoded.is_kind(CENSUS)
+        if census.any():  # retired census payloads cannot move n: dead letters
+            reasons[recipe_rows[census]] = CENSUS_NOT_COUNTED
+        randomizer = recipe.build_randomizer()
+        domain = randomizer.message_domain_size
+        if is_longitudinal(recipe) or domain > min(dense_limit, ROW_DOMAIN_LIMIT):
+            offsets = np.concatenate([[0], np.cumsum(live_sizes[groups])]).tolist()
+            for index, group in enumerate(groups):
+                part = slice(offsets[index], offsets[index + 1])
+                one = dataclasses.replace(
+                    decoded,
+                    kind=decoded.kind[part],
+                    columns={name: column[part] for name, column in decoded.columns.items()},
+                    valid=decoded.valid[part],
+                    reason=decoded.reason[part],
+                )
+                made[group] = _crowd_accumulator(
+                    recipe, randomizer, one, recipe_rows[part], reasons, dense_limit,
+                    int(window_start[firsts[group]]), int(window_end[firsts[group]]),
+                )  # fmt: skip
+            continue
+        is_kind = decoded.is_kind(recipe.payload_kind)
+        columns = message_columns(
+            decoded, recipe.payload_kind, sketch_width=getattr(randomizer, "width", None)
+        )
+        crowd_of = group_of[recipe_rows[is_kind]]
+        if recipe.payload_kind == "fragment_bucket":
+            no_fragment = columns["fragment"] < 1
+            if no_fragment.any():  # fragments are numbered 1..τ (Algorithm 2)
+                reasons[recipe_rows[is_kind][no_fragment]] = "value_out_of_range"
+                columns = {name: col[~no_fragment] for name, col in columns.items()}
+                crowd_of = crowd_of[~no_fragment]
+        buckets = columns["bucket"]
+        if buckets.size and (int(buckets.min()) < 0 or int(buckets.max()) >= domain):
+            raise ValueError(
+                f"buckets must lie in [0, {domain}), got values in "
+                f"[{int(buckets.min())}, {int(buckets.max())}]"
             )
-            offset += size
-    return out  # type: ignore[return-value]
+        signs = columns["sign"] if recipe.payload_kind == "signed_bucket" else None
+        crowd_rank = np.searchsorted(np.asarray(groups, dtype=np.int64), crowd_of)
+        sums = _bincount(crowd_rank * domain + buckets, signs, len(groups) * domain)
+        sums = sums.reshape(len(groups), domain)
+        messages = np.bincount(crowd_rank, minlength=len(groups)).tolist()
+        for index, group in enumerate(groups):
+            row = BucketCounts.from_row(domain, sums[index])
+            made[group] = CrowdAccumulator(row, {}, messages[index], {})
+    for group, accumulator in sorted(made.items()):
+        start, stop = int(window_start[firsts[group]]), int(window_end[firsts[group]])
+        channel, recipe_id, crowd_id = channels[group], recipe_ids[group], crowd_ids[group]
+        if isinstance(accumulator, LongitudinalAccumulator):
+            key = (LONGITUDINAL, 0, stop - start, channel, recipe_id, crowd_id)
+            mine = accumulators.get(key)
+            if mine is None:
+                accumulators[key] = accumulator
+            else:  # another window of the same rounds
+                mine.merge(accumulator)
+        else:
+            accumulators[(HISTOGRAM, start, stop, channel, recipe_id, crowd_id)] = accumulator
+    return _finish(accumulators, reasons, counts)
+
+
+# Histogram crowds of message domains up to this size are counted together, as the rows of one
+# matrix per batch and recipe (larger ones crowd by crowd).
+ROW_DOMAIN_LIMIT = 1 << 12
+
+
+def _crowd_accumulator(
+    recipe: Recipe,
+    randomizer: Any,
+    decoded: DecodedPayloads,
+    live: np.ndarray,
+    reasons: np.ndarray,
+    dense_limit: int,
+    start: int,
+    stop: int,
+) -> Accumulator:
+    """One crowd's accumulator from its decoded payloads (its ``live`` rows of the batch)."""
+    if is_longitudinal(recipe):
+        key = (LONGITUDINAL, 0, stop - start, "", "", None)
+        holder: dict[CrowdKey, Accumulator] = {}
+        _add_longitudinal(holder, recipe, key, decoded, live, reasons, start, stop)
+        return holder[key]
+    accumulator = CrowdAccumulator.empty(randomizer.message_domain_size, dense_limit)
+    columns = message_columns(
+        decoded,
+        recipe.payload_kind,
+        sketch_width=getattr(randomizer, "width", None),
+    )
+    if recipe.payload_kind == "fragment_bucket":
+        no_fragment = decoded.columns["fragment"][decoded.is_kind("fragment_bucket")] < 1
+        if no_fragment.any():  # fragments are numbered 1..τ (Algorithm 2)
+            kind_rows = live[decoded.is_kind("fragment_bucket")]
+            reasons[kind_rows[no_fragment]] = "value_out_of_range"
+            columns = {name: col[~no_fragment] for name, col in columns.items()}
+    signed = recipe.payload_kind == "signed_bucket"
+    accumulator.add_messages(columns["bucket"], columns["sign"] if signed else None)
+    return accumulator
 
 
 def _add_longitudinal(

@@ -19,13 +19,19 @@ import zlib
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+import numpy as np
+
 from schemas.release.crowd_buckets import DEFAULT_CROWD_BUCKETS, MAX_CROWD_BUCKETS, crowd_bucket
 from transforms.analyzer.arithmetic.accumulate import (
     HISTOGRAM,
     Accumulator,
     BucketCounts,
+    CrowdAccumulator,
     CrowdKey,
     RecipeBook,
+    _check_respondents,
+    _merge_respondents,
+    is_longitudinal,
 )
 from transforms.analyzer.arithmetic.batches import crowd_key, respondent_accumulators
 
@@ -37,11 +43,11 @@ CROWDS_PER_BUCKET = 1000
 
 
 def analyzer_buckets(crowds: int, crowds_per_bucket: int = CROWDS_PER_BUCKET) -> int:
-    """Crowd buckets for about ``crowds`` crowds (all windows counted): enough that a bucket of
-    one window holds at most about ``crowds_per_bucket`` crowds even if every crowd is in the
-    same window, so what a worker holds of one bucket (its crowds' accumulators, reports and
-    rows) does not grow with the crowds; at least :data:`ANALYZER_BUCKETS`, at most
-    ``MAX_CROWD_BUCKETS``."""
+    """Crowd buckets for ``crowds`` crowds in the largest unit of analysis (a kind and window;
+    all crowds of every window bound it): enough that a bucket of that unit holds at most about
+    ``crowds_per_bucket`` crowds, so what a worker holds of one bucket (its crowds'
+    accumulators, reports and rows) does not grow with the crowds; at least
+    :data:`ANALYZER_BUCKETS`, at most ``MAX_CROWD_BUCKETS``."""
     wanted = math.ceil(max(0, int(crowds)) / max(1, int(crowds_per_bucket)))
     return min(MAX_CROWD_BUCKETS, max(ANALYZER_BUCKETS, wanted))
 
@@ -69,6 +75,249 @@ def crowd_sort_key(key: CrowdKey) -> tuple:
 # A bucket folds the packed buckets added to it (:meth:`CrowdBucket.add`) once they hold at least
 # this many bytes, or as many as its own packed content.
 PENDING_BYTES = 1 << 16
+# Histogram crowds of domains up to this size are packed as rows of one matrix per domain size
+# (:class:`_Rows`); larger domains, sparse sums and longitudinal crowds as pickled objects.
+ROW_DOMAIN_LIMIT = 1 << 12
+_ROWS_FORMAT = "rows/1"
+
+
+class _Rows:
+    """Histogram crowds of one message domain size as columns: their keys, whether each one's
+    sums are dense (else empty and sparse: a commit record's n_u only), the sums as the rows of
+    one int64 matrix, the messages, the respondents per instance and the rejections. What
+    :class:`CrowdBucket` packs, adds and unpacks without a Python object per crowd."""
+
+    __slots__ = ("domain", "keys", "dense", "counts", "messages", "respondents", "rejected")
+
+    def __init__(
+        self,
+        domain: int,
+        keys: list[CrowdKey],
+        dense: np.ndarray,
+        counts: np.ndarray,
+        messages: np.ndarray,
+        respondents: list[dict[int, int]],
+        rejected: list[dict[str, int] | None],
+    ) -> None:
+        self.domain, self.keys, self.dense, self.counts = domain, keys, dense, counts
+        self.messages, self.respondents, self.rejected = messages, respondents, rejected
+
+    def state(self) -> tuple:
+        return (
+            self.domain,
+            self.keys,
+            self.dense.tobytes(),
+            self.counts.tobytes(),
+            self.messages.tobytes(),
+            self.respondents,
+            self.rejected,
+        )
+
+    @classmethod
+    def from_state(cls, state: tuple) -> _Rows:
+        domain, keys, dense, counts, messages, respondents, rejected = state
+        rows = len(keys)
+        return cls(
+            domain,
+            keys,
+            np.frombuffer(bytearray(dense), dtype=bool),
+            np.frombuffer(bytearray(counts), dtype=np.int64).reshape(rows, domain),
+            np.frombuffer(bytearray(messages), dtype=np.int64),
+            respondents,
+            rejected,
+        )
+
+    def accumulators(self) -> Iterator[tuple[CrowdKey, CrowdAccumulator]]:
+        """The crowds as accumulators; their dense sums are writable rows of the matrix."""
+        domain, counts, dense = self.domain, self.counts, self.dense.tolist()
+        make = BucketCounts.from_row
+        for row, (key, respondents, messages, rejected) in enumerate(
+            zip(self.keys, self.respondents, self.messages.tolist(), self.rejected, strict=True)
+        ):
+            sums = make(domain, counts[row] if dense[row] else None)
+            yield key, CrowdAccumulator(sums, respondents, messages, rejected)
+
+
+def _add_rejected(mine: dict[str, int] | None, other: dict[str, int] | None) -> Any:
+    """``CrowdAccumulator.merge``'s rejections, into a new dict (``mine`` may be shared)."""
+    if not other:
+        return mine
+    out = dict(mine or {})
+    for reason, count in other.items():
+        out[reason] = out.get(reason, 0) + int(count)
+    return out
+
+
+def _add_rows(parts: list[_Rows]) -> _Rows:
+    """The crowds of ``parts`` (one domain size) added up: keys in order of first appearance,
+    a crowd's parts merged in order (``CrowdAccumulator.merge``: sums added, sparse + dense is
+    dense, respondents stated twice refused, rejections added), with numpy over the rows."""
+    if len(parts) == 1:
+        return parts[0]
+    keys = [key for part in parts for key in part.keys]
+    index: dict[CrowdKey, int] = {}
+    position = np.fromiter(
+        (index.setdefault(key, len(index)) for key in keys), dtype=np.int64, count=len(keys)
+    )
+    counts = np.concatenate([part.counts for part in parts])
+    dense = np.concatenate([part.dense for part in parts])
+    messages = np.concatenate([part.messages for part in parts])
+    respondents = [r for part in parts for r in part.respondents]
+    rejected = [r for part in parts for r in part.rejected]
+    domain = parts[0].domain
+    if len(index) == len(keys):  # no crowd in two parts
+        return _Rows(domain, keys, dense, counts, messages, respondents, rejected)
+    crowds = len(index)
+    added = np.zeros((crowds, domain), dtype=np.int64)
+    np.add.at(added, position, counts)
+    any_dense = np.bincount(position, weights=dense, minlength=crowds) > 0
+    added_messages = np.zeros(crowds, dtype=np.int64)
+    np.add.at(added_messages, position, messages)
+    merged_respondents: list[Any] = [None] * crowds
+    merged_rejected: list[Any] = [None] * crowds
+    copied = np.zeros(crowds, dtype=bool)
+    for row, stated, rejections in zip(position.tolist(), respondents, rejected, strict=True):
+        mine = merged_respondents[row]
+        if mine is None:
+            merged_respondents[row], merged_rejected[row] = stated, rejections
+            continue
+        if not copied[row]:  # a part's own dict is never changed
+            mine = merged_respondents[row] = dict(mine)
+            copied[row] = True
+        _merge_respondents(mine, stated, "instance")
+        merged_rejected[row] = _add_rejected(merged_rejected[row], rejections)
+    return _Rows(
+        domain,
+        list(index),
+        any_dense,
+        added,
+        added_messages,
+        merged_respondents,
+        merged_rejected,
+    )
+
+
+class _Content:
+    """A bucket's crowds as :class:`_Rows` per domain size and other accumulators by key, and
+    its withheld records: a bucket unpacked without an object per histogram crowd."""
+
+    __slots__ = ("rows", "others", "withheld")
+
+    def __init__(
+        self,
+        rows: dict[int, _Rows],
+        others: dict[CrowdKey, Accumulator],
+        withheld: list[WithheldRecord],
+    ) -> None:
+        self.rows, self.others, self.withheld = rows, others, withheld
+
+    @classmethod
+    def of(cls, crowds: Mapping[CrowdKey, Accumulator], withheld: list[WithheldRecord]) -> _Content:
+        """The accumulators ``crowds`` as rows where they can be (their sums are copied)."""
+        gathered: dict[int, tuple[list, list, list, list, list]] = {}
+        others: dict[CrowdKey, Accumulator] = {}
+        for key, accumulator in crowds.items():
+            if type(accumulator) is CrowdAccumulator:
+                counts = accumulator.counts
+                domain = counts.domain_size
+                row = counts.dense_row() if domain <= ROW_DOMAIN_LIMIT else None
+                if row is not None:
+                    columns = gathered.get(domain)
+                    if columns is None:
+                        columns = gathered[domain] = ([], [], [], [], [])
+                    columns[0].append(key)
+                    columns[1].append(row)
+                    columns[2].append(accumulator.messages)
+                    columns[3].append(accumulator.respondents)
+                    columns[4].append(accumulator.rejected)
+                    continue
+            others[key] = accumulator
+        rows = {}
+        for domain, (keys, sums, messages, respondents, rejected) in gathered.items():
+            dense = np.array([row.size > 0 for row in sums], dtype=bool)
+            counts = np.zeros((len(keys), domain), dtype=np.int64)
+            if dense.any():
+                counts[dense] = np.stack([row for row in sums if row.size])
+            rows[domain] = _Rows(
+                domain,
+                keys,
+                dense,
+                counts,
+                np.array(messages, dtype=np.int64),
+                list(respondents),
+                list(rejected),
+            )
+        return cls(rows, others, withheld)
+
+    def state(self) -> tuple:
+        return (
+            _ROWS_FORMAT,
+            [rows.state() for rows in self.rows.values()],
+            self.others,
+            self.withheld,
+        )
+
+    @classmethod
+    def from_state(cls, state: tuple) -> _Content:
+        _, rows, others, withheld = state
+        return cls({item[0]: _Rows.from_state(item) for item in rows}, others, withheld)
+
+    def accumulators(self) -> dict[CrowdKey, Accumulator]:
+        """Every crowd as an accumulator (parts of one crowd merged)."""
+        crowds: dict[CrowdKey, Accumulator] = {}
+        for rows in self.rows.values():
+            for key, accumulator in rows.accumulators():
+                mine = crowds.get(key)
+                if mine is None:
+                    crowds[key] = accumulator
+                else:
+                    mine.merge(accumulator)
+        for key, accumulator in self.others.items():
+            mine = crowds.get(key)
+            if mine is None:
+                crowds[key] = accumulator
+            else:
+                mine.merge(accumulator)
+        return crowds
+
+    def densify(self, dense_limit: int) -> None:
+        for domain, rows in self.rows.items():
+            if domain <= dense_limit:
+                rows.dense = np.ones(len(rows.keys), dtype=bool)
+        _densify(self.others.values(), dense_limit)
+
+
+def _add_contents(parts: list[_Content]) -> _Content | None:
+    """``parts`` added up in order (rows with numpy: :func:`_add_rows`), or None when a crowd
+    is rows in one part and an object in another (the caller then merges accumulators)."""
+    if len(parts) == 1:
+        return parts[0]
+    if any(part.others for part in parts):
+        in_rows = {key for part in parts for rows in part.rows.values() for key in rows.keys}
+        if any(key in in_rows for part in parts for key in part.others):
+            return None
+    by_domain: dict[int, list[_Rows]] = {}
+    for part in parts:
+        for domain, rows in part.rows.items():
+            by_domain.setdefault(domain, []).append(rows)
+    others: dict[CrowdKey, Accumulator] = {}
+    for part in parts:
+        for key, accumulator in part.others.items():
+            mine = others.get(key)
+            if mine is None:
+                others[key] = accumulator
+            else:
+                mine.merge(accumulator)
+    withheld = [record for part in parts for record in part.withheld]
+    return _Content({d: _add_rows(rows) for d, rows in by_domain.items()}, others, withheld)
+
+
+def _densify(accumulators: Iterable[Accumulator], dense_limit: int) -> None:
+    for accumulator in accumulators:
+        counts = getattr(accumulator, "counts", None)
+        if isinstance(counts, BucketCounts) and not counts.is_dense:
+            if counts.domain_size <= dense_limit:
+                counts.merge(BucketCounts(counts.domain_size, dense_limit))
 
 
 class CrowdBucket:
@@ -78,14 +327,18 @@ class CrowdBucket:
     ``merge`` adds another bucket without changing it (crowds it holds that this one lacks are
     copied). Pickled, a bucket is one zlib-compressed blob and stays one until it is read again
     (:meth:`pack`), so a runner that holds grouped values decoded keeps a bytes object per
-    bucket, not Python objects per crowd. :meth:`add` keeps a combiner's buckets packed too:
-    an added bucket waits as its blob, and the waiting blobs are folded in (unpacked, merged,
-    packed again) once they weigh as much as the bucket's own blob, so adding costs amortized
-    O(log) unpacks per crowd and a combiner holding every bucket (Beam's lifted combine keeps
-    every key's accumulator until its bundle ends) holds compressed bytes.
+    bucket, not Python objects per crowd. Inside the blob the histogram crowds of small domains
+    are columns (:class:`_Rows`: keys, one matrix of sums, respondents), so packing, unpacking
+    and adding buckets (:meth:`add`) cost numpy work and C-level pickling per crowd, not
+    Python objects; an accumulator per crowd is made only when :attr:`crowds` or
+    :meth:`items` is read. :meth:`add` keeps a combiner's buckets packed too: an added bucket
+    waits as its blob, and the waiting blobs are folded in (unpacked, added as rows, packed
+    again) once they weigh as much as the bucket's own blob, so adding costs amortized O(log)
+    unpacks per crowd and a combiner holding every bucket (Beam's lifted combine keeps every
+    key's accumulator until its bundle ends) holds compressed bytes.
     """
 
-    __slots__ = ("_crowds", "_withheld", "_packed", "_pending", "_pending_bytes")
+    __slots__ = ("_crowds", "_withheld", "_content", "_packed", "_pending", "_pending_bytes")
 
     def __init__(
         self,
@@ -94,34 +347,60 @@ class CrowdBucket:
     ) -> None:
         self._crowds: dict[CrowdKey, Accumulator] | None = dict(crowds or {})
         self._withheld: list[WithheldRecord] | None = list(withheld)
+        self._content: _Content | None = None
         self._packed: bytes | None = None
         self._pending: list[bytes] = []
         self._pending_bytes = 0
 
-    def _open(self) -> tuple[dict[CrowdKey, Accumulator], list[WithheldRecord]]:
-        if self._crowds is None or self._withheld is None:
-            self._crowds, self._withheld = _unpack(self._packed)
-            self._packed = None
+    @classmethod
+    def of_content(cls, content: _Content) -> CrowdBucket:
+        """A bucket holding ``content`` (its own from now on)."""
+        out = cls()
+        out._crowds = out._withheld = None
+        out._content = content
+        return out
+
+    def _own_content(self) -> _Content:
+        """This bucket's content as rows, the waiting blobs added (the objects are let go)."""
+        if self._crowds is not None:
+            content = _Content.of(self._crowds, self._withheld or [])
+        elif self._content is not None:
+            content = self._content
+        else:
+            content = _unpack(self._packed)
+        self._crowds = self._withheld = None
+        self._content, self._packed = content, None
         if self._pending:
             pending, self._pending, self._pending_bytes = self._pending, [], 0
-            for blob in pending:  # freshly unpacked: merged without copies
-                crowds, withheld = _unpack(blob)
-                for key, accumulator in crowds.items():
-                    mine = self._crowds.get(key)
-                    if mine is None:
-                        self._crowds[key] = accumulator
-                    else:
-                        mine.merge(accumulator)
-                self._withheld.extend(withheld)
-        return self._crowds, self._withheld
+            parts = [content, *(_unpack(blob) for blob in pending)]
+            added = _add_contents(parts)
+            if added is None:  # a crowd in rows and as an object: merged as accumulators
+                crowds = parts[0].accumulators()
+                for part in parts[1:]:
+                    for key, accumulator in part.accumulators().items():
+                        mine = crowds.get(key)
+                        if mine is None:
+                            crowds[key] = accumulator
+                        else:
+                            mine.merge(accumulator)
+                withheld = [record for part in parts for record in part.withheld]
+                added = _Content.of(crowds, withheld)
+            self._content = added
+        return self._content
+
+    def _open(self) -> tuple[dict[CrowdKey, Accumulator], list[WithheldRecord]]:
+        if self._crowds is None or self._pending:
+            content = self._own_content()
+            self._crowds, self._withheld = content.accumulators(), content.withheld
+            self._content = None
+        return self._crowds, self._withheld  # type: ignore[return-value]
 
     def pack(self) -> CrowdBucket:
         """Compress the content into one blob (read back on first use); returns ``self``."""
         if self._packed is None or self._pending:
-            crowds, withheld = self._open()
-            state = (crowds, withheld)
+            state = self._own_content().state()
             self._packed = zlib.compress(pickle.dumps(state, pickle.HIGHEST_PROTOCOL), 1)
-            self._crowds = self._withheld = None
+            self._content = None
         return self
 
     def add(self, other: CrowdBucket) -> None:
@@ -138,6 +417,7 @@ class CrowdBucket:
 
     def __setstate__(self, state: bytes) -> None:
         self._crowds = self._withheld = None
+        self._content = None
         self._packed = state
         self._pending = []
         self._pending_bytes = 0
@@ -183,17 +463,20 @@ class CrowdBucket:
     def densify(self, dense_limit: int) -> None:
         """Histogram crowds of domains up to ``dense_limit`` counted densely, also those whose
         only parts were respondent counts (kept sparse, i.e. empty, while they travel)."""
-        for accumulator in self._open()[0].values():
-            counts = getattr(accumulator, "counts", None)
-            if isinstance(counts, BucketCounts) and not counts.is_dense:
-                if counts.domain_size <= dense_limit:
-                    counts.merge(BucketCounts(counts.domain_size, dense_limit))
+        if self._crowds is None:  # as rows: a flag per crowd
+            self._own_content().densify(dense_limit)
+            return
+        _densify(self._open()[0].values(), dense_limit)
 
 
-def _unpack(blob: bytes | None) -> tuple[dict[CrowdKey, Accumulator], list[WithheldRecord]]:
+def _unpack(blob: bytes | None) -> _Content:
     if not blob:
-        return {}, []
-    return pickle.loads(zlib.decompress(blob))
+        return _Content({}, {}, [])
+    state = pickle.loads(zlib.decompress(blob))
+    if len(state) == 2:  # a blob of accumulators by key (no rows)
+        crowds, withheld = state
+        return _Content({}, crowds, withheld)
+    return _Content.from_state(state)
 
 
 def bucket_accumulators(
@@ -219,25 +502,58 @@ def commit_buckets(
     known recipe as an accumulator holding only n_u (``respondent_accumulators``; counts kept
     empty and sparse until :meth:`CrowdBucket.densify`), each withheld crowd as a
     :data:`WithheldRecord` in the bucket its estimate would be in (a histogram bucket when
-    its recipe is unknown). ValueError on a malformed released record."""
-    out: dict[AnalysisBucketKey, CrowdBucket] = {}
+    its recipe is unknown). ValueError on a malformed released record. Histogram crowds of
+    domains up to :data:`ROW_DOMAIN_LIMIT` go straight into the bucket's rows (no accumulator
+    per crowd)."""
+    units: dict[AnalysisBucketKey, tuple[dict, dict, list]] = {}
+    domains: dict[str, int | None] = {}  # recipe id -> its rows' domain (None: an object each)
 
-    def bucket_of(key: CrowdKey) -> CrowdBucket:
+    def unit_of(key: CrowdKey) -> tuple[dict, dict, list]:
         unit = bucket_key(key, buckets)
-        bucket = out.get(unit)
-        if bucket is None:
-            bucket = out[unit] = CrowdBucket()
-        return bucket
+        parts = units.get(unit)
+        if parts is None:
+            parts = units[unit] = ({}, {}, [])  # rows by domain, other accumulators, withheld
+        return parts
 
     for instance, crowd in crowds:
         if crowd.get("status") == "released":
-            for key, accumulator in respondent_accumulators([crowd], instance, book, 0):
-                bucket = bucket_of(key)
-                mine = bucket.crowds.get(key)
-                if mine is None:
-                    bucket.crowds[key] = accumulator
-                else:
-                    mine.merge(accumulator)
+            recipe_id = crowd.get("recipe_id")
+            if recipe_id not in domains:
+                recipe = book.get(recipe_id)
+                domain = None
+                if recipe is not None and not is_longitudinal(recipe):
+                    size = recipe.build_randomizer().message_domain_size
+                    domain = size if size <= ROW_DOMAIN_LIMIT else None
+                domains[recipe_id] = domain
+            domain = domains[recipe_id]
+            if domain is None:  # a longitudinal or large domain, or an unknown recipe (none)
+                for key, accumulator in respondent_accumulators([crowd], instance, book, 0):
+                    others = unit_of(key)[1]
+                    mine = others.get(key)
+                    if mine is None:
+                        others[key] = accumulator
+                    else:
+                        mine.merge(accumulator)
+                continue
+            count = crowd.get("respondents_released")
+            if type(count) is not int or count < 0:  # bool is no count either
+                raise ValueError(f"released crowd without respondents_released >= 0: {dict(crowd)}")
+            start, stop = crowd.get("window_start_ms"), crowd.get("window_end_ms")
+            if not (isinstance(start, int) and isinstance(stop, int) and start < stop):
+                raise ValueError(f"crowd window must be integers start < end: {dict(crowd)}")
+            _check_respondents(instance, count)
+            key = (HISTOGRAM, int(start), int(stop), crowd["channel"], recipe_id,
+                   crowd.get("crowd_id"))  # fmt: skip
+            rows = unit_of(key)[0].get(domain)
+            if rows is None:
+                rows = unit_of(key)[0][domain] = ({}, [])  # key -> position, respondents
+            positions, respondents = rows
+            position = positions.get(key)
+            if position is None:
+                positions[key] = len(respondents)
+                respondents.append({int(instance): int(count)})
+            else:
+                _merge_respondents(respondents[position], {int(instance): int(count)}, "instance")
             continue
         recipe = book.get(crowd["recipe_id"])
         start, stop = int(crowd["window_start_ms"]), int(crowd["window_end_ms"])
@@ -247,7 +563,22 @@ def commit_buckets(
         else:
             key = (HISTOGRAM, start, stop, channel, recipe_id, crowd_id)
         record = (start, stop, channel, recipe_id, crowd_id, int(instance))
-        bucket_of(key).withheld.append(record)
+        unit_of(key)[2].append(record)
+    out: dict[AnalysisBucketKey, CrowdBucket] = {}
+    for unit, (by_domain, others, withheld) in units.items():
+        rows = {}
+        for domain, (positions, respondents) in by_domain.items():
+            crowds_in = len(respondents)
+            rows[domain] = _Rows(
+                domain,
+                list(positions),
+                np.zeros(crowds_in, dtype=bool),  # empty sparse sums until densified
+                np.zeros((crowds_in, domain), dtype=np.int64),
+                np.zeros(crowds_in, dtype=np.int64),
+                respondents,
+                [{} for _ in range(crowds_in)],
+            )
+        out[unit] = CrowdBucket.of_content(_Content(rows, others, withheld))
     return out
 
 
