@@ -84,10 +84,12 @@ def shuffled_columns(group: ReleasedGroup) -> dict[str, Any]:
     """ShuffledMessage columns of a released group (each crowd's fields repeated over its rows)."""
     lengths = np.asarray(group.crowd_rows, dtype=np.int64)
 
+    # Each row's crowd (rows come crowd after crowd): one take per field, no object per row.
+    crowd_of_row = pa.array(np.repeat(np.arange(len(group.crowds)), lengths))
+
     def repeated(position: int) -> pa.Array:
-        values = np.empty(len(group.crowds), dtype=object)
-        values[:] = [crowd[position] for crowd in group.crowds]
-        return pa.array(np.repeat(values, lengths), type=pa.string())
+        values = pa.array([crowd[position] for crowd in group.crowds], type=pa.string())
+        return values.take(crowd_of_row)
 
     return {
         "schema_version": SCHEMA_VERSION,

@@ -159,25 +159,30 @@ class ShardTask(NamedTuple):
 class ShardCount(NamedTuple):
     """Per crowd of a shard (``crowds``: key texts, sorted, :func:`pack_texts`): distinct
     respondents (origins, presence or data), kept data messages and the largest
-    min_crowd_size of its rows."""
+    min_crowd_size of its rows. ``candidates``: the shard's screened data messages, spilled
+    once by the count (:data:`CANDIDATE_SPILL_SCHEMA`), so that its deletion reads them in
+    one piece and screens nothing again."""
 
     task: ShardTask
     crowds: bytes
     respondents: bytes  # pack_ints, one per crowd (as are the arrays of the classes below)
     messages: bytes
     min_crowd: bytes
+    candidates: Piece | None = None
 
 
 class DeletionTask(NamedTuple):
     """Per released crowd of a shard: delete ``respondents_deleted`` of its ``respondents``
-    origins; scatter the surviving messages over 2**slot_bits uniform slots (merged into the
-    bucket's output groups later). ``crowds``: key texts, :func:`pack_texts`."""
+    origins; scatter the surviving messages (of the shard's ``candidates``,
+    :class:`ShardCount`) over 2**slot_bits uniform slots (merged into the bucket's output
+    groups later). ``crowds``: key texts, :func:`pack_texts`."""
 
     task: ShardTask
     crowds: bytes
     respondents: bytes
     respondents_deleted: bytes
     slot_bits: int
+    candidates: Piece | None = None
 
 
 class ShardRelease(NamedTuple):
@@ -224,6 +229,10 @@ SPILLED_REPORT_COLUMNS = ("event_time", "min_crowd_size", "payload", "payload_cr
 RELEASED_SPILL_SCHEMA = pa.schema(
     [("payload", pa.binary()), ("payload_crc32c", pa.int64()), ("crowd", CROWD_TYPE)]
 )
+# A shard's data messages that passed screening, as released rows plus each one's origin code:
+# the rank of its origin hash among its crowd's distinct counted origin hashes in the shard
+# (``steps.origin_codes``), all deletion needs of an origin.
+CANDIDATE_SPILL_SCHEMA = pa.schema([*RELEASED_SPILL_SCHEMA, ("origin_code", pa.int64())])
 _PIECE_TYPES = {"path": pa.string(), "source": pa.string(), "fences": pa.binary()}
 PIECE_LIST_SCHEMA = pa.schema(
     [(name, _PIECE_TYPES.get(name, pa.int64())) for name in Piece._fields]
