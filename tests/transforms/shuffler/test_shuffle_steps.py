@@ -97,6 +97,22 @@ def test_screening_caps_each_origin_per_crowd_by_its_recipe() -> None:
     assert steps.distinct_per_crowd(screened.crowds, hashes, 2).tolist() == [1, 1]
 
 
+def test_origin_codes_rank_each_origin_within_its_crowd_as_unique_does() -> None:
+    rng = np.random.default_rng(3)
+    crowds = rng.integers(0, 5, size=2000)  # crowd 4 of 6 has rows, crowd 5 none
+    crowds[crowds == 4] = 3
+    hashes = rng.integers(0, 40, size=2000).astype(np.uint64) << np.uint64(58)
+    distinct, codes = steps.origin_codes(crowds, hashes, 6)
+    for crowd in range(6):
+        members = crowds == crowd
+        unique, inverse = np.unique(hashes[members], return_inverse=True)
+        assert distinct[crowd] == unique.size
+        assert codes[members].tolist() == inverse.reshape(-1).tolist()
+    assert steps.distinct_per_crowd(crowds, hashes, 6).tolist() == distinct.tolist()
+    empty = steps.origin_codes(crowds[:0], hashes[:0], 2)
+    assert empty[0].tolist() == [0, 0] and empty[1].size == 0
+
+
 def test_rejected_and_spilled_dead_letters_say_where_the_record_is() -> None:
     item = _item([rf.report("a"), rf.report("b", crc=5), rf.report("c", recipe_id="no@1")], 10)
     reasons = report_rows.validate_reports(item.columns, rf.rules())
