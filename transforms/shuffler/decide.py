@@ -389,6 +389,14 @@ def assign_groups(messages: int, groups: int, source: RandomSource) -> np.ndarra
     return noise.uniform_below(groups, source, size=messages)
 
 
+def stable_order(values: np.ndarray, bound: int) -> np.ndarray:
+    """``np.argsort(values, kind="stable")`` of integers in ``[0, bound)``; as 16-bit keys where
+    they fit, which numpy sorts by radix (several times faster than a 64-bit merge sort)."""
+    if bound <= 1 << 16:
+        return np.argsort(np.asarray(values).astype(np.uint16), kind="stable")
+    return np.argsort(values, kind="stable")
+
+
 def release_order(messages: int, source: RandomSource) -> np.ndarray:
     """A uniformly random order of ``messages`` messages from the secure source."""
     return noise.secure_permutation(messages, source)

@@ -145,7 +145,7 @@ class DeleteAndScatter(CountsBundles):
         pieces: list[tuple[int, Piece]] = []
         if survivors.size:
             slots = decide.assign_groups(survivors.size, 1 << deletion.slot_bits, self._source)
-            order = np.argsort(slots, kind="stable")
+            order = decide.stable_order(slots, 1 << deletion.slot_bits)
             sorted_slots = slots[order]
             released = rows.select(RELEASED_COLUMNS).take(pa.array(survivors[order]))
             starts = np.flatnonzero(np.r_[True, sorted_slots[1:] != sorted_slots[:-1]])
@@ -238,7 +238,8 @@ def crowd_release_order(crowd_rank: np.ndarray, source: Any) -> np.ndarray:
     by crowd, each crowd's rows in a uniformly random order (a uniform permutation of the group
     from the secure ``source``, then a stable sort by crowd)."""
     shuffled = decide.release_order(crowd_rank.size, source)
-    return shuffled[np.argsort(crowd_rank[shuffled], kind="stable")]
+    ranks = crowd_rank[shuffled]
+    return shuffled[decide.stable_order(ranks, int(ranks.max()) + 1 if ranks.size else 0)]
 
 
 @beam.typehints.with_output_types(typing.Any)
