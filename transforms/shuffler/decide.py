@@ -218,7 +218,11 @@ def screen_crowd_messages(
         return codes
     # Rank of each message among its origin's messages of the same kind and crowd, in the given
     # order.
-    order = np.lexsort((np.arange(hashes.size), presence, hashes, crowds))
+    # np.lexsort((np.arange(n), presence, hashes, crowds)) as three stable passes, least
+    # significant key first: two of them radix sorts of small keys.
+    order = np.argsort(presence.view(np.uint8), kind="stable")
+    order = order[np.argsort(hashes[order], kind="stable")]
+    order = order[stable_order(crowds[order], int(crowds.max()) + 1)]
     sorted_crowds, sorted_hashes = crowds[order], hashes[order]
     sorted_presence = presence[order]
     new_run = np.ones(hashes.size, dtype=bool)

@@ -313,7 +313,9 @@ def origin_codes(
     gives, for all crowds in one sort)."""
     if not crowds.size:
         return np.zeros(count, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    order = np.lexsort((hashes, crowds))
+    # By crowd, then hash (rows that tie are one origin: their order does not matter).
+    order = np.argsort(hashes)
+    order = order[decide.stable_order(crowds[order], count)]
     sorted_crowds, sorted_hashes = crowds[order], hashes[order]
     first = np.ones(crowds.size, dtype=bool)
     first[1:] = (sorted_crowds[1:] != sorted_crowds[:-1]) | (
