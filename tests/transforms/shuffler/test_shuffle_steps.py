@@ -12,6 +12,7 @@ import apache_beam as beam
 import fastavro
 import numpy as np
 import pyarrow as pa
+import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from schemas.avro.reader import read_container_bytes
@@ -230,3 +231,60 @@ def test_shuffled_message_rows_are_the_bytes_of_the_columns_encoded_row_by_row()
     ]
     assert [r["payload"] for r in records] == payloads.to_pylist()
     assert [r["payload_crc32c"] for r in records] == crcs.tolist()
+
+
+def _deletion(tmp_path: Path, origin_codes: list[int] | None, respondents: int) -> list:
+    """DeleteAndScatter on one crowd of a shard whose candidates carry ``origin_codes`` (None:
+    the shard's respondents of the crowd sent presence messages only)."""
+    from transforms.shuffler import release
+
+    text = spill.crowd_text(rf.CHANNEL, rf.RECIPE, None)
+    candidates = None
+    if origin_codes is not None:
+        rows = len(origin_codes)
+        batch = pa.RecordBatch.from_arrays(
+            [
+                pa.array([b"p%d" % i for i in range(rows)]),
+                pa.array(np.arange(rows, dtype=np.int64)),
+                pa.DictionaryArray.from_arrays(
+                    pa.array(np.zeros(rows, np.int32)), pa.array([text])
+                ),
+                pa.array(np.asarray(origin_codes, dtype=np.int64)),
+            ],
+            schema=spill.CANDIDATE_SPILL_SCHEMA,
+        )
+        path = str(tmp_path / "candidates.arrow")
+        ((offset, length, _),) = spill.write_spill(path, [batch])
+        candidates = spill.Piece(path, offset, length, rows, "", 0)
+    task = spill.DeletionTask(
+        spill.ShardTask(0, 0, spill.Piece("list", 0, 1, 1, "", 0)),
+        spill.pack_texts([text]),
+        spill.pack_ints([respondents]),
+        spill.pack_ints([1]),
+        0,
+        candidates,
+    )
+    step = release.DeleteAndScatter(str(tmp_path))
+    step.setup()
+    return list(step.process(((1_704_067_200_000, 0, 3), task)))
+
+
+def test_delete_and_scatter_deletes_whole_origins_of_the_candidates(tmp_path) -> None:
+    outputs = _deletion(tmp_path, [0, 1, 2, 1, 0, 2, 2], respondents=4)  # origin 3: presence
+    (shard,) = [output[1] for output in outputs if isinstance(output, tuple)]
+    deleted = spill.unpack_ints(shard.messages_deleted).tolist()
+    released = spill.unpack_ints(shard.messages_released).tolist()
+    assert deleted[0] + released[0] == 7 and deleted[0] in (0, 2, 3)  # one whole origin
+
+
+def test_delete_and_scatter_of_presence_only_respondents_releases_nothing(tmp_path) -> None:
+    (counts, (_, shard)) = [
+        o.value if hasattr(o, "tag") else o for o in _deletion(tmp_path, None, 2)
+    ]
+    assert counts == {} and not shard.pieces
+    assert spill.unpack_ints(shard.messages_released).tolist() == [0]
+
+
+def test_delete_and_scatter_refuses_candidates_beyond_the_counted_origins(tmp_path) -> None:
+    with pytest.raises(RuntimeError, match="spill files changed"):
+        _deletion(tmp_path, [0, 1, 2], respondents=2)
