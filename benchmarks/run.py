@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--workers",
         help="worker counts for the benchmarks that take them (bench_scaling), e.g. 1,4,16; "
-        "default 1,2 capped at the machine's cores",
+        "default 1, 2 and the machine's cores",
     )
     args = parser.parse_args(argv)
     workers = [int(item) for item in args.workers.split(",")] if args.workers else None

@@ -64,7 +64,11 @@ LATEST_WINDOW_END_MS = MAX_EVENT_TIME_MS
 
 def with_default_runner(options: PipelineOptions) -> PipelineOptions:
     """``options`` with a runner when none was given: FnApiRunner for batch, DirectRunner (the
-    one that runs TestStream and unbounded sources) for ``--streaming``."""
+    one that runs TestStream and unbounded sources) for ``--streaming``. FnApiRunner's workers
+    are closed together at the end (``pipelines/engines/worker_shutdown.py``)."""
+    from pipelines.engines.worker_shutdown import close_workers_together
+
+    close_workers_together()
     standard = options.view_as(StandardOptions)
     if standard.runner is None:
         standard.runner = "DirectRunner" if standard.streaming else DEFAULT_BATCH_RUNNER

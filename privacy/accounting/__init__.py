@@ -1,4 +1,6 @@
-"""Central-privacy accounting for the ESA pipeline (pure numpy/scipy).
+"""Central-privacy accounting for the ESA pipeline (pure numpy/scipy; scipy is imported inside
+the functions that use it, so that shuffler and analyzer workers that only carry recipes do not
+load it: about 1 s of start-up per process).
 
 What anonymity buys: the central (eps_c, delta) guarantee of n shuffled eps_l-DP reports, with the
 bound that produced it, and the parameters of the other privacy mechanisms of esa-privacy-revisited.

@@ -9,8 +9,6 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from scipy import optimize
-
 __all__ = [
     "BoundOutOfRange",
     "CentralGuarantee",
@@ -188,6 +186,8 @@ def first_nonpositive(
     excess(x) <= 0 for a non-increasing ``excess`` with excess(high) <= 0. Brent's method finds
     the root; when rounding puts its answer on the wrong side, bisection (at most 200 steps)
     closes in while keeping excess(answer) <= 0, so the search always ends."""
+    from scipy import optimize
+
     if excess(low) <= 0.0:
         return low
     root = optimize.brentq(
@@ -211,6 +211,8 @@ def last_positive(
     """Largest x in [low, high], to relative ``tolerance`` and on the safe side, with
     excess(x) > 0 for a non-increasing ``excess`` with excess(low) > 0 >= excess(high)
     (bounded like :func:`first_nonpositive`)."""
+    from scipy import optimize
+
     root = optimize.brentq(
         excess, low, high, xtol=1e-300, rtol=max(tolerance, 4e-16), maxiter=200, disp=False
     )

@@ -11,7 +11,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import logsumexp
 
 from privacy.accounting.core import (
     THEOREM_III1_SIMPLIFIED,
@@ -38,6 +37,8 @@ def report_fragment_epsilon(epsilon_backstop: float, epsilon_fragment: float, se
 
     evaluated with log-sum-exp (e^(eps_b + t eps_f) overflows for many fragments).
     """
+    from scipy.special import logsumexp
+
     eps_b = check_epsilon(epsilon_backstop, "epsilon_backstop")
     eps_f = check_epsilon(epsilon_fragment, "epsilon_fragment")
     t = check_count(seen, "seen")

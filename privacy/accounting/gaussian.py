@@ -21,8 +21,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from scipy import optimize, special
-
 from privacy.accounting.core import check_delta, check_epsilon
 
 __all__ = [
@@ -51,6 +49,8 @@ def gaussian_delta(sigma: float, epsilon: float, sensitivity: float = 1.0) -> fl
 
     computed from log Phi so that the difference keeps its digits.
     """
+    from scipy import special
+
     s = check_epsilon(sigma, "sigma")
     eps = check_epsilon(epsilon, "epsilon", allow_zero=True)
     sens = check_epsilon(sensitivity, "sensitivity")
@@ -67,6 +67,8 @@ def gaussian_sigma_exact(epsilon: float, delta: float, sensitivity: float = 1.0)
     """Analytic Gaussian mechanism (Balle and Wang 2018): the sigma solving
     gaussian_delta(sigma, eps, sensitivity) = delta by root-finding (delta falls as sigma
     grows), rounded up to the first sigma that meets it."""
+    from scipy import optimize
+
     eps = check_epsilon(epsilon, "epsilon")
     d = check_delta(delta)
     sens = check_epsilon(sensitivity, "sensitivity")

@@ -16,7 +16,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import optimize, special, stats
 
 from privacy.accounting.core import (
     BoundOutOfRange,
@@ -44,6 +43,8 @@ SIMPLIFIED = "simplified"
 def binary_rr_lambda(epsilon_local: float, respondents: int) -> float:
     """Lemma II.6's lambda for eps_l binary randomized response: flip probability
     lambda/(2n) = 1/(1+e^eps_l), so lambda = 2n/(1+e^eps_l) (proof of Theorem III.1)."""
+    from scipy import special
+
     eps = check_epsilon(epsilon_local, "epsilon_local", allow_zero=True)
     n = check_count(respondents, "respondents")
     return 2.0 * n * float(special.expit(-eps))
@@ -201,6 +202,8 @@ def _conditional_deltas(
     exceeds e^eps, which simplifies to u Pr[A = k-1] - (e^eps - 1) Pr[A >= k] with
     u = alpha - e^eps (1 - alpha). By the symmetry x -> c+1-x, D(Q_c||P_c) is the same number.
     """
+    from scipy import special, stats
+
     if epsilon >= epsilon_local:
         zeros = np.zeros(clones.shape, dtype=np.float64)
         return zeros, zeros
@@ -226,6 +229,8 @@ class _CloneWindow:
     ``tail_mass`` of its probability, split into at most ``resolution`` blocks."""
 
     def __init__(self, respondents: int, epsilon_local: float, tail_mass: float, resolution: int):
+        from scipy import stats
+
         self.epsilon_local = epsilon_local
         trials, p = respondents - 1, math.exp(-epsilon_local)
         clones = stats.binom(trials, p)
@@ -325,6 +330,8 @@ def fmt_numerical_epsilon(
     upper bound; at n = 1e8 it takes well under a second (see benchmarks/bench_accounting.py).
     For a removal eps_l-DP randomizer pass eps_0 = 2 eps_l.
     """
+    from scipy import optimize
+
     eps0 = _numerical_epsilon_local(epsilon_local)
     n = check_count(respondents, "respondents")
     d = check_delta(delta)

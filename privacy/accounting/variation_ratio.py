@@ -32,7 +32,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 from privacy.accounting.core import BoundOutOfRange, check_count, check_epsilon
 
@@ -158,6 +157,8 @@ def hockey_stick_shifted_binomial(
     computed k are tried as well (the divergence is the maximum over such sets), so rounding in
     k cannot make the value fall below the true divergence.
     """
+    from scipy import stats
+
     c = np.asarray(clones, dtype=np.float64)
     rho_a = np.broadcast_to(np.asarray(rho, dtype=np.float64), c.shape)
     e = math.exp(epsilon)
@@ -199,6 +200,8 @@ class ReducedPair:
     def __init__(
         self, parameters: VariationRatio, respondents: int, tail: float, resolution: int = 1024
     ):
+        from scipy import stats
+
         n = check_count(respondents, "respondents")
         if n > MAX_RESPONDENTS:
             raise BoundOutOfRange(

@@ -43,11 +43,13 @@ def test_rows_are_appended_under_one_header(tmp_path):
     assert text.endswith(f"{history.END}\n\nMore text.\n")
 
 
-def test_scaling_workers_default_to_one_and_two_capped_at_the_cores(monkeypatch):
+def test_scaling_workers_default_to_one_two_and_every_core(monkeypatch):
     monkeypatch.setattr(bench_scaling.os, "cpu_count", lambda: 1)
     assert bench_scaling.default_workers() == [1]
-    monkeypatch.setattr(bench_scaling.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(bench_scaling.os, "cpu_count", lambda: 2)
     assert bench_scaling.default_workers() == [1, 2]
+    monkeypatch.setattr(bench_scaling.os, "cpu_count", lambda: 16)
+    assert bench_scaling.default_workers() == [1, 2, 16]
     assert bench_scaling.devices_for(False, [1, 4, 16]) == 640_000
     assert bench_scaling.devices_for(False, [1, 2]) == bench_scaling.FULL_DEVICES
 

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
-from scipy import stats
 
 from privacy import noise
 from privacy.noise import RandomSource
@@ -70,12 +69,16 @@ def _two_binomial_quantile(n1: int, p1: float, n2: int, p2: float, tail: float) 
     Computed as sum_x P(X1 = x) P(X2 > m - x) with scipy's binomial pmf and survival function
     (accurate in the far tail, unlike 1 - cdf); m by bisection, the tail being monotone in m.
     """
+    from scipy import stats
+
     n1, n2 = int(n1), int(n2)
     p1, p2 = min(max(float(p1), 0.0), 1.0), min(max(float(p2), 0.0), 1.0)
     x = np.arange(n1 + 1)
     weights = stats.binom.pmf(x, n1, p1)
 
     def tail_above(m: int) -> float:
+        from scipy import stats
+
         return float(np.sum(weights * stats.binom.sf(m - x, n2, p2)))
 
     low, high = 0, n1 + n2

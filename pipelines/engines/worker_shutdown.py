@@ -1,0 +1,71 @@
+"""Close FnApiRunner's SDK workers together, not one after another.
+
+FnApiRunner ends every pipeline with ``WorkerHandlerManager.close_all``, which closes its worker
+handlers in a loop. In the multi-process mode (``--direct_running_mode=multi_processing``) a
+handler's ``close`` waits for its worker process to exit, about 0.5 s each (the SDK harness's own
+shutdown), so a run's last stage was followed by 0.5 s per worker of waiting: measured on a
+16-core machine, the time from ``esa analyze``'s last stage to its end was ~0 s with 1 worker,
+2.4 s with 4 and 8 s with 16 (``close_all`` timed at 0.5 s per handler here too).
+
+:func:`close_workers_together` replaces ``close_all`` with one that closes each handler in its
+own thread and waits for all of them, logging a handler's failure as the original does; what is
+closed, and the state left behind, are the same. It is installed by
+``pipelines.commandline.flags.with_default_runner``, which every pipeline passes through. If the
+installed Beam's ``WorkerHandlerManager`` lacks the attributes this relies on, the original is
+kept.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from typing import Any
+
+__all__ = ["close_all_together", "close_workers_together"]
+
+_LOGGER = logging.getLogger(__name__)
+_ATTRIBUTES = ("_cached_handlers", "_workers_by_id", "_grpc_server")
+_install = threading.Lock()
+_installed: list[bool] = []
+
+
+def close_all_together(manager: Any) -> None:
+    """``WorkerHandlerManager.close_all``, with the handlers closed concurrently."""
+    handlers = {handler for listed in manager._cached_handlers.values() for handler in listed}
+
+    def close(handler: Any) -> None:
+        try:
+            handler.close()
+        except Exception:  # noqa: BLE001 - logged per handler, as the original loop does
+            _LOGGER.error("Error closing worker_handler %s", handler, exc_info=True)
+
+    threads = [threading.Thread(target=close, args=(h,), name="close_worker") for h in handlers]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    manager._cached_handlers = collections.defaultdict(list)
+    manager._workers_by_id = {}
+    if manager._grpc_server is not None:
+        manager._grpc_server.close()
+        manager._grpc_server = None
+
+
+def close_workers_together() -> bool:
+    """Install :func:`close_all_together` as FnApiRunner's ``close_all`` (once; idempotent).
+    Returns whether it is installed."""
+    from apache_beam.runners.portability.fn_api_runner import worker_handlers
+
+    manager = worker_handlers.WorkerHandlerManager
+    with _install:
+        if _installed:
+            return _installed[0]
+        probe = manager.__init__.__code__.co_names
+        fits = all(name in probe for name in _ATTRIBUTES) and callable(
+            getattr(manager, "close_all", None)
+        )
+        if fits:
+            manager.close_all = close_all_together
+        _installed.append(fits)
+        return fits
