@@ -461,7 +461,7 @@ def secure_permutation(n: int, source: RandomSource) -> np.ndarray:
     n = int(n)
     while True:
         keys = _random_u64(n, source)
-        order = np.argsort(keys, kind="stable")
+        order = np.argsort(keys)  # any sort: the order is unique once no two keys tie
         sorted_keys = keys[order]
         if n < 2 or not np.any(sorted_keys[1:] == sorted_keys[:-1]):
             return order.astype(np.int64)

@@ -51,6 +51,7 @@ __all__ = [
     "decompress",
     "ContainerWriter",
     "encode_container",
+    "encode_encoded_container",
 ]
 
 MAGIC = b"Obj\x01"
@@ -483,6 +484,19 @@ def encode_container(
     """A whole Avro container file for ``rows`` records given as columns (see
     :func:`schemas.avro.encode.encode_rows`), in blocks of about ``block_bytes``."""
     data, offsets = encode_rows(schema, columns, rows)
+    return encode_encoded_container(schema, data, offsets, codec, block_bytes, sync_marker)
+
+
+def encode_encoded_container(
+    schema: Mapping[str, Any],
+    data: np.ndarray,
+    offsets: np.ndarray,
+    codec: str = "null",
+    block_bytes: int = DEFAULT_BLOCK_BYTES,
+    sync_marker: bytes | None = None,
+) -> bytes:
+    """A whole Avro container file of the records ``data[offsets[i]:offsets[i + 1]]`` (each one
+    Avro datum of ``schema``), in blocks of about ``block_bytes``."""
     sink = io.BytesIO()
     writer = ContainerWriter(sink, schema, codec, sync_marker, -1, block_bytes)
     writer.write_encoded(data, offsets)

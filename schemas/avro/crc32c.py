@@ -1,9 +1,14 @@
 """CRC32C (Castagnoli) of many byte strings at once.
 
-One table-driven CRC (RFC 3720, appendix B.4: reflected polynomial 0x82F63B78) runs over all
-strings in parallel, one byte position per vectorized numpy step; the strings are sorted longest
-first so the ones still running are a prefix. Once few strings remain, the native
-``google_crc32c.extend`` finishes each of them. Single values: ``schemas.crc32c`` (native).
+Strings all of one length L of at most :data:`_LINEAR_MAX_LENGTH` bytes, back to back (fixed-size
+payloads): a CRC is linear over GF(2), so the CRC of an L-byte string m is the CRC of L zero
+bytes XOR the XOR over its bytes of ``T_d[m_j]``, the register a lone byte leaves after
+``d = L - 1 - j`` more zero bytes (from a zero register): one table look-up and one XOR per byte,
+a column of the strings' matrix (a view of the buffer) at a time. Otherwise: one table-driven CRC
+(RFC 3720, appendix B.4: reflected polynomial 0x82F63B78) runs over all of them in parallel, one
+byte position per vectorized numpy step, longest first so the ones still running are a prefix;
+once few remain, the native ``google_crc32c.extend`` finishes each. Single values:
+``schemas.crc32c`` (native).
 """
 
 from __future__ import annotations
@@ -28,6 +33,79 @@ def _table() -> np.ndarray:
 
 
 _TABLE = _table()
+# Strings of one length up to this long take the linear path; its tables are built when first
+# needed (256 KB).
+_LINEAR_MAX_LENGTH = 256
+# Bytes of strings transposed at a time (to stay in cache).
+_TRANSPOSED_BYTES = 1 << 19
+
+
+def _linear_tables() -> tuple[np.ndarray, np.ndarray]:
+    """``(tables, zeros)``: ``tables[d, b]`` the register byte ``b`` leaves after ``d``
+    zero bytes (from a zero register), ``zeros[L]`` the CRC32C of L zero bytes."""
+    tables = np.empty((_LINEAR_MAX_LENGTH, 256), dtype=np.uint32)
+    tables[0] = _TABLE
+    for distance in range(1, _LINEAR_MAX_LENGTH):
+        previous = tables[distance - 1]
+        tables[distance] = _TABLE[previous & 0xFF] ^ (previous >> 8)
+    zeros = np.empty(_LINEAR_MAX_LENGTH + 1, dtype=np.uint32)
+    register = 0xFFFFFFFF
+    for length in range(_LINEAR_MAX_LENGTH + 1):
+        zeros[length] = register ^ 0xFFFFFFFF
+        register = int(_TABLE[register & 0xFF]) ^ (register >> 8)
+    return tables, zeros
+
+
+_LINEAR: tuple[np.ndarray, np.ndarray] | None = None
+
+
+def _crc_equal_lengths(matrix: np.ndarray) -> np.ndarray:
+    """CRC32C (uint32) of each row of a (strings x L) uint8 matrix (see the module docstring):
+    one table look-up and one XOR per byte, a column at a time."""
+    global _LINEAR
+    if _LINEAR is None:
+        _LINEAR = _linear_tables()
+    tables, zeros = _LINEAR
+    count, width = matrix.shape
+    result = np.full(count, zeros[width], dtype=np.uint32)
+    step = max(1, _TRANSPOSED_BYTES // width)
+    for first in range(0, count, step):
+        # Columns of a block of rows made contiguous (one copy) before the look-ups.
+        columns = np.ascontiguousarray(matrix[first : first + step].T)
+        part = result[first : first + step]
+        for column in range(width):
+            part ^= tables[width - 1 - column][columns[column]]
+    return result
+
+
+def _crc_by_position(starts: np.ndarray, lengths: np.ndarray, data: np.ndarray) -> np.ndarray:
+    """CRC32C (uint32) of the strings ``data[starts[i]:starts[i] + lengths[i]]``: one byte
+    position of all still-running strings per numpy step, the last few strings natively."""
+    count = lengths.size
+    order = np.argsort(-lengths, kind="stable")
+    sorted_lengths = lengths[order]
+    starts = starts[order]
+    # still_running[j]: strings longer than j (a prefix of the sorted order).
+    histogram = np.bincount(sorted_lengths, minlength=int(sorted_lengths[0]) + 1)
+    still_running = count - np.cumsum(histogram)
+    vector_positions = int(np.count_nonzero(still_running > _VECTOR_MIN_ROWS))
+    register = np.full(count, 0xFFFFFFFF, dtype=np.uint32)
+    for position in range(vector_positions):
+        running = int(still_running[position])
+        current = register[:running]
+        byte = data[starts[:running] + position]
+        register[:running] = _TABLE[(current ^ byte) & 0xFF] ^ (current >> 8)
+    register ^= np.uint32(0xFFFFFFFF)
+    tail = int(still_running[vector_positions]) if vector_positions < still_running.size else 0
+    for row in range(tail):
+        begin = int(starts[row]) + vector_positions
+        end = int(starts[row]) + int(sorted_lengths[row])
+        register[row] = google_crc32c.extend(int(register[row]), data[begin:end].tobytes())
+    result = np.empty(count, dtype=np.uint32)
+    result[order] = register
+    return result
+
+
 # Byte positions are processed for all strings at once while more than this many strings are
 # that long; the rest of the (few) longer strings goes to the native CRC.
 _VECTOR_MIN_ROWS = 32
@@ -64,26 +142,17 @@ def crc32c_many(payloads: pa.Array | pa.ChunkedArray | Sequence[bytes] | Any) ->
     lengths = np.diff(offsets)
     if valid is not None:
         lengths = np.where(valid, lengths, 0)
-    order = np.argsort(-lengths, kind="stable")
-    sorted_lengths = lengths[order]
-    starts = offsets[:-1][order]
-    # still_running[j]: strings longer than j (a prefix of the sorted order).
-    histogram = np.bincount(sorted_lengths, minlength=int(sorted_lengths[0]) + 1)
-    still_running = count - np.cumsum(histogram)
-    vector_positions = int(np.count_nonzero(still_running > _VECTOR_MIN_ROWS))
-    register = np.full(count, 0xFFFFFFFF, dtype=np.uint32)
-    for position in range(vector_positions):
-        running = int(still_running[position])
-        current = register[:running]
-        byte = data[starts[:running] + position]
-        register[:running] = _TABLE[(current ^ byte) & 0xFF] ^ (current >> 8)
-    register ^= np.uint32(0xFFFFFFFF)
-    tail = int(still_running[vector_positions]) if vector_positions < still_running.size else 0
-    for row in range(tail):
-        begin = int(starts[row]) + vector_positions
-        end = int(starts[row]) + int(sorted_lengths[row])
-        register[row] = google_crc32c.extend(int(register[row]), data[begin:end].tobytes())
-    result[order] = register
+    width = int(lengths[0])
+    if (
+        valid is None
+        and 0 < width <= _LINEAR_MAX_LENGTH
+        and int(offsets[-1] - offsets[0]) == width * count
+        and bool((lengths == width).all())
+    ):  # strings of one length back to back (fixed-size payloads): a matrix view, no gather
+        begin = int(offsets[0])
+        result[:] = _crc_equal_lengths(data[begin : begin + width * count].reshape(count, width))
+    else:
+        result[:] = _crc_by_position(offsets[:-1], lengths, data)
     if valid is not None:
         result[~valid] = -1
     return result

@@ -37,6 +37,7 @@ def _batches(path: str, positions: list[spill.Spilled]) -> list[pa.RecordBatch]:
         "reports": spill.REPORT_SPILL_SCHEMA,
         "buckets": spill.PIECE_LIST_SCHEMA,
         "released": spill.RELEASED_SPILL_SCHEMA,
+        "candidates": spill.CANDIDATE_SPILL_SCHEMA,
     }[Path(path).parent.name]
     return [
         spill.read_spill(spill.Piece(path, offset, length, 0, "", 0), schema)
@@ -77,7 +78,7 @@ def test_spill_is_under_temp_location_holds_no_origin_and_is_removed(tmp_path, s
     summary = shuffle_pipeline.run(_options(recipe, pattern, output, temp))
     assert summary["adds_up"] and summary["released"] == RESPONDENTS * MESSAGES
     kinds = {Path(path).parent.name for path, _, _ in spilled}
-    assert kinds == {"reports", "buckets", "released"}
+    assert kinds == {"reports", "buckets", "candidates", "released"}
     root = shuffle_pipeline.spill_root_path(str(output), f"{output}.private", str(temp))
     assert root.startswith(str(temp / "esa-spill"))
     for path, content, batches in spilled:
@@ -90,6 +91,9 @@ def test_spill_is_under_temp_location_holds_no_origin_and_is_removed(tmp_path, s
             hashes = [h for batch in batches for h in batch.column("origin_hash").to_pylist()]
             payloads = [p for batch in batches for p in batch.column("payload").to_pylist()]
             assert len(set(hashes)) == RESPONDENTS and len(payloads) == RESPONDENTS * MESSAGES
+        if Path(path).parent.name == "candidates":  # an origin's rank in its crowd, no more
+            codes = [c for batch in batches for c in batch.column("origin_code").to_pylist()]
+            assert len(codes) == RESPONDENTS * MESSAGES and set(codes) == set(range(RESPONDENTS))
     # Removed by the pipeline: nothing of the spill is left, in temp or in the private dir.
     assert not (temp / "esa-spill").exists()
     assert not (Path(f"{output}.private") / "spill").exists()

@@ -1,8 +1,9 @@
 """Step 6 of the shuffler after the decisions (``transforms/shuffler/shuffle.py``): delete, scatter,
 complete a bucket's groups, permute.
 
-``DeleteAndScatter`` deletes whole respondents per crowd of a shard (``release_core.kept_rows``)
-and scatters the surviving data messages, stripped to payload, CRC and crowd, over uniform slots;
+``DeleteAndScatter`` deletes whole respondents per crowd of a shard (``decide.kept_rows``) from
+the candidates ``CountShard`` spilled (the shard's screened data messages: payload, CRC, crowd
+and the origin's rank in its crowd) and scatters the survivors over uniform slots;
 ``CompleteBucket`` joins a bucket's decision with its shards' results: final manifests, the crowd
 table and the output groups (``release_core.complete_groups`` from the bucket's released count);
 ``PermuteGroup`` orders a group's rows by crowd in ``crowd_order``, each crowd's rows in a uniform
@@ -37,7 +38,7 @@ from apache_beam.metrics import Metrics
 
 from privacy.noise import os_random_source
 from schemas.release.crowd_buckets import BucketKey, crowd_order
-from transforms.shuffler import decide, report_rows, spill
+from transforms.shuffler import decide, spill
 from transforms.shuffler.config import (
     BUNDLES_PREFIX,
     DELETED,
@@ -45,7 +46,6 @@ from transforms.shuffler.config import (
     RELEASED,
     ShuffleConfig,
 )
-from transforms.shuffler.replays import shard_repeats
 from transforms.shuffler.sinks import CrowdTable, ReleasedGroup
 from transforms.shuffler.spill import Piece, crowd_of_text, pack_ints, unpack_ints, unpack_texts
 from transforms.shuffler.steps import count as _count
@@ -55,7 +55,6 @@ from transforms.shuffler.steps import (
     manifest_record,
     manifest_row,
     released_crowd,
-    screen,
 )
 
 
@@ -80,10 +79,12 @@ class CountsBundles(beam.DoFn):
 @beam.typehints.with_output_types(typing.Any)
 class DeleteAndScatter(CountsBundles):
     """(bucket, DeletionTask) -> (bucket, ShardRelease): whole respondents deleted per crowd,
-    surviving data messages stripped to payload, CRC and crowd, each in a fresh uniform slot."""
+    surviving data messages stripped to payload, CRC and crowd, each in a fresh uniform slot.
 
-    def __init__(self, rules: report_rows.ValidationRules, spill_dir: str) -> None:
-        self._rules = rules
+    Reads the shard's candidates that ``CountShard`` spilled (its screened data messages, each
+    with its origin code in its crowd), not the shard's report rows again."""
+
+    def __init__(self, spill_dir: str) -> None:
         self._spill_dir = spill_dir
         self._source: Any = None
 
@@ -94,70 +95,59 @@ class DeleteAndScatter(CountsBundles):
         self.worked()
         key, deletion = element
         task_texts = unpack_texts(deletion.crowds)
-        rows, _ = spill.read_shard_rows(
-            deletion.task,
-            ["origin_hash", "event_time", "payload", "payload_crc32c", "record_index", "crowd"],
-        )
-        repeats = (
-            shard_repeats(
-                deletion.task.repeats,
-                rows.column(spill.PIECE_INDEX).to_numpy(),
-                rows.column("record_index").to_numpy(),
-            )
-            if deletion.task.bits
-            else None
-        )
-        screened = screen(rows, self._rules, key[1], repeats)
-        code_of = {text: code for code, text in enumerate(screened.texts)}
-        by_crowd = np.argsort(screened.crowds, kind="stable")
-        bounds = np.searchsorted(screened.crowds[by_crowd], np.arange(len(screened.texts) + 1))
-        hashes = rows.column("origin_hash").to_numpy()
-        data = screened.codes == decide.DATA
-        kept = np.zeros(rows.num_rows, dtype=bool)
-        for text, respondents, respondents_deleted in zip(
+        if deletion.candidates is None:  # its crowds' respondents sent presence messages only
+            rows = pa.RecordBatch.from_pylist([], spill.CANDIDATE_SPILL_SCHEMA)
+        else:
+            rows = spill.read_spill(deletion.candidates, spill.CANDIDATE_SPILL_SCHEMA)
+        crowds, texts = crowd_codes(rows.column("crowd"))
+        code_of = {text: code for code, text in enumerate(texts)}
+        origin = rows.column("origin_code").to_numpy()
+        # Every origin of the task's crowds, crowd after crowd: kept or deleted (whole).
+        respondents = unpack_ints(deletion.respondents)
+        keep_origin = np.ones(int(respondents.sum()), dtype=bool)
+        bases = np.zeros(len(texts) + 1, dtype=np.int64)
+        limits = np.zeros(len(texts) + 1, dtype=np.int64)  # 0: a crowd not released here
+        begin = 0
+        for text, distinct, respondents_deleted in zip(
             task_texts,
-            unpack_ints(deletion.respondents).tolist(),
+            respondents.tolist(),
             unpack_ints(deletion.respondents_deleted).tolist(),
             strict=True,
         ):
+            keep_origin[begin : begin + distinct] = decide.kept_rows(
+                np.arange(distinct), distinct, respondents_deleted, self._source
+            )
             code = code_of.get(text)
-            members = (
-                by_crowd[bounds[code] : bounds[code + 1]] if code is not None else by_crowd[:0]
+            if code is not None:
+                bases[code], limits[code] = begin, distinct
+            begin += distinct
+        in_release = limits[crowds] > 0
+        if np.any(origin[in_release] >= limits[crowds[in_release]]) or (
+            deletion.candidates is not None and rows.num_rows != deletion.candidates.rows
+        ):
+            raise RuntimeError(
+                f"shard {deletion.task.shard} of {key}: candidates beyond those counted: spill "
+                "files changed during the run"
             )
-            members = members[screened.codes[members] != decide.DUPLICATE_PAYLOAD]
-            distinct, origin_codes = np.unique(hashes[members], return_inverse=True)
-            if distinct.size != respondents:
-                raise RuntimeError(
-                    f"shard {deletion.task.shard} of {key}, crowd {text}, has {distinct.size} "
-                    f"origins, counted {respondents}: spill files changed during the run"
-                )
-            kept[members] = decide.kept_rows(
-                origin_codes.reshape(-1), distinct.size, respondents_deleted, self._source
-            )
-        chosen = np.zeros(len(screened.texts) + 1, dtype=bool)
-        chosen[[code_of[text] for text in task_texts if text in code_of]] = True
-        in_release = chosen[screened.crowds] & data
-        survivors = np.flatnonzero(kept & in_release)
+        kept = np.zeros(rows.num_rows, dtype=bool)
+        kept[in_release] = keep_origin[bases[crowds[in_release]] + origin[in_release]]
+        survivors = np.flatnonzero(kept)
         gone = ~kept & in_release
         # The task's crowds' codes (one past the last for a crowd with no rows here).
         task_codes = np.array(
-            [code_of.get(text, len(screened.texts)) for text in task_texts], dtype=np.int64
+            [code_of.get(text, len(texts)) for text in task_texts], dtype=np.int64
         )
-        per_deleted = np.bincount(screened.crowds[gone], minlength=len(screened.texts) + 1)
-        per_released = np.bincount(screened.crowds[survivors], minlength=len(screened.texts) + 1)
+        per_deleted = np.bincount(crowds[gone], minlength=len(texts) + 1)
+        per_released = np.bincount(crowds[survivors], minlength=len(texts) + 1)
         counts: dict[str, int] = {}
         _count(counts, DELETED, int(np.count_nonzero(gone)))
         yield beam.pvalue.TaggedOutput("counts", counts)
         pieces: list[tuple[int, Piece]] = []
         if survivors.size:
             slots = decide.assign_groups(survivors.size, 1 << deletion.slot_bits, self._source)
-            order = np.argsort(slots, kind="stable")
+            order = decide.stable_order(slots, 1 << deletion.slot_bits)
             sorted_slots = slots[order]
-            take = pa.array(survivors[order])
-            released = pa.RecordBatch.from_arrays(
-                [rows.column(name).combine_chunks().take(take) for name in RELEASED_COLUMNS],
-                schema=spill.RELEASED_SPILL_SCHEMA,
-            )
+            released = rows.select(RELEASED_COLUMNS).take(pa.array(survivors[order]))
             starts = np.flatnonzero(np.r_[True, sorted_slots[1:] != sorted_slots[:-1]])
             ends = np.r_[starts[1:], sorted_slots.size]
             bounds_list = list(zip(starts.tolist(), ends.tolist(), strict=True))
@@ -248,7 +238,8 @@ def crowd_release_order(crowd_rank: np.ndarray, source: Any) -> np.ndarray:
     by crowd, each crowd's rows in a uniformly random order (a uniform permutation of the group
     from the secure ``source``, then a stable sort by crowd)."""
     shuffled = decide.release_order(crowd_rank.size, source)
-    return shuffled[np.argsort(crowd_rank[shuffled], kind="stable")]
+    ranks = crowd_rank[shuffled]
+    return shuffled[decide.stable_order(ranks, int(ranks.max()) + 1 if ranks.size else 0)]
 
 
 @beam.typehints.with_output_types(typing.Any)

@@ -28,11 +28,12 @@ spill format in ``shuffle_spill``:
    ``spill.read_shard_range``): a bucket's shards together read it about once, however many.
 5. ``CountShard``: screens each origin's messages per crowd (one presence message counts, the
    data messages up to the crowd's recipe's per-origin cap; the rest dead-lettered) and counts
-   distinct origins per crowd: one element per shard with per-crowd arrays.
+   distinct origins per crowd: one element per shard with per-crowd arrays. The data messages
+   that pass are spilled once more as the shard's candidates (payload, CRC, crowd and the
+   origin's rank in its crowd), so the shard's report rows are read and screened once.
 6. ``Decide``: per crowd of the bucket, threshold and Algorithm 3 on distinct respondents;
-   deletions split over shards per crowd. ``DeleteAndScatter``: delete whole respondents, strip
-   everything but payload, CRC and crowd, drop presence messages, scatter survivors over uniform
-   slots. ``CompleteBucket``: the bucket's manifests and crowd table, slots -> 2**g groups from
+   deletions split over shards per crowd. ``DeleteAndScatter``: read the shard's candidates, delete
+   whole respondents (by origin rank), scatter survivors over uniform slots. ``CompleteBucket``: the bucket's manifests and crowd table, slots -> 2**g groups from
    the bucket's released count. ``PermuteGroup``: rows grouped by crowd in ``crowd_order``, a
    uniform permutation within each crowd, one released file per group (these three in
    ``shuffle_release``).
@@ -87,6 +88,7 @@ from transforms.shuffler.read import (
     draw_origin_key,
 )
 from transforms.shuffler.release import (
+    RELEASED_COLUMNS,
     CompleteBucket,
     CountsBundles,
     DeleteAndScatter,
@@ -104,8 +106,8 @@ from transforms.shuffler.spill import (
 )
 from transforms.shuffler.steps import (
     DRAFT_COLUMNS,
-    distinct_per_crowd,
     draft_row,
+    origin_codes,
     screen,
     spilled_dead_letters,
 )
@@ -177,10 +179,13 @@ def _over_cap_detail(caps: dict[str, int]) -> Any:
 @beam.typehints.with_output_types(typing.Any)
 class CountShard(CountsBundles):
     """(bucket, ShardTask) -> (bucket, ShardCount) with per-crowd arrays; screened-out messages
-    are dead-lettered and presence messages counted (``presence``)."""
+    are dead-lettered and presence messages counted (``presence``). The data messages that pass
+    are spilled once as the shard's candidates (payload, CRC, crowd, origin code), which is all
+    ``DeleteAndScatter`` reads: a shard's rows are read and screened once."""
 
-    def __init__(self, rules: report_rows.ValidationRules) -> None:
+    def __init__(self, rules: report_rows.ValidationRules, spill_dir: str) -> None:
         self._rules = rules
+        self._spill_dir = spill_dir
 
     def process(self, element: tuple[BucketKey, spill.ShardTask]) -> Iterator[Any]:
         self.worked()
@@ -215,10 +220,11 @@ class CountShard(CountsBundles):
             return
         # A repeated sealed payload counts nobody: its sender is a respondent only by messages
         # of its own (schemas/replays.py).
-        counted = codes != decide.DUPLICATE_PAYLOAD
+        counted = np.flatnonzero(codes != decide.DUPLICATE_PAYLOAD)
         hashes = rows.column("origin_hash").to_numpy()[counted]
-        respondents = distinct_per_crowd(crowds[counted], hashes, len(texts))
-        messages = np.bincount(crowds[codes == decide.DATA], minlength=len(texts))
+        respondents, counted_codes = origin_codes(crowds[counted], hashes, len(texts))
+        data = codes[counted] == decide.DATA
+        messages = np.bincount(crowds[counted[data]], minlength=len(texts))
         min_crowd = np.zeros(len(texts), dtype=np.int64)
         minimums = rows.column("min_crowd_size").to_numpy()[counted]
         np.maximum.at(min_crowd, crowds[counted], minimums)
@@ -230,8 +236,26 @@ class CountShard(CountsBundles):
                 pack_ints(respondents),
                 pack_ints(messages),
                 pack_ints(min_crowd),
+                self._candidates(rows, counted[data], counted_codes[data]),
             ),
         )
+
+    def _candidates(
+        self, rows: pa.Table, chosen: np.ndarray, origin: np.ndarray
+    ) -> spill.Piece | None:
+        """Spill the rows ``chosen`` (data messages that passed screening, in row order) with
+        their origin codes; the pointer, or None when there are none."""
+        if not chosen.size:
+            return None
+        take = pa.array(chosen)
+        batch = pa.RecordBatch.from_arrays(
+            [rows.column(name).combine_chunks().take(take) for name in RELEASED_COLUMNS]
+            + [pa.array(origin)],
+            schema=spill.CANDIDATE_SPILL_SCHEMA,
+        )
+        path = spill.spill_path(self._spill_dir, "candidates")
+        ((offset, length, _),) = spill.write_spill(path, [batch])
+        return Piece(path, offset, length, batch.num_rows, "", 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -325,6 +349,7 @@ class Decide(beam.DoFn):
                     pack_ints(respondents[row, columns]),
                     pack_ints(deleted[row, columns]),
                     slot_bits,
+                    count.candidates,
                 ),
             )
 
@@ -411,7 +436,9 @@ class ShuffleReports(beam.PTransform):
             planned.shards
             | "SpreadShards" >> beam.Reshuffle()
             | "CountShard"
-            >> beam.ParDo(CountShard(rules)).with_outputs("dead_letter", "counts", main="counted")
+            >> beam.ParDo(CountShard(rules, spill_dir)).with_outputs(
+                "dead_letter", "counts", main="counted"
+            )
         )
         decided = (
             counted.counted
@@ -422,7 +449,7 @@ class ShuffleReports(beam.PTransform):
             decided.tasks
             | "SpreadDeletions" >> beam.Reshuffle()
             | "DeleteAndScatter"
-            >> beam.ParDo(DeleteAndScatter(rules, spill_dir)).with_outputs("counts", main="shards")
+            >> beam.ParDo(DeleteAndScatter(spill_dir)).with_outputs("counts", main="shards")
         )
         completed = (
             {"draft": decided.draft, "shards": scattered.shards}

@@ -28,13 +28,16 @@ import apache_beam as beam
 import fastavro
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms import trigger as beam_trigger
 from apache_beam.transforms import window as beam_window
 
 from schemas import SCHEMA_VERSION, parsed_schema, schema_json
-from schemas.avro.container import encode_container
+from schemas.avro.columns import binary_buffers
+from schemas.avro.container import encode_encoded_container
+from schemas.avro.encode import encode_rows
 from schemas.release import commit as release_format
 from schemas.release.crowd_buckets import (
     MESSAGES_DIR,
@@ -84,10 +87,12 @@ def shuffled_columns(group: ReleasedGroup) -> dict[str, Any]:
     """ShuffledMessage columns of a released group (each crowd's fields repeated over its rows)."""
     lengths = np.asarray(group.crowd_rows, dtype=np.int64)
 
+    # Each row's crowd (rows come crowd after crowd): one take per field, no object per row.
+    crowd_of_row = pa.array(np.repeat(np.arange(len(group.crowds)), lengths))
+
     def repeated(position: int) -> pa.Array:
-        values = np.empty(len(group.crowds), dtype=object)
-        values[:] = [crowd[position] for crowd in group.crowds]
-        return pa.array(np.repeat(values, lengths), type=pa.string())
+        values = pa.array([crowd[position] for crowd in group.crowds], type=pa.string())
+        return values.take(crowd_of_row)
 
     return {
         "schema_version": SCHEMA_VERSION,
@@ -99,6 +104,54 @@ def shuffled_columns(group: ReleasedGroup) -> dict[str, Any]:
         "payload": group.payloads,
         "payload_crc32c": group.crcs,
     }
+
+
+def _binary(data: np.ndarray, offsets: np.ndarray) -> pa.Array:
+    """Rows ``data[offsets[i]:offsets[i + 1]]`` as an Arrow large_binary array (no copy)."""
+    return pa.Array.from_buffers(
+        pa.large_binary(),
+        offsets.size - 1,
+        [None, pa.py_buffer(np.ascontiguousarray(offsets, dtype=np.int64)), pa.py_buffer(data)],
+    )
+
+
+def shuffled_message_rows(group: ReleasedGroup) -> tuple[np.ndarray, np.ndarray]:
+    """Avro binary of a group's ShuffledMessage records, ``(bytes, row offsets)``: the bytes
+    ``encode_rows`` gives for :func:`shuffled_columns`, with each crowd's leading fields
+    (schema version, window, channel, recipe, crowd ID) encoded once and repeated over its rows
+    (an Avro record is its fields' encodings back to back), then each row's payload and CRC."""
+    schema = schema_json("shuffled_message")
+    rows, crowds = group.messages, len(group.crowds)
+    if not rows or not crowds:
+        return encode_rows(schema, shuffled_columns(group), rows)
+    names = [field["name"] for field in schema["fields"]]
+    split = names.index("payload")
+    leading = {
+        "schema_version": SCHEMA_VERSION,
+        "window_start": int(group.key[0]),
+        "window_end": group.window_end,
+        **{
+            name: pa.array([crowd[position] for crowd in group.crowds], type=pa.string())
+            for position, name in enumerate(("channel", "recipe_id", "crowd_id"))
+        },
+    }
+    if names[:split] != list(leading) or names[split:] != ["payload", "payload_crc32c"]:
+        raise RuntimeError(f"ShuffledMessage fields changed: {names}")
+    heads = _binary(*encode_rows({**schema, "fields": schema["fields"][:split]}, leading, crowds))
+    tails = _binary(
+        *encode_rows(
+            {**schema, "fields": schema["fields"][split:]},
+            {"payload": group.payloads, "payload_crc32c": group.crcs},
+            rows,
+        )
+    )
+    crowd_of_row = pa.array(np.repeat(np.arange(crowds), np.asarray(group.crowd_rows)))
+    joined = pc.binary_join_element_wise(
+        heads.take(crowd_of_row), tails, pa.scalar(b"", type=pa.large_binary())
+    )
+    offsets, data = binary_buffers(joined)
+    start = int(offsets[0])
+    return data[start : int(offsets[-1])], offsets - start
 
 
 def _index_name(path: str) -> str:
@@ -144,8 +197,8 @@ class WriteShuffledMessages(beam.PTransform):
         run_id = self._run_id
 
         def write(group: ReleasedGroup) -> dict[str, Any]:
-            content = encode_container(
-                schema_json("shuffled_message"), shuffled_columns(group), group.messages, codec
+            content = encode_encoded_container(
+                schema_json("shuffled_message"), *shuffled_message_rows(group), codec
             )
             path = message_file_path(group.key, group.group)
             return _publish(output_dir, private_dir, path, content, group.messages, run_id)

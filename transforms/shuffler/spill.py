@@ -159,25 +159,30 @@ class ShardTask(NamedTuple):
 class ShardCount(NamedTuple):
     """Per crowd of a shard (``crowds``: key texts, sorted, :func:`pack_texts`): distinct
     respondents (origins, presence or data), kept data messages and the largest
-    min_crowd_size of its rows."""
+    min_crowd_size of its rows. ``candidates``: the shard's screened data messages, spilled
+    once by the count (:data:`CANDIDATE_SPILL_SCHEMA`), so that its deletion reads them in
+    one piece and screens nothing again."""
 
     task: ShardTask
     crowds: bytes
     respondents: bytes  # pack_ints, one per crowd (as are the arrays of the classes below)
     messages: bytes
     min_crowd: bytes
+    candidates: Piece | None = None
 
 
 class DeletionTask(NamedTuple):
     """Per released crowd of a shard: delete ``respondents_deleted`` of its ``respondents``
-    origins; scatter the surviving messages over 2**slot_bits uniform slots (merged into the
-    bucket's output groups later). ``crowds``: key texts, :func:`pack_texts`."""
+    origins; scatter the surviving messages (of the shard's ``candidates``,
+    :class:`ShardCount`) over 2**slot_bits uniform slots (merged into the bucket's output
+    groups later). ``crowds``: key texts, :func:`pack_texts`."""
 
     task: ShardTask
     crowds: bytes
     respondents: bytes
     respondents_deleted: bytes
     slot_bits: int
+    candidates: Piece | None = None
 
 
 class ShardRelease(NamedTuple):
@@ -224,6 +229,10 @@ SPILLED_REPORT_COLUMNS = ("event_time", "min_crowd_size", "payload", "payload_cr
 RELEASED_SPILL_SCHEMA = pa.schema(
     [("payload", pa.binary()), ("payload_crc32c", pa.int64()), ("crowd", CROWD_TYPE)]
 )
+# A shard's data messages that passed screening, as released rows plus each one's origin code:
+# the rank of its origin hash among its crowd's distinct counted origin hashes in the shard
+# (``steps.origin_codes``), all deletion needs of an origin.
+CANDIDATE_SPILL_SCHEMA = pa.schema([*RELEASED_SPILL_SCHEMA, ("origin_code", pa.int64())])
 _PIECE_TYPES = {"path": pa.string(), "source": pa.string(), "fences": pa.binary()}
 PIECE_LIST_SCHEMA = pa.schema(
     [(name, _PIECE_TYPES.get(name, pa.int64())) for name in Piece._fields]
@@ -263,9 +272,15 @@ def own_dictionary(batch: pa.RecordBatch) -> pa.RecordBatch:
     if index < 0 or batch.num_rows == 0:
         return batch
     column = batch.column(index)
-    used, codes = np.unique(column.indices.to_numpy(zero_copy_only=False), return_inverse=True)
+    indices = column.indices.to_numpy(zero_copy_only=False)
+    present = np.zeros(len(column.dictionary), dtype=bool)
+    present[indices] = True  # no sort: a dictionary's codes are dense
+    if present.all():
+        return batch
+    used = np.flatnonzero(present)
+    codes = (np.cumsum(present, dtype=np.int32) - 1)[indices]
     compact = pa.DictionaryArray.from_arrays(
-        pa.array(codes.reshape(-1).astype(np.int32)), column.dictionary.take(pa.array(used))
+        pa.array(codes), column.dictionary.take(pa.array(used))
     )
     return batch.set_column(index, "crowd", compact)
 
@@ -338,17 +353,23 @@ def _read_ranges(path: str, ranges: list[tuple[int, int]]) -> bytes:
     return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-def _one_batch(data: bytes, path: str, schema: pa.Schema | None) -> pa.RecordBatch:
-    """The record batches of an IPC stream's bytes as one."""
+def _stream_table(data: bytes, path: str, schema: pa.Schema | None) -> pa.Table:
+    """The record batches of an IPC stream's bytes as the chunks of a table (no copy)."""
     reader = pa.ipc.open_stream(pa.py_buffer(data))
     if schema is not None and not reader.schema.equals(schema):
         raise RuntimeError(f"spill file {path} holds {reader.schema}, expected {schema}")
-    batches = [batch for batch in reader if batch.num_rows]
+    return reader.read_all()
+
+
+def _one_batch(data: bytes, path: str, schema: pa.Schema | None) -> pa.RecordBatch:
+    """The record batches of an IPC stream's bytes as one."""
+    table = _stream_table(data, path, schema)
+    batches = [batch for batch in table.to_batches() if batch.num_rows]
     if not batches:
-        return pa.RecordBatch.from_pylist([], reader.schema)
+        return pa.RecordBatch.from_pylist([], table.schema)
     if len(batches) == 1:
         return batches[0]
-    return pa.Table.from_batches(batches, reader.schema).combine_chunks().to_batches()[0]
+    return pa.Table.from_batches(batches, table.schema).combine_chunks().to_batches()[0]
 
 
 def read_spill(piece: Piece, schema: pa.Schema | None = None) -> pa.RecordBatch:
@@ -362,29 +383,40 @@ def read_shard_range(piece: Piece, shard: int, bits: int) -> pa.RecordBatch:
     """The rows of a hash-sorted report piece whose origin hash's top ``bits`` bits equal
     ``shard``. A fenced piece is read only in the chunks the
     shard's hash range touches (plus the stream's head); others in full."""
-    if bits == 0 or not piece.fences:
-        batch = read_spill(piece, REPORT_SPILL_SCHEMA)
-        begin, end = report_rows.shard_row_range(
-            batch.column("origin_hash").to_numpy(), shard, bits
-        )
-        return batch.slice(begin, end - begin)
-    fences = unpack_ints(piece.fences)
-    first, last = fences[:, 0].view(np.uint64), fences[:, 1].view(np.uint64)
-    low = np.uint64(shard << (64 - bits))
-    touched = last >= low
-    if shard + 1 < (1 << bits):
-        touched &= first < np.uint64((shard + 1) << (64 - bits))
-    chunks = np.flatnonzero(touched)
-    if not chunks.size:
+    table, _ = _shard_table(piece, shard, bits)
+    batches = [batch for batch in table.to_batches() if batch.num_rows]
+    if len(batches) == 1:
+        return batches[0]
+    if not batches:
         return pa.RecordBatch.from_pylist([], REPORT_SPILL_SCHEMA)
-    head, start, stop = int(fences[0, 2]), int(fences[chunks[0], 2]), int(fences[chunks[-1], 3])
-    data = _read_ranges(
-        piece.path,
-        [(piece.offset, piece.offset + head), (piece.offset + start, piece.offset + stop)],
-    )
-    batch = _one_batch(data, piece.path, REPORT_SPILL_SCHEMA)
-    begin, end = report_rows.shard_row_range(batch.column("origin_hash").to_numpy(), shard, bits)
-    return batch.slice(begin, end - begin)
+    return table.combine_chunks().to_batches()[0]
+
+
+def _shard_table(piece: Piece, shard: int, bits: int) -> tuple[pa.Table, int]:
+    """:func:`read_shard_range` as a table of the stream's chunks (not copied into one), and
+    the bytes read for it (which its slices hold)."""
+    if bits == 0 or not piece.fences:
+        data = _read_ranges(piece.path, [(piece.offset, piece.offset + piece.length)])
+    else:
+        fences = unpack_ints(piece.fences)
+        first, last = fences[:, 0].view(np.uint64), fences[:, 1].view(np.uint64)
+        low = np.uint64(shard << (64 - bits))
+        touched = last >= low
+        if shard + 1 < (1 << bits):
+            touched &= first < np.uint64((shard + 1) << (64 - bits))
+        chunks = np.flatnonzero(touched)
+        if not chunks.size:
+            return REPORT_SPILL_SCHEMA.empty_table(), 0
+        head, start = int(fences[0, 2]), int(fences[chunks[0], 2])
+        stop = int(fences[chunks[-1], 3])
+        data = _read_ranges(
+            piece.path,
+            [(piece.offset, piece.offset + head), (piece.offset + start, piece.offset + stop)],
+        )
+    table = _stream_table(data, piece.path, REPORT_SPILL_SCHEMA)
+    hashes = table.column("origin_hash").to_numpy()
+    begin, end = report_rows.shard_row_range(hashes, shard, bits)
+    return table.slice(begin, end - begin), len(data)
 
 
 def write_piece_list(spill_dir: str, pieces: tuple[Piece, ...]) -> Piece:
@@ -415,18 +447,18 @@ def read_shard_rows(task: ShardTask, columns: Iterable[str]) -> tuple[pa.Table, 
     ``crowd`` column comes back with one dictionary for the whole table."""
     columns = list(columns)
     compacted: list[pa.Table] = []
-    held: list[pa.RecordBatch] = []
+    held: list[pa.Table] = []
     held_bytes = 0
     pieces = read_piece_list(task.piece_list)
     for index, piece in enumerate(pieces):
-        part = read_shard_range(piece, task.shard, task.bits)
+        part, read = _shard_table(piece, task.shard, task.bits)
         if part.num_rows:
             part = part.select(columns)
             part = part.append_column(
                 PIECE_INDEX, pa.array(np.full(part.num_rows, index, np.int64))
             )
             held.append(part)
-            held_bytes += part.nbytes
+            held_bytes += read  # Table.nbytes of a slice costs ~70 us; the bytes read bound it
         if held_bytes >= _COMPACT_BYTES:
             compacted.append(_combined(held))
             held, held_bytes = [], 0
@@ -441,10 +473,6 @@ def read_shard_rows(task: ShardTask, columns: Iterable[str]) -> tuple[pa.Table, 
     return _combined(compacted), sources
 
 
-def _combined(parts: list[pa.RecordBatch] | list[pa.Table]) -> pa.Table:
+def _combined(parts: list[pa.Table]) -> pa.Table:
     """One table of one chunk per column (dictionaries unified)."""
-    if isinstance(parts[0], pa.RecordBatch):
-        table = pa.Table.from_batches(parts)
-    else:
-        table = pa.concat_tables(parts)
-    return table.unify_dictionaries().combine_chunks()
+    return pa.concat_tables(parts).unify_dictionaries().combine_chunks()

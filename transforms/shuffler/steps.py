@@ -301,15 +301,34 @@ def screen(
 
 def distinct_per_crowd(crowds: np.ndarray, hashes: np.ndarray, count: int) -> np.ndarray:
     """Distinct origin hashes of each of ``count`` crowds (rows carry crowd codes)."""
+    return origin_codes(crowds, hashes, count)[0]
+
+
+def origin_codes(
+    crowds: np.ndarray, hashes: np.ndarray, count: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(distinct, codes)``: the distinct origin hashes of each of ``count`` crowds, and each
+    row's origin code in its crowd, in ``[0, distinct[crowd])``: the rank of its hash among the
+    crowd's distinct hashes (what ``np.unique(..., return_inverse=True)`` of the crowd's rows
+    gives, for all crowds in one sort)."""
     if not crowds.size:
-        return np.zeros(count, dtype=np.int64)
-    order = np.lexsort((hashes, crowds))
+        return np.zeros(count, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    # By crowd, then hash (rows that tie are one origin: their order does not matter).
+    order = np.argsort(hashes)
+    order = order[decide.stable_order(crowds[order], count)]
     sorted_crowds, sorted_hashes = crowds[order], hashes[order]
     first = np.ones(crowds.size, dtype=bool)
     first[1:] = (sorted_crowds[1:] != sorted_crowds[:-1]) | (
         sorted_hashes[1:] != sorted_hashes[:-1]
     )
-    return np.bincount(sorted_crowds[first], minlength=count).astype(np.int64)
+    distinct = np.bincount(sorted_crowds[first], minlength=count).astype(np.int64)
+    # Distinct (crowd, hash) pairs numbered over all crowds, less the crowd's first number.
+    numbers = np.cumsum(first) - 1
+    bases = np.zeros(count, dtype=np.int64)
+    np.cumsum(distinct[:-1], out=bases[1:])
+    codes = np.empty(crowds.size, dtype=np.int64)
+    codes[order] = numbers - bases[sorted_crowds]
+    return distinct, codes
 
 
 def released_crowd(manifest: Mapping[str, Any]) -> dict[str, Any]:

@@ -40,3 +40,18 @@ def test_matches_the_native_crc_on_lists_and_payload_buffers() -> None:
         assert crc32c_many(items).tolist() == expected
         assert crc32c_many(EncodedPayloads.from_list(items)).tolist() == expected
     assert crc32c_many([]).size == 0
+
+
+@pytest.mark.parametrize("length", [1, 16, 83, 256, 257])
+def test_matches_the_native_crc_on_strings_of_one_length(length: int) -> None:
+    """Strings of one length back to back (fixed-size payloads) take the matrix path up to 256
+    bytes; more rows than one transposed block, and a slice that starts inside the buffer."""
+    rng = np.random.default_rng(length)
+    rows = (1 << 19) // length + 7
+    data = rng.bytes(length * rows)
+    array = pa.FixedSizeBinaryArray.from_buffers(
+        pa.binary(length), rows, [None, pa.py_buffer(data)]
+    ).cast(pa.binary())
+    array = array.slice(3)
+    expected = [google_crc32c.value(data[i * length : (i + 1) * length]) for i in range(3, rows)]
+    assert crc32c_many(array).tolist() == expected

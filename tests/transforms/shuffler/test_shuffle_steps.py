@@ -3,6 +3,7 @@ pipeline, and the message sink's retry behaviour on a small one."""
 
 from __future__ import annotations
 
+import io
 import json
 from collections import Counter
 from pathlib import Path
@@ -11,6 +12,7 @@ import apache_beam as beam
 import fastavro
 import numpy as np
 import pyarrow as pa
+import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from schemas.avro.reader import read_container_bytes
@@ -95,6 +97,22 @@ def test_screening_caps_each_origin_per_crowd_by_its_recipe() -> None:
     }
     hashes = keyed.rows.column("origin_hash").to_numpy()
     assert steps.distinct_per_crowd(screened.crowds, hashes, 2).tolist() == [1, 1]
+
+
+def test_origin_codes_rank_each_origin_within_its_crowd_as_unique_does() -> None:
+    rng = np.random.default_rng(3)
+    crowds = rng.integers(0, 5, size=2000)  # crowd 4 of 6 has rows, crowd 5 none
+    crowds[crowds == 4] = 3
+    hashes = rng.integers(0, 40, size=2000).astype(np.uint64) << np.uint64(58)
+    distinct, codes = steps.origin_codes(crowds, hashes, 6)
+    for crowd in range(6):
+        members = crowds == crowd
+        unique, inverse = np.unique(hashes[members], return_inverse=True)
+        assert distinct[crowd] == unique.size
+        assert codes[members].tolist() == inverse.reshape(-1).tolist()
+    assert steps.distinct_per_crowd(crowds, hashes, 6).tolist() == distinct.tolist()
+    empty = steps.origin_codes(crowds[:0], hashes[:0], 2)
+    assert empty[0].tolist() == [0, 0] and empty[1].size == 0
 
 
 def test_rejected_and_spilled_dead_letters_say_where_the_record_is() -> None:
@@ -187,3 +205,86 @@ def test_metrics_add_up_in_records_with_presence_and_refuse_unknown_counts() -> 
     unknown = metrics_summary({**counts, "unknown_records:unreadable_file": 1})
     assert not unknown["adds_up"] and unknown["chunks_of_unknown_records"] == {"unreadable_file": 1}
     assert not metrics_summary(dict(counts, read=21))["adds_up"]
+
+
+def test_shuffled_message_rows_are_the_bytes_of_the_columns_encoded_row_by_row() -> None:
+    """Each crowd's leading fields encoded once and repeated give the same file bytes as every
+    field encoded for every row, and fastavro reads the records back."""
+    rng = np.random.default_rng(5)
+    crowds = (("ch", "r@1", None), ("ch", "r@1", "a"), ("kanal-é", "r@2", "b" * 70))
+    crowd_rows = (3, 1, 250)
+    rows = sum(crowd_rows)
+    payloads = pa.array([rng.bytes(int(n)) for n in rng.integers(0, 200, size=rows)], pa.binary())
+    crcs = rng.integers(0, 2**32, size=rows)
+    group = sinks.ReleasedGroup(
+        BucketKey(1_704_067_200_000, 1, 7), 2, 1_704_153_600_000, crowds, crowd_rows, payloads, crcs
+    )
+    schema = sinks.schema_json("shuffled_message")
+    data, offsets = sinks.shuffled_message_rows(group)
+    expected_data, expected_offsets = sinks.encode_rows(schema, sinks.shuffled_columns(group), rows)
+    assert offsets.tolist() == expected_offsets.tolist()
+    assert data.tobytes() == expected_data.tobytes()
+    content = sinks.encode_encoded_container(schema, data, offsets)
+    records = list(fastavro.reader(io.BytesIO(content)))
+    assert [(r["channel"], r["recipe_id"], r["crowd_id"]) for r in records] == [
+        crowd for crowd, n in zip(crowds, crowd_rows, strict=True) for _ in range(n)
+    ]
+    assert [r["payload"] for r in records] == payloads.to_pylist()
+    assert [r["payload_crc32c"] for r in records] == crcs.tolist()
+
+
+def _deletion(tmp_path: Path, origin_codes: list[int] | None, respondents: int) -> list:
+    """DeleteAndScatter on one crowd of a shard whose candidates carry ``origin_codes`` (None:
+    the shard's respondents of the crowd sent presence messages only)."""
+    from transforms.shuffler import release
+
+    text = spill.crowd_text(rf.CHANNEL, rf.RECIPE, None)
+    candidates = None
+    if origin_codes is not None:
+        rows = len(origin_codes)
+        batch = pa.RecordBatch.from_arrays(
+            [
+                pa.array([b"p%d" % i for i in range(rows)]),
+                pa.array(np.arange(rows, dtype=np.int64)),
+                pa.DictionaryArray.from_arrays(
+                    pa.array(np.zeros(rows, np.int32)), pa.array([text])
+                ),
+                pa.array(np.asarray(origin_codes, dtype=np.int64)),
+            ],
+            schema=spill.CANDIDATE_SPILL_SCHEMA,
+        )
+        path = str(tmp_path / "candidates.arrow")
+        ((offset, length, _),) = spill.write_spill(path, [batch])
+        candidates = spill.Piece(path, offset, length, rows, "", 0)
+    task = spill.DeletionTask(
+        spill.ShardTask(0, 0, spill.Piece("list", 0, 1, 1, "", 0)),
+        spill.pack_texts([text]),
+        spill.pack_ints([respondents]),
+        spill.pack_ints([1]),
+        0,
+        candidates,
+    )
+    step = release.DeleteAndScatter(str(tmp_path))
+    step.setup()
+    return list(step.process(((1_704_067_200_000, 0, 3), task)))
+
+
+def test_delete_and_scatter_deletes_whole_origins_of_the_candidates(tmp_path) -> None:
+    outputs = _deletion(tmp_path, [0, 1, 2, 1, 0, 2, 2], respondents=4)  # origin 3: presence
+    (shard,) = [output[1] for output in outputs if isinstance(output, tuple)]
+    deleted = spill.unpack_ints(shard.messages_deleted).tolist()
+    released = spill.unpack_ints(shard.messages_released).tolist()
+    assert deleted[0] + released[0] == 7 and deleted[0] in (0, 2, 3)  # one whole origin
+
+
+def test_delete_and_scatter_of_presence_only_respondents_releases_nothing(tmp_path) -> None:
+    (counts, (_, shard)) = [
+        o.value if hasattr(o, "tag") else o for o in _deletion(tmp_path, None, 2)
+    ]
+    assert counts == {} and not shard.pieces
+    assert spill.unpack_ints(shard.messages_released).tolist() == [0]
+
+
+def test_delete_and_scatter_refuses_candidates_beyond_the_counted_origins(tmp_path) -> None:
+    with pytest.raises(RuntimeError, match="spill files changed"):
+        _deletion(tmp_path, [0, 1, 2], respondents=2)
