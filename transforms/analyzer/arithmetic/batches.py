@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from privacy.estimators import (
     tree_node_offsets,
@@ -137,7 +138,7 @@ def aggregate_batch(
         batch.column("recipe_id"),
         batch.column("crowd_id"),
     ]
-    order, starts = group_rows(key_columns)
+    order, starts = crowd_groups(key_columns)
     sizes = np.diff(starts)
     firsts = order[starts[:-1]]  # each crowd's first row
     group_of = np.empty(rows, dtype=np.int64)
@@ -181,8 +182,9 @@ def aggregate_batch(
         chosen = np.zeros(firsts.size, dtype=bool)
         chosen[groups] = True
         recipe_rows = live_rows[chosen[group_of[live_rows]]]  # crowd after crowd, as read
+        every_row = recipe_rows.size == rows and np.array_equal(recipe_rows, everything)
         decoded = decode_payloads(
-            payloads_subset(payloads, recipe_rows),
+            payloads if every_row else payloads_subset(payloads, recipe_rows),
             allowed_kinds=(CENSUS, recipe.payload_kind),
             limits=decode_limits(recipe),
         )
@@ -331,6 +333,23 @@ def tree_node_matches_period(node: np.ndarray, period: np.ndarray, periods: int)
     stride = np.left_shift(1, level - 1)
     expected = offsets[level - 1] + (period >> (level - 1)) - 1
     return (period >= 1) & (period <= periods) & (period % stride == 0) & (expected == node)
+
+
+def is_constant(column: pa.Array | pa.ChunkedArray) -> bool:
+    """Whether every value of a non-empty column is its first (nulls included)."""
+    if column.null_count:
+        return column.null_count == len(column)
+    return bool(pc.all(pc.equal(column, column[0])).as_py())
+
+
+def crowd_groups(key_columns: list[pa.Array]) -> tuple[np.ndarray, np.ndarray]:
+    """``transforms.common.grouping.group_rows`` of a batch's crowd key columns; a batch of one
+    crowd (every key column constant: a release file's common case) without the sort, with
+    the same result (``order`` the rows in turn, one group)."""
+    rows = len(key_columns[0]) if key_columns else 0
+    if rows and all(is_constant(column) for column in key_columns):
+        return np.arange(rows), np.array([0, rows], dtype=np.int64)
+    return group_rows(key_columns)
 
 
 def payloads_subset(payloads: EncodedPayloads, rows: np.ndarray) -> EncodedPayloads:
