@@ -494,9 +494,11 @@ def message_columns(
     """The valid payloads of ``payload_kind`` as ``MessageBatch``-style columns
     (bucket, sign, fragment, period); the inverse of :func:`encode_message_batch`."""
     rows = decoded.is_kind(payload_kind)
-    take = {name: column[rows] for name, column in decoded.columns.items()}
+    # Only the kind's own fields (the others are 0 in its rows).
+    names = LAYOUTS[payload_kind].field_names if payload_kind in LAYOUTS else decoded.columns
+    take = {name: decoded.columns[name][rows] for name in names}
     for name, dtype in (("fragment", np.int16), ("period", np.int32)):
-        if take[name].size and take[name].max() > np.iinfo(dtype).max:
+        if name in take and take[name].size and take[name].max() > np.iinfo(dtype).max:
             raise ValueError(
                 f"{name} exceeds {np.dtype(dtype).name}: decode with limits={{{name!r}: ...}}"
             )
