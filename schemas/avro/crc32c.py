@@ -31,6 +31,9 @@ _TABLE = _table()
 # Byte positions are processed for all strings at once while more than this many strings are
 # that long; the rest of the (few) longer strings goes to the native CRC.
 _VECTOR_MIN_ROWS = 32
+# Strings longer than this go to the native CRC one by one (about 0.3 µs each, where a byte
+# position at a time costs about 6 ns a byte and string).
+_NATIVE_MIN_BYTES = 64
 
 
 def _buffers(payloads: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -70,22 +73,39 @@ def crc32c_many(payloads: pa.Array | pa.ChunkedArray | Sequence[bytes] | Any) ->
     order = np.argsort(keys, kind="stable")
     sorted_lengths = lengths[order]
     starts = offsets[:-1][order]
-    # still_running[j]: strings longer than j (a prefix of the sorted order).
-    histogram = np.bincount(sorted_lengths, minlength=int(sorted_lengths[0]) + 1)
-    still_running = count - np.cumsum(histogram)
-    vector_positions = int(np.count_nonzero(still_running > _VECTOR_MIN_ROWS))
+    # Long strings each go to the native CRC (for 20,000 sealed payloads of 99 bytes: 6 ms
+    # against 13 ms one byte position at a time); they are a prefix of the sorted order.
+    long_rows = int(np.count_nonzero(sorted_lengths > _NATIVE_MIN_BYTES))
     register = np.full(count, 0xFFFFFFFF, dtype=np.uint32)
+    if long_rows:
+        raw = data.tobytes()  # slices of bytes cost far less than numpy slices
+        ends = starts[:long_rows] + sorted_lengths[:long_rows]
+        register[:long_rows] = np.fromiter(
+            (
+                google_crc32c.value(raw[begin:end]) ^ 0xFFFFFFFF
+                for begin, end in zip(starts[:long_rows].tolist(), ends.tolist(), strict=True)
+            ),
+            dtype=np.uint32,
+            count=long_rows,
+        )
+    # still_running[j]: strings longer than j (a prefix of the sorted order), long ones aside.
+    histogram = np.bincount(sorted_lengths, minlength=int(sorted_lengths[0]) + 1)
+    still_running = count - np.cumsum(histogram) - long_rows
+    vector_positions = int(np.count_nonzero(still_running > _VECTOR_MIN_ROWS))
     for position in range(vector_positions):
-        running = int(still_running[position])
-        current = register[:running]
-        byte = data[starts[:running] + position]
-        register[:running] = _TABLE[(current ^ byte) & 0xFF] ^ (current >> 8)
-    register ^= np.uint32(0xFFFFFFFF)
+        running = long_rows + int(still_running[position])
+        current = register[long_rows:running]
+        byte = data[starts[long_rows:running] + position]
+        register[long_rows:running] = _TABLE[(current ^ byte) & 0xFF] ^ (current >> 8)
     tail = int(still_running[vector_positions]) if vector_positions < still_running.size else 0
-    for row in range(tail):
+    for row in range(long_rows, long_rows + max(tail, 0)):
         begin = int(starts[row]) + vector_positions
         end = int(starts[row]) + int(sorted_lengths[row])
-        register[row] = google_crc32c.extend(int(register[row]), data[begin:end].tobytes())
+        register[row] = (
+            google_crc32c.extend(int(register[row]) ^ 0xFFFFFFFF, data[begin:end].tobytes())
+            ^ 0xFFFFFFFF
+        )
+    register ^= np.uint32(0xFFFFFFFF)
     result[order] = register
     if valid is not None:
         result[~valid] = -1
