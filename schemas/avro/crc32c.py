@@ -7,7 +7,8 @@ bytes XOR the XOR over its bytes of ``T_d[m_j]``, the register a lone byte leave
 a column of the strings' matrix (a view of the buffer) at a time. Otherwise: one table-driven CRC
 (RFC 3720, appendix B.4: reflected polynomial 0x82F63B78) runs over all of them in parallel, one
 byte position per vectorized numpy step, longest first so the ones still running are a prefix;
-once few remain, the native ``google_crc32c.extend`` finishes each. Single values:
+once few remain, the native ``google_crc32c.extend`` finishes each; strings longer than
+:data:`_NATIVE_MIN_BYTES` go to the native CRC one by one from the start. Single values:
 ``schemas.crc32c`` (native).
 """
 
@@ -34,8 +35,9 @@ def _table() -> np.ndarray:
 
 _TABLE = _table()
 # Strings of one length up to this long take the linear path; its tables are built when first
-# needed (256 KB).
-_LINEAR_MAX_LENGTH = 256
+# needed (128 KB). Longer ones are faster through the native CRC one by one (50,000 strings of
+# 200 bytes: 41 ms linear, 19 ms native; of 99 bytes: 22 ms linear, 26 ms native).
+_LINEAR_MAX_LENGTH = 128
 # Bytes of strings transposed at a time (to stay in cache).
 _TRANSPOSED_BYTES = 1 << 19
 
@@ -82,26 +84,46 @@ def _crc_by_position(starts: np.ndarray, lengths: np.ndarray, data: np.ndarray) 
     """CRC32C (uint32) of the strings ``data[starts[i]:starts[i] + lengths[i]]``: one byte
     position of all still-running strings per numpy step, the last few strings natively."""
     count = lengths.size
-    order = np.argsort(-lengths, kind="stable")
+    result = np.empty(count, dtype=np.uint32)
+    # Stable, longest first; 16-bit keys where they fit (numpy sorts those by radix: 5x faster
+    # on 50,000 payloads of mixed lengths, the same order).
+    keys = -lengths.astype(np.int16) if int(lengths.max()) < 1 << 15 else -lengths
+    order = np.argsort(keys, kind="stable")
     sorted_lengths = lengths[order]
     starts = starts[order]
-    # still_running[j]: strings longer than j (a prefix of the sorted order).
-    histogram = np.bincount(sorted_lengths, minlength=int(sorted_lengths[0]) + 1)
-    still_running = count - np.cumsum(histogram)
-    vector_positions = int(np.count_nonzero(still_running > _VECTOR_MIN_ROWS))
+    # Long strings each go to the native CRC (for 20,000 sealed payloads of 99 bytes: 6 ms
+    # against 13 ms one byte position at a time); they are a prefix of the sorted order.
+    long_rows = int(np.count_nonzero(sorted_lengths > _NATIVE_MIN_BYTES))
     register = np.full(count, 0xFFFFFFFF, dtype=np.uint32)
+    if long_rows:
+        raw = data.tobytes()  # slices of bytes cost far less than numpy slices
+        ends = starts[:long_rows] + sorted_lengths[:long_rows]
+        register[:long_rows] = np.fromiter(
+            (
+                google_crc32c.value(raw[begin:end]) ^ 0xFFFFFFFF
+                for begin, end in zip(starts[:long_rows].tolist(), ends.tolist(), strict=True)
+            ),
+            dtype=np.uint32,
+            count=long_rows,
+        )
+    # still_running[j]: strings longer than j (a prefix of the sorted order), long ones aside.
+    histogram = np.bincount(sorted_lengths, minlength=int(sorted_lengths[0]) + 1)
+    still_running = count - np.cumsum(histogram) - long_rows
+    vector_positions = int(np.count_nonzero(still_running > _VECTOR_MIN_ROWS))
     for position in range(vector_positions):
-        running = int(still_running[position])
-        current = register[:running]
-        byte = data[starts[:running] + position]
-        register[:running] = _TABLE[(current ^ byte) & 0xFF] ^ (current >> 8)
-    register ^= np.uint32(0xFFFFFFFF)
+        running = long_rows + int(still_running[position])
+        current = register[long_rows:running]
+        byte = data[starts[long_rows:running] + position]
+        register[long_rows:running] = _TABLE[(current ^ byte) & 0xFF] ^ (current >> 8)
     tail = int(still_running[vector_positions]) if vector_positions < still_running.size else 0
-    for row in range(tail):
+    for row in range(long_rows, long_rows + max(tail, 0)):
         begin = int(starts[row]) + vector_positions
         end = int(starts[row]) + int(sorted_lengths[row])
-        register[row] = google_crc32c.extend(int(register[row]), data[begin:end].tobytes())
-    result = np.empty(count, dtype=np.uint32)
+        register[row] = (
+            google_crc32c.extend(int(register[row]) ^ 0xFFFFFFFF, data[begin:end].tobytes())
+            ^ 0xFFFFFFFF
+        )
+    register ^= np.uint32(0xFFFFFFFF)
     result[order] = register
     return result
 
@@ -109,6 +131,9 @@ def _crc_by_position(starts: np.ndarray, lengths: np.ndarray, data: np.ndarray) 
 # Byte positions are processed for all strings at once while more than this many strings are
 # that long; the rest of the (few) longer strings goes to the native CRC.
 _VECTOR_MIN_ROWS = 32
+# Strings longer than this go to the native CRC one by one (about 0.3 µs each, where a byte
+# position at a time costs about 6 ns a byte and string).
+_NATIVE_MIN_BYTES = 64
 
 
 def _buffers(payloads: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:

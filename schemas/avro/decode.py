@@ -11,7 +11,9 @@ Record starts are found in three vectorized steps:
 2. every position whose first bytes match a sampled beginning is a candidate; the position
    after one record is computed for all candidates at once;
 3. from each block start the chain "next record" is followed through the candidates by
-   pointer doubling (log2 of the block's record count vectorized steps).
+   pointer doubling (log2 of the block's record count vectorized steps), unless the candidates
+   that hold the leading fields every sampled record shares already form that chain (a release
+   file's records, which share their crowd key: then they are the records).
 
 Then every field is decoded for all records at once and the result is checked exactly: each
 record must end where the next one starts and each block where its last record ends (so a block
@@ -30,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from schemas.avro.columns import arrow_type
+from schemas.avro.varint import MAX_VARINT_BYTES as _MAX_VARINT_BYTES
 from schemas.avro.varint import read_varints as _varints
 from schemas.avro.varint import unzigzag as _signed
 from schemas.avro.varint import varint_ends as _varint_ends
@@ -50,6 +53,9 @@ _MAX_FAST_BYTES = 1 << 30
 # sampled beginnings are judged too unselective.
 _SAMPLED_RECORDS = 64
 _SAMPLED_PER_BLOCK = 16
+# Walks of at least this many steps per block go record by record in Python (_sample_beginnings).
+_SCALAR_WALK_STEPS = 4
+_UINT64 = (1 << 64) - 1
 _MAX_BEGINNINGS = 16
 _MAX_BEGINNING_BYTES = 4
 _CANDIDATES_PER_RECORD = 1.25
@@ -149,13 +155,67 @@ def _skip_record(fields: tuple[FlatField, ...], buf: np.ndarray, q: np.ndarray, 
     return q
 
 
+def _skip_record_at(fields: tuple[FlatField, ...], data: memoryview, q: int, limit: int) -> int:
+    """:func:`_skip_record` for one record starting at ``q``, with Python ints (the same
+    position: bytes past ``data`` read as its last byte, varints read to at most 10 bytes)."""
+    last = len(data) - 1
+
+    def byte(position: int) -> int:
+        return data[min(position, last)]
+
+    def varint(position: int) -> tuple[int, int]:  # (uint64 value, position after it)
+        value = shift = 0
+        for index in range(_MAX_VARINT_BYTES):
+            current = byte(position + index)
+            value |= (current & 0x7F) << shift
+            shift += 7
+            if current < 0x80:
+                return value & _UINT64, position + index + 1
+        return value & _UINT64, position + _MAX_VARINT_BYTES
+
+    for field in fields:
+        if field.value_branch >= 0:
+            branch = byte(q)
+            q += 1
+            if branch != 2 * field.value_branch:
+                q = min(q, limit + 1)
+                continue
+        if field.kind in _VARINT_KINDS:
+            q = varint(q)[1]
+        elif field.kind in ("string", "bytes"):
+            zigzag, end = varint(q)
+            if end > q + 1:  # as _skip_value: a longer length is capped at the data's size
+                zigzag = min(zigzag, 2 * limit)
+            q = limit + 1 if zigzag & 1 else end + (zigzag >> 1)
+        else:
+            q += _FIXED_SIZES[field.kind]
+        q = min(q, limit + 1)
+    return q
+
+
 def _sample_beginnings(
     fields: tuple[FlatField, ...], buf: np.ndarray, size: int, block_starts: np.ndarray, counts
 ) -> np.ndarray:
-    """Starts of the first records of every block (a walk; unchecked, used only as guesses)."""
+    """Starts of the first records of every block (a walk; unchecked, used only as guesses).
+
+    A walk of many steps over few blocks (a batch of one big block: 16 steps) goes record by
+    record in Python (about 10 µs a record), where each vectorized step over a handful of
+    positions costs a few dozen numpy calls."""
     q = block_starts.astype(np.int64)
     per_block = min(_SAMPLED_PER_BLOCK, -(-_SAMPLED_RECORDS // q.size))
     remaining = np.minimum(counts, per_block)
+    if per_block >= _SCALAR_WALK_STEPS:
+        data = memoryview(buf)
+        found_at: list[int] = []
+        for start, steps in zip(q.tolist(), remaining.tolist(), strict=True):
+            position = start
+            for _ in range(steps):
+                found_at.append(position)
+                position = _skip_record_at(fields, data, position, size)
+                if position > size:
+                    break
+        sample = np.array(found_at, dtype=np.int64)
+        return sample[sample < size]
     found = []
     while q.size:
         keep = remaining > 0
@@ -227,10 +287,12 @@ def _record_starts(
     matched = np.zeros(candidates.size, dtype=bool)
     if shared:
         matched = _holds(buf, candidates, pattern)
+        holding = candidates[matched]
+        after = _skip_record(fields[shared:], buf, holding + pattern.size, size)
+        if _is_chain(holding, after, block_starts, counts, size):
+            return holding, shared, pattern.size
         following = np.empty(candidates.size, dtype=np.int64)
-        following[matched] = _skip_record(
-            fields[shared:], buf, candidates[matched] + pattern.size, size
-        )
+        following[matched] = after
         following[~matched] = _skip_record(fields, buf, candidates[~matched], size)
     else:
         following = _skip_record(fields, buf, candidates, size)
@@ -252,6 +314,25 @@ def _record_starts(
     if shared and matched[node].all():
         return candidates[node], shared, pattern.size
     return candidates[node], 0, 0
+
+
+def _is_chain(
+    positions: np.ndarray, following: np.ndarray, block_starts: np.ndarray, counts, size: int
+) -> bool:
+    """Whether ascending ``positions`` (``following``: where the record at each ends) are the
+    chain :func:`_record_starts` follows: ``counts[b]`` of them from block b's start on, each
+    record ending where the next one starts and the last at the data's end. Then every block's
+    chain stays inside ``positions`` (the common case: the candidates holding the shared
+    pattern are exactly the records), and the pointer doubling would find the same starts."""
+    records = int(counts.sum())
+    if positions.size != records or records == 0:
+        return False
+    firsts = np.cumsum(counts) - counts
+    return bool(
+        np.array_equal(positions[firsts], block_starts)
+        and np.array_equal(following[:-1], positions[1:])
+        and int(following[-1]) == size
+    )
 
 
 def _shared_fields(

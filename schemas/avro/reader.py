@@ -69,6 +69,8 @@ MAX_BLOCK_RECORDS = container.MAX_DECOMPRESSED_BYTES
 MAX_EMPTY_RECORDS = 1 << 16
 # A sync marker with at most this many bytes changed is the file's marker, damaged.
 _DAMAGED_SYNC_BYTES = 4
+# Bytes read at a time for the header of a window (a header is a few kB; more is read if needed).
+_HEADER_CHUNK = 1 << 16
 
 UNREADABLE_FILE = "unreadable_file"
 CORRUPT_BLOCK = "corrupt_block"
@@ -162,7 +164,8 @@ def read_container(
     A file whose header cannot be decoded yields one chunk for the window, records unknown."""
     if batch_records < 1:
         raise ValueError(f"batch_records must be >= 1, got {batch_records}")
-    stream = ByteStream(fileobj, read_chunk)
+    # A window's header is read in small chunks: the blocks are read from the window's start.
+    stream = ByteStream(fileobj, read_chunk if window is None else _HEADER_CHUNK)
     try:
         header = container.read_header(stream)
     except Exception as error:  # noqa: BLE001 - any header problem makes the file unreadable

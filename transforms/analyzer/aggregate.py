@@ -41,7 +41,6 @@ from typing import Any, NamedTuple
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from apache_beam.io.filesystems import FileSystems
 
 from schemas import schema_json
@@ -320,7 +319,7 @@ def crowd_record_table(batch: pa.RecordBatch) -> pa.Table:
         if pa.types.is_timestamp(column.type):
             column = column.cast(pa.timestamp("ms")).cast(pa.int64())
         columns.append(column.cast(field.type))
-    if all(_constant(column) for column in columns):  # one crowd (the common case): no hashing
+    if all(arithmetic.is_constant(column) for column in columns):  # one crowd: no hashing
         keys = [column.slice(0, 1) for column in columns]
         return pa.Table.from_arrays([*keys, pa.array([batch.num_rows], pa.int64())],
                                     schema=CROWD_RECORD_SCHEMA)  # fmt: skip
@@ -374,13 +373,6 @@ def unpack_crowd_record_table(blob: bytes) -> pa.Table:
 def unpack_crowd_records(blob: bytes) -> dict[tuple, int]:
     """The ``{crowd key: records}`` of :func:`pack_crowd_records` (blobs this pipeline made)."""
     return crowd_records_dict(unpack_crowd_record_table(blob))
-
-
-def _constant(column: pa.Array) -> bool:
-    """Whether every value of a non-empty column is its first (nulls included)."""
-    if column.null_count:
-        return column.null_count == len(column)
-    return bool(pc.all(pc.equal(column, column[0])).as_py())
 
 
 class _Rejections(NamedTuple):

@@ -72,16 +72,19 @@ class ReleaseOpener:
         payload_column = batch.column("payload")
         stored = batch.column("payload_crc32c").fill_null(-1).to_numpy(zero_copy_only=False)
         encoded = EncodedPayloads.from_arrow(payload_column)
-        actual = crc32c_many(encoded).astype(np.int64)
         lengths = encoded.lengths
-        # Rows left to the decoder as they are: empty payloads, CRC mismatches, unknown recipes.
-        candidate = (lengths > 0) & (actual == stored)
         status = np.zeros(rows, dtype=np.uint8)
         if self.ring is None:
             first = np.zeros(rows, dtype=np.uint8)
             first[lengths > 0] = encoded.data[encoded.offsets[:-1][lengths > 0]]
-            status[candidate & sealing.looks_sealed(first, lengths)] = sealing.NO_KEY_RING
-            return _finish(batch, status, None, candidate, stored)
+            refused = sealing.looks_sealed(first, lengths)
+            if refused.any():  # (clear payloads need no CRC32C here: the decoder checks it)
+                refused &= crc32c_many(encoded).astype(np.int64) == stored
+            status[refused] = sealing.NO_KEY_RING
+            return _finish(batch, status, None, refused, stored)
+        actual = crc32c_many(encoded).astype(np.int64)
+        # Rows left to the decoder as they are: empty payloads, CRC mismatches, unknown recipes.
+        candidate = (lengths > 0) & (actual == stored)
         payloads = payload_column.to_pylist()
         opened: list[bytes] = list(payloads)
         keys = ["window_start", "window_end", "channel", "recipe_id", "crowd_id"]

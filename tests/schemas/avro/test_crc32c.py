@@ -35,7 +35,8 @@ def test_matches_the_native_crc_on_lists_and_payload_buffers() -> None:
     rng = np.random.default_rng(5)
     short = [rng.bytes(int(n)) for n in rng.integers(0, 40, 500)]
     long = [rng.bytes(int(n)) for n in rng.integers(60, 200, 50)]
-    for items in (short, long, short + long):
+    huge = [rng.bytes(40_000), *short[:40]]  # a length past 16-bit sort keys
+    for items in (short, long, short + long, huge):
         expected = [google_crc32c.value(item) for item in items]
         assert crc32c_many(items).tolist() == expected
         assert crc32c_many(EncodedPayloads.from_list(items)).tolist() == expected

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pytest
 
 from schemas import schema_json
+from schemas.avro import decode
 from schemas.avro.columns import records_to_batch
 from schemas.avro.decode import decode_flat_blocks, flat_layout
 from schemas.avro.reader import read_container_bytes
@@ -212,3 +213,41 @@ def test_leading_fields_equal_in_every_record_decode_as_fastavro_does(constant: 
         contents = [content for content, _ in blocks]
         fast = _fast_batch(contents, [count for _, count in blocks])
         assert fast is not None and fast.equals(_fastavro_batch(contents))
+
+
+def test_record_by_record_walk_ends_where_the_vectorized_one_does() -> None:
+    """``_sample_beginnings`` walks one big block record by record in Python: on any bytes
+    (random, mostly short varints, tiny values) each step ends where ``_skip_record`` ends."""
+    layout = flat_layout(strip_logical_types(FLAT_SCHEMA))
+    rng = np.random.default_rng(6)
+    for trial in range(3000):
+        size = int(rng.integers(1, 200))
+        data = rng.integers(0, 256, size=size, dtype=np.uint8)
+        if trial % 3 == 0:
+            data[rng.random(size) < 0.6] &= 0x7F
+        if trial % 4 == 0:
+            data[:] = rng.integers(0, 5, size=size)
+        buf = np.concatenate([data, np.zeros(16, dtype=np.uint8)])
+        start = int(rng.integers(0, size + 3))
+        vectorized = int(decode._skip_record(layout, buf, np.array([start]), size)[0])
+        assert decode._skip_record_at(layout, memoryview(buf), start, size) == vectorized
+
+
+def test_a_payload_holding_the_shared_fields_bytes_still_decodes_as_fastavro_does() -> None:
+    """One big block (the walk goes record by record) whose records share their first four
+    fields, and some blobs that hold those four fields' bytes followed by more record-like
+    bytes: candidates inside a record hold the shared pattern, so the quick check that the
+    pattern's holders are exactly the records fails and the chain is followed as always."""
+    records = _flat_records(800, seed=7)
+    names = [field["name"] for field in FLAT_SCHEMA["fields"]][:4]
+    for record in records:
+        record.update({name: records[0][name] for name in names})
+        record["text"] = record["text"][:3]
+    shared = _blocks(_container(records[:1], "null", 10**6))[0][0][:12]
+    for record in records[5::40]:
+        record["blob"] = shared + record["blob"][:20] + shared
+    blocks = _blocks(_container(records, "null", 10**7))
+    assert len(blocks) == 1
+    contents = [content for content, _ in blocks]
+    fast = _fast_batch(contents, [count for _, count in blocks])
+    assert fast is not None and fast.equals(_fastavro_batch(contents))

@@ -227,3 +227,40 @@ def test_commit_fields_are_checked_when_written_and_read(
     assert not (tmp_path / "elsewhere").exists()
     _write(tmp_path, record)
     _refused(tmp_path, rel.COMMIT_FILE, words)
+
+
+def test_records_are_counted_from_block_headers_as_fastavro_counts_them(tmp_path: Path) -> None:
+    """count_avro_records seeks over the blocks' data; a file that is not whole blocks each
+    followed by its sync marker is read block by block by fastavro, as before: the same count,
+    or the same refusal."""
+    import io
+
+    import fastavro
+
+    schema = fastavro.parse_schema(
+        {"type": "record", "name": "R", "fields": [{"name": "x", "type": "long"}]}
+    )
+    buffer = io.BytesIO()
+    fastavro.writer(buffer, schema, [{"x": i} for i in range(5000)], "deflate", sync_interval=2000)
+    good = buffer.getvalue()
+    path = tmp_path / "f.avro"
+
+    def fastavro_count(data: bytes) -> int:
+        return sum(block.num_records for block in fastavro.block_reader(io.BytesIO(data)))
+
+    path.write_bytes(good)
+    assert rel.count_avro_records(str(path)) == fastavro_count(good) == 5000
+    sync = good[-16:]
+    second = good.index(
+        sync, good.index(sync) + 16
+    )  # the first block's marker (after the header's)
+    damaged = good[:second] + bytes(16) + good[second + 16 :]
+    path.write_bytes(damaged)
+    with pytest.raises(ValueError, match="sync marker"):
+        fastavro_count(damaged)
+    with pytest.raises(ValueError, match="not a readable Avro file"):
+        rel.count_avro_records(str(path))
+    for cut in (len(good) - 5, len(good) // 2, 10):
+        path.write_bytes(good[:cut])
+        with pytest.raises(ValueError, match="not a readable Avro file"):
+            rel.count_avro_records(str(path))

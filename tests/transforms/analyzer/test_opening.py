@@ -122,6 +122,15 @@ def test_without_a_key_ring_sealed_payloads_are_refused_and_clear_ones_pass():
     assert refused.rejected_reasons == ["sealed_without_key_ring"] * 30
     assert refused.counts == {"read": 30, "rejected:sealed_without_key_ring": 30}
     assert refused.columns.column("payload").to_pylist() == [b""] * 5  # presence passes through
+    # A sealed-looking payload whose stored CRC32C is wrong is left to the decoder (crc_mismatch).
+    damaged = _released(sealed)
+    crc = damaged.column("payload_crc32c").to_numpy().copy()
+    sealed_rows = np.flatnonzero(np.asarray(damaged.column("payload").to_pylist(), object) != b"")
+    crc[sealed_rows[3]] ^= 1
+    damaged = damaged.set_column(7, "payload_crc32c", pa.array(crc))
+    left = opener.open_batch(damaged)
+    assert left.rejected_reasons == ["sealed_without_key_ring"] * 29
+    assert sealed_rows[3] in left.kept_rows
 
 
 @pytest.mark.parametrize("rate", [0.25, 2.0])

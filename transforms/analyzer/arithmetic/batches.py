@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from privacy.estimators import (
     tree_node_offsets,
@@ -21,6 +22,7 @@ from privacy.estimators import (
 from schemas.avro.crc32c import crc32c_many
 from schemas.payloads import (
     CENSUS,
+    DECODE_REASONS,
     DecodedPayloads,
     EncodedPayloads,
     decode_payloads,
@@ -83,9 +85,28 @@ class BatchAggregate:
     counts: dict[str, int]
 
 
+# A reason per row as a uint8 code (0: not rejected; an object array of names cost three
+# passes of Python string comparisons a batch): the payload decoder's reasons (code 1 + its own
+# code, "ok" never used) and the analyzer's.
+_REASON_NAMES: tuple[str, ...] = (
+    "",
+    *DECODE_REASONS,
+    UNKNOWN_SCHEMA_VERSION,
+    BAD_WINDOW,
+    CRC_MISMATCH,
+    UNKNOWN_RECIPE,
+    RECIPE_CHANNEL_MISMATCH,
+    MISSING_FIELD,
+    TREE_NODE_MISMATCH,
+    CENSUS_NOT_COUNTED,
+)
+_REASON_CODE = {name: code for code, name in reversed(list(enumerate(_REASON_NAMES)))}
+_DECODER_REASON_OFFSET = 1
+
+
 def _reject(reasons: np.ndarray, rows: np.ndarray, reason: str) -> None:
-    target = rows[reasons[rows] == ""]
-    reasons[target] = reason
+    target = rows[reasons[rows] == 0]
+    reasons[target] = _REASON_CODE[reason]
 
 
 def aggregate_batch(
@@ -107,11 +128,11 @@ def aggregate_batch(
     """
     rows = batch.num_rows
     missing = [name for name in MESSAGE_COLUMNS if name not in batch.schema.names]
-    reasons = np.full(rows, "", dtype=object)
+    reasons = np.zeros(rows, dtype=np.uint8)
     counts: dict[str, int] = {"read": rows}
     accumulators: dict[CrowdKey, Accumulator] = {}
     if missing or rows == 0:
-        reasons[:] = MISSING_FIELD
+        reasons[:] = _REASON_CODE[MISSING_FIELD]
         return _finish(accumulators, reasons, counts)
 
     def int_column(name: str) -> np.ndarray:
@@ -137,7 +158,7 @@ def aggregate_batch(
         batch.column("recipe_id"),
         batch.column("crowd_id"),
     ]
-    order, starts = group_rows(key_columns)
+    order, starts = crowd_groups(key_columns)
     sizes = np.diff(starts)
     firsts = order[starts[:-1]]  # each crowd's first row
     group_of = np.empty(rows, dtype=np.int64)
@@ -168,7 +189,7 @@ def aggregate_batch(
     row_refused = refused[group_of]
     _reject(reasons, everything[row_refused == 1], UNKNOWN_RECIPE)
     _reject(reasons, everything[row_refused == 2], RECIPE_CHANNEL_MISMATCH)
-    live_rows = order[(reasons[order] == "") & (row_refused[order] == 0)]  # in crowd order
+    live_rows = order[(reasons[order] == 0) & (row_refused[order] == 0)]  # in crowd order
     live_sizes = np.bincount(group_of[live_rows], minlength=firsts.size)
     # Each crowd's accumulator, made per recipe: histogram crowds of small dense domains at once
     # (one bincount over crowd x bucket), the others crowd by crowd.
@@ -181,17 +202,18 @@ def aggregate_batch(
         chosen = np.zeros(firsts.size, dtype=bool)
         chosen[groups] = True
         recipe_rows = live_rows[chosen[group_of[live_rows]]]  # crowd after crowd, as read
+        every_row = recipe_rows.size == rows and np.array_equal(recipe_rows, everything)
         decoded = decode_payloads(
-            payloads_subset(payloads, recipe_rows),
+            payloads if every_row else payloads_subset(payloads, recipe_rows),
             allowed_kinds=(CENSUS, recipe.payload_kind),
             limits=decode_limits(recipe),
         )
         bad = ~decoded.valid
         if bad.any():
-            reasons[recipe_rows[bad]] = decoded.reason_names()[bad]
+            reasons[recipe_rows[bad]] = decoded.reason[bad] + _DECODER_REASON_OFFSET
         census = decoded.is_kind(CENSUS)
         if census.any():  # retired census payloads cannot move n: dead letters
-            reasons[recipe_rows[census]] = CENSUS_NOT_COUNTED
+            reasons[recipe_rows[census]] = _REASON_CODE[CENSUS_NOT_COUNTED]
         randomizer = recipe.build_randomizer()
         domain = randomizer.message_domain_size
         if is_longitudinal(recipe) or domain > min(dense_limit, ROW_DOMAIN_LIMIT):
@@ -218,7 +240,7 @@ def aggregate_batch(
         if recipe.payload_kind == "fragment_bucket":
             no_fragment = columns["fragment"] < 1
             if no_fragment.any():  # fragments are numbered 1..τ (Algorithm 2)
-                reasons[recipe_rows[is_kind][no_fragment]] = "value_out_of_range"
+                reasons[recipe_rows[is_kind][no_fragment]] = _REASON_CODE["value_out_of_range"]
                 columns = {name: col[~no_fragment] for name, col in columns.items()}
                 crowd_of = crowd_of[~no_fragment]
         buckets = columns["bucket"]
@@ -281,7 +303,7 @@ def _crowd_accumulator(
         no_fragment = decoded.columns["fragment"][decoded.is_kind("fragment_bucket")] < 1
         if no_fragment.any():  # fragments are numbered 1..τ (Algorithm 2)
             kind_rows = live[decoded.is_kind("fragment_bucket")]
-            reasons[kind_rows[no_fragment]] = "value_out_of_range"
+            reasons[kind_rows[no_fragment]] = _REASON_CODE["value_out_of_range"]
             columns = {name: col[~no_fragment] for name, col in columns.items()}
     signed = recipe.payload_kind == "signed_bucket"
     accumulator.add_messages(columns["bucket"], columns["sign"] if signed else None)
@@ -311,7 +333,7 @@ def _add_longitudinal(
     sign = decoded.columns["sign"][is_node]
     consistent = tree_node_matches_period(node, period, randomizer.periods)
     if not consistent.all():
-        reasons[live[is_node][~consistent]] = TREE_NODE_MISMATCH
+        reasons[live[is_node][~consistent]] = _REASON_CODE[TREE_NODE_MISMATCH]
         period, node, sign = period[consistent], node[consistent], sign[consistent]
     round_start = window_start - (period - 1) * window_ms
     for start in np.unique(round_start).tolist():
@@ -333,6 +355,23 @@ def tree_node_matches_period(node: np.ndarray, period: np.ndarray, periods: int)
     return (period >= 1) & (period <= periods) & (period % stride == 0) & (expected == node)
 
 
+def is_constant(column: pa.Array | pa.ChunkedArray) -> bool:
+    """Whether every value of a non-empty column is its first (nulls included)."""
+    if column.null_count:
+        return column.null_count == len(column)
+    return bool(pc.all(pc.equal(column, column[0])).as_py())
+
+
+def crowd_groups(key_columns: list[pa.Array]) -> tuple[np.ndarray, np.ndarray]:
+    """``transforms.common.grouping.group_rows`` of a batch's crowd key columns; a batch of one
+    crowd (every key column constant: a release file's common case) without the sort, with
+    the same result (``order`` the rows in turn, one group)."""
+    rows = len(key_columns[0]) if key_columns else 0
+    if rows and all(is_constant(column) for column in key_columns):
+        return np.arange(rows), np.array([0, rows], dtype=np.int64)
+    return group_rows(key_columns)
+
+
 def payloads_subset(payloads: EncodedPayloads, rows: np.ndarray) -> EncodedPayloads:
     """The payloads at ``rows`` as a new EncodedPayloads (one gather, no per-row Python)."""
     lengths = payloads.lengths[rows]
@@ -346,10 +385,12 @@ def payloads_subset(payloads: EncodedPayloads, rows: np.ndarray) -> EncodedPaylo
 def _finish(
     accumulators: dict[CrowdKey, Accumulator], reasons: np.ndarray, counts: dict[str, int]
 ) -> BatchAggregate:
-    rejected = np.flatnonzero(reasons != "")
-    rejected_reasons = reasons[rejected].tolist()
-    for reason in set(rejected_reasons):
-        counts[f"rejected:{reason}"] = rejected_reasons.count(reason)
+    rejected = np.flatnonzero(reasons)
+    codes = reasons[rejected]
+    rejected_reasons = [_REASON_NAMES[code] for code in codes.tolist()]
+    for code, count in enumerate(np.bincount(codes, minlength=len(_REASON_NAMES)).tolist()):
+        if count:
+            counts[f"rejected:{_REASON_NAMES[code]}"] = count
     counts["messages"] = int(counts["read"] - rejected.size)
     return BatchAggregate(accumulators, rejected, rejected_reasons, counts)
 

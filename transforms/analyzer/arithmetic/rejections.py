@@ -33,8 +33,7 @@ from transforms.analyzer.arithmetic.accumulate import (
     RecipeBook,
     is_longitudinal,
 )
-from transforms.analyzer.arithmetic.batches import payloads_subset
-from transforms.common.grouping import group_rows
+from transforms.analyzer.arithmetic.batches import crowd_groups, payloads_subset
 
 __all__ = [
     "FileReplays",
@@ -49,7 +48,7 @@ _KEY_COLUMNS = ("window_start", "window_end", "channel", "recipe_id", "crowd_id"
 def _crowd_groups(batch: pa.RecordBatch) -> tuple[np.ndarray, list[tuple]]:
     """A group number per row (rows of one crowd share it) and each group's key values."""
     columns = [batch.column(name) for name in _KEY_COLUMNS]
-    order, starts = group_rows(columns)
+    order, starts = crowd_groups(columns)
     groups = np.empty(batch.num_rows, dtype=np.int64)
     keys = []
     for number, (begin, end) in enumerate(
@@ -68,6 +67,12 @@ def _concat(parts: Sequence[EncodedPayloads]) -> EncodedPayloads:
     offsets = np.zeros(lengths.size + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     return EncodedPayloads(data, offsets)
+
+
+def _rows_of(payloads: EncodedPayloads, rows: np.ndarray) -> EncodedPayloads:
+    """``payloads_subset`` of ascending ``rows``; all of them (every payload sealed, none
+    repeated: the common case) without copying the bytes."""
+    return payloads if rows.size == len(payloads) else payloads_subset(payloads, rows)
 
 
 class FileReplays:
@@ -91,7 +96,7 @@ class FileReplays:
         groups, keys = _crowd_groups(batch)
         codes = np.array([self._crowds.setdefault(k, len(self._crowds)) for k in keys])
         crowds = codes[groups[sealed]]
-        mine = payloads_subset(payloads, sealed)
+        mine = _rows_of(payloads, sealed)
         held = sum(part.lengths.size for part in self._seen)
         found = repeated_sealed_payloads(
             np.concatenate([*self._seen_crowds, crowds]), _concat([*self._seen, mine])
@@ -99,7 +104,7 @@ class FileReplays:
         repeated[sealed[found]] = True
         fresh = np.flatnonzero(~found)
         self._seen_crowds.append(crowds[fresh])
-        self._seen.append(payloads_subset(mine, fresh))
+        self._seen.append(_rows_of(mine, fresh))
         return repeated
 
     def fingerprints(self) -> np.ndarray:
