@@ -103,6 +103,7 @@ from transforms.analyzer.aggregate import (
     pinned_crowd_table_group_records,
     pinned_crowd_table_groups,
     pinned_message_paths,
+    table_analyzer_bucket,
 )
 from transforms.analyzer.analyze import (
     HISTOGRAMS_FILE,
@@ -578,6 +579,7 @@ def run(
         # a bucket's size does not grow with the crowds (nor with a unit's)
         buckets=arithmetic.analyzer_buckets(selection.unit_crowds()),
         read_crowd_groups=pinned_crowd_table_group_records,
+        part_bucket=table_analyzer_bucket,  # no crowd hashed when the bucket counts divide
         stated_bucket=crowd_table_bucket,  # the count check's figures, from the same read
     )
     # The estimates' batches are spilled to files; the groupings into parts carry their paths.

@@ -451,20 +451,43 @@ def pinned_crowd_table_records(
 # Crowd tables per element of :func:`pinned_crowd_table_groups` (read and decoded together).
 TABLES_PER_ELEMENT = 8
 
-CrowdTable = tuple[int, str, str]  # (instance, path, committed SHA-256)
+# (instance, path, committed SHA-256, the release's crowd_buckets)
+CrowdTable = tuple[int, str, str, Any]
 
 
 def pinned_crowd_table_groups(commit: tuple[int, str, str | None]) -> Iterator[list[CrowdTable]]:
-    """:func:`pinned_crowd_tables` in lists of at most :data:`TABLES_PER_ELEMENT` (one
-    element each: their tables are decoded together, :func:`pinned_crowd_table_group_records`)."""
+    """:func:`pinned_crowd_tables` with the record's ``crowd_buckets`` parameter, in lists of
+    at most :data:`TABLES_PER_ELEMENT` (one element each: their tables are decoded together,
+    :func:`pinned_crowd_table_group_records`)."""
+    instance, directory, sha256 = commit
+    record = read_pinned_commit(directory, sha256)
+    parameters = record.get("parameters")
+    shuffler_buckets = parameters.get("crowd_buckets") if isinstance(parameters, dict) else None
     group: list[CrowdTable] = []
-    for table in pinned_crowd_tables(commit):
-        group.append(table)
-        if len(group) >= TABLES_PER_ELEMENT:
-            yield group
-            group = []
+    for entry in record["files"]:
+        if entry["path"].startswith(CROWDS_DIR + "/"):
+            path = os.path.join(directory, *entry["path"].split("/"))
+            group.append((instance, path, entry["sha256"], shuffler_buckets))
+            if len(group) >= TABLES_PER_ELEMENT:
+                yield group
+                group = []
     if group:
         yield group
+
+
+def table_analyzer_bucket(table: CrowdTable, buckets: int) -> int | None:
+    """The analyzer's bucket (of ``buckets``, :func:`arithmetic.bucket_key`) of every crowd of
+    a crowd table ``(instance, path, SHA-256, the release's crowd_buckets S)``, without hashing
+    a crowd, when ``buckets`` divides S: a crowd's bucket is one digest h modulo the number of
+    buckets (``crowd_bucket``), and (h mod S) mod A = h mod A when A divides S; the driver
+    checked that every crowd of the table hashes to its stem's bucket h mod S
+    (``check_crowd_table``) and a worker reads the table only with the SHA-256 it verified.
+    None otherwise (each crowd is hashed)."""
+    shuffler_buckets = table[3] if len(table) > 3 else None
+    if type(shuffler_buckets) is not int or shuffler_buckets < 1 or shuffler_buckets % buckets:
+        return None
+    found = release_bucket(table[1])
+    return None if found is None else found[1].bucket % buckets
 
 
 def pinned_crowd_table_group_records(
@@ -475,7 +498,7 @@ def pinned_crowd_table_group_records(
     committed one), the tables decoded together (``parse_crowd_tables``: numpy's cost is per
     call) where they can be, else one by one."""
     read = []
-    for _, path, sha256 in group:
+    for _, path, sha256, _ in group:
         with avro_io.open_input(path) as handle:
             data = handle.read()
         if hashlib.sha256(data).hexdigest() != sha256:
@@ -522,7 +545,9 @@ class CrowdBuckets(beam.DoFn):
 
     With ``stated_bucket``, the source's crowds are also counted for the count check from the
     same read: ``(stated_bucket(source), packed stated_records)`` on output
-    :data:`STATED_TAG` (nothing when it gives None). ``grouped``: each element is a group of
+    :data:`STATED_TAG` (nothing when it gives None). ``part_bucket(source, buckets)``: the
+    bucket of all of a source's crowds when it is known without hashing them (None: hashed;
+    :func:`table_analyzer_bucket`). ``grouped``: each element is a group of
     sources that ``read_crowds`` reads into ``(source, its crowds)`` pairs; each source is
     counted on its own and the group's crowds bucketed together (fewer partial buckets)."""
 
@@ -533,10 +558,12 @@ class CrowdBuckets(beam.DoFn):
         buckets: int = arithmetic.ANALYZER_BUCKETS,
         stated_bucket: Callable[[Any], Any] | None = None,
         grouped: bool = False,
+        part_bucket: Callable[[Any, int], int | None] | None = None,
     ) -> None:
         self._book, self._read_crowds, self._buckets = book, read_crowds, int(buckets)
         self._stated_bucket = stated_bucket
         self._grouped = bool(grouped)
+        self._part_bucket = part_bucket
 
     def process(self, source: Any) -> Iterator[Any]:
         if self._grouped:  # a group of sources: each one's crowds (and stated counts) in turn
@@ -544,6 +571,7 @@ class CrowdBuckets(beam.DoFn):
         else:
             parts = [(source, self._read_crowds(source))]
         crowds: list[tuple[int, Mapping[str, Any]]] = []
+        known: list[int | None] = []
         for part, part_crowds in parts:
             part_crowds = list(part_crowds)
             if self._stated_bucket is not None:
@@ -552,7 +580,11 @@ class CrowdBuckets(beam.DoFn):
                     stated = pack_crowd_records(stated_records(crowd for _, crowd in part_crowds))
                     yield beam.pvalue.TaggedOutput(STATED_TAG, (bucket, stated))
             crowds += part_crowds
-        yield from arithmetic.commit_buckets(crowds, self._book, self._buckets).items()
+            if self._part_bucket is not None:
+                known += [self._part_bucket(part, self._buckets)] * len(part_crowds)
+        yield from arithmetic.commit_buckets(
+            crowds, self._book, self._buckets, known if self._part_bucket else None
+        ).items()
 
 
 class CombineBucket(beam.CombineFn):
@@ -620,8 +652,9 @@ class AggregateReleases(beam.PTransform):
     ``read_crowds(source)`` yields a source's ``(instance, crowd record)`` pairs (default: a
     committed crowd table, :func:`pinned_crowd_table_records`); or, with
     ``read_crowd_groups(sources)``, each source is a list of sources, read together into
-    ``(source, its pairs)`` (:func:`pinned_crowd_table_group_records`); ``buckets``: the
-    analyzer's number of crowd buckets."""
+    ``(source, its pairs)`` (:func:`pinned_crowd_table_group_records`), with
+    ``part_bucket`` (:class:`CrowdBuckets`); ``buckets``: the analyzer's number of crowd
+    buckets."""
 
     def __init__(
         self,
@@ -636,6 +669,7 @@ class AggregateReleases(beam.PTransform):
         stated_bucket: Callable[[Any], Any] | None = None,
         read_crowd_groups: Callable[[Any], Iterable[tuple[Any, Iterable[tuple[int, Any]]]]]
         | None = None,
+        part_bucket: Callable[[Any, int], int | None] | None = None,
     ) -> None:
         super().__init__()
         self._plan = PlanRanges(range_records)
@@ -644,7 +678,7 @@ class AggregateReleases(beam.PTransform):
         )
         if read_crowd_groups is not None:  # each source a list of sources
             self._crowds = CrowdBuckets(
-                book, read_crowd_groups, buckets, stated_bucket, grouped=True
+                book, read_crowd_groups, buckets, stated_bucket, True, part_bucket
             )
         else:
             self._crowds = CrowdBuckets(
