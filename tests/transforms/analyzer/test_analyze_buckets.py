@@ -273,3 +273,34 @@ def test_a_tables_crowds_are_in_the_analyzer_bucket_its_stem_gives(shuffler, ana
         }
     assert table_analyzer_bucket((0, "/release/crowds/x.avro", "0" * 64, shuffler), 4) is None
     assert table_analyzer_bucket((0, path, "0" * 64, True), 1) is None  # bool is no count
+
+
+def test_a_combined_bucket_is_densified_as_rows_like_its_accumulators():
+    """CombineBucket.extract_output densifies a bucket whose added parts still wait packed as
+    rows (no accumulator per crowd), with the counts densify gives the same crowds as
+    accumulators (sparse respondent-only crowds of small domains made dense)."""
+    small, large = arithmetic.CrowdAccumulator.empty(16), arithmetic.CrowdAccumulator.empty(1 << 13)
+    small.add_messages(np.array([1, 1, 3]))
+    large.add_messages(np.array([7]))
+    only_n = arithmetic.CrowdAccumulator.empty(16)
+    only_n.set_respondents(1, 5)
+    parts = [
+        arithmetic.CrowdBucket({_key(0, "a"): small, _key(0, "big"): large}),
+        arithmetic.CrowdBucket({_key(0, "a"): only_n, _key(0, "n"): only_n.copy()}),
+    ]
+    combine = CombineBucket(dense_limit=1 << 12)
+    accumulator = None
+    for part in parts:
+        accumulator = combine.add_input(accumulator, pickle.loads(pickle.dumps(part)))
+    extracted = combine.extract_output(accumulator)
+    reference = arithmetic.CrowdBucket()
+    for part in parts:
+        reference.merge(part)
+    reference.densify(1 << 12)
+    assert sorted(extracted.crowds) == sorted(reference.crowds)
+    for key, mine in extracted.crowds.items():
+        theirs = reference.crowds[key]
+        assert mine.counts.is_dense == theirs.counts.is_dense
+        assert mine.counts.dense().tolist() == theirs.counts.dense().tolist()
+        assert (mine.respondents, mine.messages) == (theirs.respondents, theirs.messages)
+    assert extracted.crowds[_key(0, "n")].counts.is_dense

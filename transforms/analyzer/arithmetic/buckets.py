@@ -463,7 +463,7 @@ class CrowdBucket:
     def densify(self, dense_limit: int) -> None:
         """Histogram crowds of domains up to ``dense_limit`` counted densely, also those whose
         only parts were respondent counts (kept sparse, i.e. empty, while they travel)."""
-        if self._crowds is None:  # as rows: a flag per crowd
+        if self._crowds is None or self._pending:  # as rows: a flag per crowd
             self._own_content().densify(dense_limit)
             return
         _densify(self._open()[0].values(), dense_limit)
