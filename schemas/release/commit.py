@@ -16,7 +16,7 @@ Two formats share this module:
   (``records_released``, ``crowds_released``, ``crowds_withheld``, ``respondents_released``) and
   states ``parameters.crowd_buckets`` and (written since run ids) ``run``: the writing run's
   random id, commit time and window range (``pipelines/runs_ledger.py``); it lists no crowd
-  (``schemas/release/crowd_tables.py`` reads and checks the tables, one at a time). ``esa-release/1`` (one commit entry per crowd) is refused;
+  (``schemas/release/crowd_tables.py`` reads the tables a few at a time and checks each). ``esa-release/1`` (one commit entry per crowd) is refused;
 * ``esa-reports/1``: the report files of ``esa simulate``.
 
 :func:`verify_release` is what a reader calls before it trusts a directory: it refuses (raises
@@ -450,7 +450,8 @@ def verify_release(
     ``check_records``: also count every Avro or Parquet file's records (block headers, footer) (a
     file whose SHA-256 matches holds what its writer committed; the count catches a record that
     states a wrong number). A shuffler release's crowd tables are always read (after every
-    message file is checked), one at a time, and checked row by row
+    message file is checked), a few at a time (at most :data:`TABLES_PER_READ`, decoded
+    together), and each checked row by row
     (``schemas.release.crowd_tables.check_crowd_table``) and against the record's totals.
     ``shuffler_keys``: require a release's record to carry a valid signature by one of them.
     ``on_crowd_table(commit, table_path, rows, message_paths)``: called with each crowd table's

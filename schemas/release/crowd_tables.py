@@ -1,4 +1,4 @@
-"""Crowd tables of an ``esa-release/2`` release: reading them and checking them, one at a time.
+"""Crowd tables of an ``esa-release/2`` release: reading them (a few at a time) and checking them, one at a time.
 
 A shuffler release states per crowd its status and counts in ``crowds/<stem>.avro`` tables
 (``released_crowd.avsc``), one per bucket of a window and instance (``schemas/release/crowd_buckets.py``),
@@ -7,7 +7,7 @@ like a message file and states the totals (``crowds_released``, ``crowds_withhel
 ``respondents_released``, ``records_released``).
 
 :func:`check_crowd_table` is what ``schemas.release.commit.verify_release`` applies to each committed
-table (bounded memory: one table at a time, never a set of all crowds): each row's window start
+table (bounded memory: a few tables at a time, never a set of all crowds): each row's window start
 and instance are its stem's (and the commit's instance when it states one), its crowd hashes to
 the stem's bucket (:func:`~schemas.release.crowd_buckets.crowd_bucket`), the rows are strictly in
 :func:`~schemas.release.crowd_buckets.crowd_order` (so no crowd is listed twice: a crowd can only be in

@@ -3,7 +3,7 @@ bucket out.
 
 :class:`AggregateReleases` takes the committed ShuffledMessage Avro files of every release and
 its committed crowd tables (``esa-release/2``: ``(instance, path, SHA-256)`` of each, read by
-``read_crowds``, one table per element). Each file is read in column batches (``transforms.common.avro_io``: one Beam
+``read_crowds``; in the analyze pipeline a few tables per element, decoded together). Each file is read in column batches (``transforms.common.avro_io``: one Beam
 element per batch, never per message); a batch is verified (schema version, window, CRC32C, a
 known recipe on its channel), its payloads decoded per recipe, and its randomized messages
 counted into partial accumulators per crowd (``transforms.analyzer.arithmetic.aggregate_batch``), which
