@@ -100,9 +100,10 @@ from transforms.analyzer import arithmetic
 from transforms.analyzer.aggregate import (
     AggregateReleases,
     crowd_table_bucket,
-    pinned_crowd_table_records,
-    pinned_crowd_tables,
+    pinned_crowd_table_group_records,
+    pinned_crowd_table_groups,
     pinned_message_paths,
+    table_analyzer_bucket,
 )
 from transforms.analyzer.analyze import (
     HISTOGRAMS_FILE,
@@ -562,10 +563,10 @@ def run(
         | "SpreadFiles" >> beam.Reshuffle()
     )
     # The crowds come from the crowd tables the records commit, each read by a worker if its
-    # SHA-256 is the committed one, one table at a time.
+    # SHA-256 is the committed one, a few tables at a time (decoded together).
     crowd_tables = (
         commits
-        | "CrowdTables" >> beam.FlatMap(pinned_crowd_tables)
+        | "CrowdTables" >> beam.FlatMap(pinned_crowd_table_groups)
         | "SpreadTables" >> beam.Reshuffle()
     )
     aggregated = (release_files, crowd_tables) | "Aggregate" >> AggregateReleases(
@@ -577,7 +578,8 @@ def run(
         key_ring=values.analyze_key_ring,  # a path: workers read the keys (sealed payloads)
         # a bucket's size does not grow with the crowds (nor with a unit's)
         buckets=arithmetic.analyzer_buckets(selection.unit_crowds()),
-        read_crowds=pinned_crowd_table_records,
+        read_crowd_groups=pinned_crowd_table_group_records,
+        part_bucket=table_analyzer_bucket,  # no crowd hashed when the bucket counts divide
         stated_bucket=crowd_table_bucket,  # the count check's figures, from the same read
     )
     # The estimates' batches are spilled to files; the groupings into parts carry their paths.

@@ -1,4 +1,4 @@
-"""Crowd tables of an ``esa-release/2`` release: reading them and checking them, one at a time.
+"""Crowd tables of an ``esa-release/2`` release: reading them (a few at a time) and checking them, one at a time.
 
 A shuffler release states per crowd its status and counts in ``crowds/<stem>.avro`` tables
 (``released_crowd.avsc``), one per bucket of a window and instance (``schemas/release/crowd_buckets.py``),
@@ -7,7 +7,7 @@ like a message file and states the totals (``crowds_released``, ``crowds_withhel
 ``respondents_released``, ``records_released``).
 
 :func:`check_crowd_table` is what ``schemas.release.commit.verify_release`` applies to each committed
-table (bounded memory: one table at a time, never a set of all crowds): each row's window start
+table (bounded memory: a few tables at a time, never a set of all crowds): each row's window start
 and instance are its stem's (and the commit's instance when it states one), its crowd hashes to
 the stem's bucket (:func:`~schemas.release.crowd_buckets.crowd_bucket`), the rows are strictly in
 :func:`~schemas.release.crowd_buckets.crowd_order` (so no crowd is listed twice: a crowd can only be in
@@ -21,12 +21,13 @@ memory at a time) or :func:`read_crowd_table`; each row is a dict with exactly t
 :data:`CROWD_FIELDS` (the keys the ``esa-release/1`` commit record's crowds had, plus
 ``instance``).
 
-Pure: the standard library and fastavro.
+Pure: the standard library, fastavro and ``schemas.avro`` (numpy, Arrow).
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import io
 import json
 import os
@@ -36,7 +37,10 @@ from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 
 import fastavro
 
-from schemas import parsed_schema
+from schemas import parsed_schema, schema_json
+from schemas.avro import container
+from schemas.avro.decode import decode_flat_blocks, flat_layout
+from schemas.avro.schema import strip_logical_types
 from schemas.regular_files import open_regular
 from schemas.release.crowd_buckets import CROWDS_DIR, BucketKey, crowd_bucket, crowd_order
 
@@ -52,6 +56,7 @@ __all__ = [
     "crowd_table_paths",
     "read_crowd_table",
     "parse_crowd_table",
+    "parse_crowd_tables",
     "iter_crowds",
     "check_crowd_table",
     "describe_crowd",
@@ -152,6 +157,91 @@ def parse_crowd_table(source: BinaryIO | bytes, name: str) -> list[dict[str, Any
             f"{name}: not a crowd table (Avro file of ReleasedCrowd records): "
             f"{type(error).__name__}: {detail}"
         ) from None
+
+
+@functools.cache
+def _table_layout() -> tuple[Any, ...] | None:
+    """The flat layout of ReleasedCrowd (``schemas.avro.decode``), made once."""
+    return flat_layout(strip_logical_types(schema_json(RELEASED_CROWD)))
+
+
+def _block_contents(data: bytes) -> tuple[list[Any], list[int]]:
+    """The decompressed blocks of an Avro container file and their record counts
+    (``container.walk_blocks``: raises unless the file is nothing but whole blocks)."""
+    header, blocks = container.walk_blocks(io.BytesIO(data), container.MAX_DECOMPRESSED_BYTES)
+    contents, counts = [], []
+    for block in blocks:
+        stream = container.ByteStream(io.BytesIO(data[block.offset : block.offset + 20]), 20)
+        stream.read_long()
+        size = stream.read_long()
+        begin = block.offset + stream.position
+        if begin + size + container.SYNC_SIZE != block.end:
+            raise container.Corrupt(f"block at {block.offset}: size {size} does not fit")
+        contents.append(container.decompress(header.codec, memoryview(data)[begin : begin + size]))
+        counts.append(block.count)
+    return contents, counts
+
+
+def parse_crowd_tables(sources: Sequence[tuple[bytes, str]]) -> list[list[dict[str, Any]]] | None:
+    """The rows of several crowd tables (``(bytes, name)`` each) as :func:`parse_crowd_table`
+    gives them, all decoded at once as Arrow columns (``schemas.avro.decode.decode_flat_blocks``,
+    every record checked exactly; numpy's cost is per call, so one call for many small tables);
+    None when any table is not in the shuffler's own schema or does not decode that way: the
+    caller then reads them one by one with :func:`parse_crowd_table`, which says what is wrong."""
+    layout = _table_layout()
+    contents: list[Any] = []
+    counts: list[int] = []
+    per_table: list[int] = []
+    try:
+        for data, _ in sources:
+            writer = fastavro.reader(io.BytesIO(data)).writer_schema
+            if _without_parse_keys(writer) != _released_crowd_schema():
+                return None
+            table_contents, table_counts = _block_contents(data)
+            contents += table_contents
+            counts += table_counts
+            per_table.append(sum(table_counts))
+        batch = decode_flat_blocks(layout, contents, counts) if layout and contents else None
+    except Exception:  # noqa: BLE001 - whatever is wrong, the one-table reader says it
+        return None
+    if batch is None or batch.num_rows != sum(per_table):
+        return None
+    columns = [batch.column(field).to_pylist() for field in _TABLE_FIELDS]
+    rows = [
+        {
+            "window_start_ms": start,
+            "window_end_ms": end,
+            "instance": instance,
+            "channel": channel,
+            "recipe_id": recipe_id,
+            "crowd_id": crowd_id,
+            "status": status,
+            "respondents_released": respondents,
+            "messages_released": messages,
+        }
+        for start, end, instance, channel, recipe_id, crowd_id, status, respondents, messages in zip(
+            *columns, strict=True
+        )
+    ]
+    out, first = [], 0
+    for records in per_table:
+        out.append(rows[first : first + records])
+        first += records
+    return out
+
+
+# ReleasedCrowd's fields in the order of :data:`CROWD_FIELDS` (timestamps as milliseconds).
+_TABLE_FIELDS = (
+    "window_start",
+    "window_end",
+    "instance",
+    "channel",
+    "recipe_id",
+    "crowd_id",
+    "status",
+    "respondents_released",
+    "messages_released",
+)
 
 
 def read_crowd_table(path: str) -> list[dict[str, Any]]:

@@ -3,7 +3,7 @@ bucket out.
 
 :class:`AggregateReleases` takes the committed ShuffledMessage Avro files of every release and
 its committed crowd tables (``esa-release/2``: ``(instance, path, SHA-256)`` of each, read by
-``read_crowds``, one table per element). Each file is read in column batches (``transforms.common.avro_io``: one Beam
+``read_crowds``; in the analyze pipeline a few tables per element, decoded together). Each file is read in column batches (``transforms.common.avro_io``: one Beam
 element per batch, never per message); a batch is verified (schema version, window, CRC32C, a
 known recipe on its channel), its payloads decoded per recipe, and its randomized messages
 counted into partial accumulators per crowd (``transforms.analyzer.arithmetic.aggregate_batch``), which
@@ -47,7 +47,7 @@ from schemas import schema_json
 from schemas.dead_letters import dead_letter
 from schemas.release.commit import COMMIT_FILE
 from schemas.release.crowd_buckets import CROWDS_DIR, BucketKey, parse_release_path
-from schemas.release.crowd_tables import parse_crowd_table
+from schemas.release.crowd_tables import parse_crowd_table, parse_crowd_tables
 from schemas.replays import DUPLICATE_PAYLOAD
 from transforms.analyzer import arithmetic
 from transforms.analyzer import opening as sealed_payloads
@@ -440,6 +440,71 @@ def pinned_crowd_table_records(
         yield instance, crowd
 
 
+# Crowd tables per element of :func:`pinned_crowd_table_groups` (read and decoded together).
+TABLES_PER_ELEMENT = 8
+
+# (instance, path, committed SHA-256, the release's crowd_buckets)
+CrowdTable = tuple[int, str, str, Any]
+
+
+def pinned_crowd_table_groups(commit: tuple[int, str, str | None]) -> Iterator[list[CrowdTable]]:
+    """:func:`pinned_crowd_tables` with the record's ``crowd_buckets`` parameter, in lists of
+    at most :data:`TABLES_PER_ELEMENT` (one element each: their tables are decoded together,
+    :func:`pinned_crowd_table_group_records`)."""
+    instance, directory, sha256 = commit
+    record = read_pinned_commit(directory, sha256)
+    parameters = record.get("parameters")
+    shuffler_buckets = parameters.get("crowd_buckets") if isinstance(parameters, dict) else None
+    group: list[CrowdTable] = []
+    for entry in record["files"]:
+        if entry["path"].startswith(CROWDS_DIR + "/"):
+            path = os.path.join(directory, *entry["path"].split("/"))
+            group.append((instance, path, entry["sha256"], shuffler_buckets))
+            if len(group) >= TABLES_PER_ELEMENT:
+                yield group
+                group = []
+    if group:
+        yield group
+
+
+def table_analyzer_bucket(table: CrowdTable, buckets: int) -> int | None:
+    """The analyzer's bucket (of ``buckets``, :func:`arithmetic.bucket_key`) of every crowd of
+    a crowd table ``(instance, path, SHA-256, the release's crowd_buckets S)``, without hashing
+    a crowd, when ``buckets`` divides S: a crowd's bucket is one digest h modulo the number of
+    buckets (``crowd_bucket``), and (h mod S) mod A = h mod A when A divides S; the driver
+    checked that every crowd of the table hashes to its stem's bucket h mod S
+    (``check_crowd_table``) and a worker reads the table only with the SHA-256 it verified.
+    None otherwise (each crowd is hashed)."""
+    shuffler_buckets = table[3] if len(table) > 3 else None
+    if type(shuffler_buckets) is not int or shuffler_buckets < 1 or shuffler_buckets % buckets:
+        return None
+    found = release_bucket(table[1])
+    return None if found is None else found[1].bucket % buckets
+
+
+def pinned_crowd_table_group_records(
+    group: list[CrowdTable],
+) -> list[tuple[CrowdTable, list[tuple[int, dict[str, Any]]]]]:
+    """Each table of ``group`` with its ``(instance, crowd)`` pairs, as
+    :func:`pinned_crowd_table_records` gives them (ValueError on a SHA-256 that is not the
+    committed one), the tables decoded together (``parse_crowd_tables``: numpy's cost is per
+    call) where they can be, else one by one."""
+    read = []
+    for _, path, sha256, _ in group:
+        with avro_io.open_input(path) as handle:
+            data = handle.read()
+        if hashlib.sha256(data).hexdigest() != sha256:
+            raise ValueError(f"{path} is not the crowd table that was verified (SHA-256 differs)")
+        read.append((data, path))
+    parsed = parse_crowd_tables(read) if len(read) > 1 else None
+    if parsed is None:
+        parsed = [parse_crowd_table(data, path) for data, path in read]
+    return [
+        (table, [(table[0], crowd) for crowd in crowds])
+        for table, crowds in zip(group, parsed, strict=True)
+    ]
+
+
 def stated_records(crowds: Iterable[Mapping[str, Any]]) -> dict[tuple, int]:
     """Per crowd key ``(window_start ms, window_end ms, channel, recipe_id, crowd_id)`` of a
     crowd table its ``messages_released`` (-1 for a withheld crowd): what the count check
@@ -472,7 +537,11 @@ class CrowdBuckets(beam.DoFn):
 
     With ``stated_bucket``, the source's crowds are also counted for the count check from the
     same read: ``(stated_bucket(source), packed stated_records)`` on output
-    :data:`STATED_TAG` (nothing when it gives None)."""
+    :data:`STATED_TAG` (nothing when it gives None). ``part_bucket(source, buckets)``: the
+    bucket of all of a source's crowds when it is known without hashing them (None: hashed;
+    :func:`table_analyzer_bucket`). ``grouped``: each element is a group of
+    sources that ``read_crowds`` reads into ``(source, its crowds)`` pairs; each source is
+    counted on its own and the group's crowds bucketed together (fewer partial buckets)."""
 
     def __init__(
         self,
@@ -480,19 +549,34 @@ class CrowdBuckets(beam.DoFn):
         read_crowds: Callable[[Any], Iterable[tuple[int, Mapping[str, Any]]]],
         buckets: int = arithmetic.ANALYZER_BUCKETS,
         stated_bucket: Callable[[Any], Any] | None = None,
+        grouped: bool = False,
+        part_bucket: Callable[[Any, int], int | None] | None = None,
     ) -> None:
         self._book, self._read_crowds, self._buckets = book, read_crowds, int(buckets)
         self._stated_bucket = stated_bucket
+        self._grouped = bool(grouped)
+        self._part_bucket = part_bucket
 
     def process(self, source: Any) -> Iterator[Any]:
-        crowds = self._read_crowds(source)
-        if self._stated_bucket is not None:
-            crowds = list(crowds)
-            bucket = self._stated_bucket(source)
-            if bucket is not None:
-                stated = pack_crowd_records(stated_records(crowd for _, crowd in crowds))
-                yield beam.pvalue.TaggedOutput(STATED_TAG, (bucket, stated))
-        yield from arithmetic.commit_buckets(crowds, self._book, self._buckets).items()
+        if self._grouped:  # a group of sources: each one's crowds (and stated counts) in turn
+            parts = self._read_crowds(source)
+        else:
+            parts = [(source, self._read_crowds(source))]
+        crowds: list[tuple[int, Mapping[str, Any]]] = []
+        known: list[int | None] = []
+        for part, part_crowds in parts:
+            part_crowds = list(part_crowds)
+            if self._stated_bucket is not None:
+                bucket = self._stated_bucket(part)
+                if bucket is not None:
+                    stated = pack_crowd_records(stated_records(crowd for _, crowd in part_crowds))
+                    yield beam.pvalue.TaggedOutput(STATED_TAG, (bucket, stated))
+            crowds += part_crowds
+            if self._part_bucket is not None:
+                known += [self._part_bucket(part, self._buckets)] * len(part_crowds)
+        yield from arithmetic.commit_buckets(
+            crowds, self._book, self._buckets, known if self._part_bucket else None
+        ).items()
 
 
 class CombineBucket(beam.CombineFn):
@@ -558,8 +642,11 @@ class AggregateReleases(beam.PTransform):
     """(message file paths, crowd record sources) -> :class:`AggregateOutputs`.
 
     ``read_crowds(source)`` yields a source's ``(instance, crowd record)`` pairs (default: a
-    committed crowd table, :func:`pinned_crowd_table_records`); ``buckets``: the analyzer's
-    number of crowd buckets."""
+    committed crowd table, :func:`pinned_crowd_table_records`); or, with
+    ``read_crowd_groups(sources)``, each source is a list of sources, read together into
+    ``(source, its pairs)`` (:func:`pinned_crowd_table_group_records`), with
+    ``part_bucket`` (:class:`CrowdBuckets`); ``buckets``: the analyzer's number of crowd
+    buckets."""
 
     def __init__(
         self,
@@ -572,15 +659,23 @@ class AggregateReleases(beam.PTransform):
         read_crowds: Callable[[Any], Iterable[tuple[int, Mapping[str, Any]]]] | None = None,
         range_records: int = DEFAULT_RANGE_RECORDS,
         stated_bucket: Callable[[Any], Any] | None = None,
+        read_crowd_groups: Callable[[Any], Iterable[tuple[Any, Iterable[tuple[int, Any]]]]]
+        | None = None,
+        part_bucket: Callable[[Any, int], int | None] | None = None,
     ) -> None:
         super().__init__()
         self._plan = PlanRanges(range_records)
         self._decode = DecodeReleaseFile(
             book, supported_versions, batch_records, dense_limit, key_ring=key_ring, buckets=buckets
         )
-        self._crowds = CrowdBuckets(
-            book, read_crowds or pinned_crowd_table_records, buckets, stated_bucket
-        )
+        if read_crowd_groups is not None:  # each source a list of sources
+            self._crowds = CrowdBuckets(
+                book, read_crowd_groups, buckets, stated_bucket, True, part_bucket
+            )
+        else:
+            self._crowds = CrowdBuckets(
+                book, read_crowds or pinned_crowd_table_records, buckets, stated_bucket
+            )
         self._dense_limit = dense_limit
 
     def expand(self, inputs: tuple[beam.PCollection, beam.PCollection]) -> AggregateOutputs:

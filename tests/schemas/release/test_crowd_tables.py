@@ -301,3 +301,99 @@ def test_crowd_bucket_is_the_digest_of_the_json_key_whatever_its_strings_hold() 
         key[2] = None if rng.random() < 0.2 else key[2]
         buckets = rng.randint(1, 1 << 16)
         assert crowd_bucket(*key, buckets) == documented(*key, buckets)
+
+
+def _many_rows(count: int, seed: int) -> list[dict]:
+    """Crowd dicts of every kind of value: released and withheld, null and odd crowd IDs."""
+    import random
+
+    rng = random.Random(seed)
+    rows = []
+    for index in range(count):
+        released = rng.random() < 0.7
+        rows.append(
+            {
+                "window_start_ms": fx.T0 + rng.randrange(3) * fx.DAY_MS,
+                "window_end_ms": fx.T0 + 5 * fx.DAY_MS,
+                "instance": rng.randrange(3),
+                "channel": rng.choice(["ch", "ç\u00e9", ""]),
+                "recipe_id": rng.choice(["r@1", "r@2"]),
+                "crowd_id": None if rng.random() < 0.1 else f"c{index}\u2603" * rng.randrange(3),
+                "status": "released" if released else "withheld",
+                "respondents_released": rng.randrange(10**10) if released else None,
+                "messages_released": rng.randrange(2**40) if released else 0,
+            }
+        )
+    return rows
+
+
+def test_tables_decoded_together_are_the_rows_read_one_by_one(tmp_path: Path) -> None:
+    """parse_crowd_tables (the verifying pass's numpy decoder over many tables) gives exactly
+    parse_crowd_table's rows, values and types, for tables of one and of many blocks, deflate
+    or not, and an empty table among them."""
+    import fastavro
+
+    from schemas import parsed_schema
+
+    sources = []
+    for index, (count, codec, interval) in enumerate(
+        [(1, "null", 16000), (300, "deflate", 512), (0, "deflate", 16000), (57, "null", 100)]
+    ):
+        path = tmp_path / f"t{index}.avro"
+        with path.open("wb") as sink:
+            rows = fx.table_rows(_many_rows(count, index))
+            fastavro.writer(
+                sink, parsed_schema("released_crowd"), rows, codec=codec, sync_interval=interval
+            )
+        sources.append((path.read_bytes(), str(path)))
+    together = rc.parse_crowd_tables(sources)
+    one_by_one = [rc.parse_crowd_table(data, name) for data, name in sources]
+    assert together is not None and [len(t) for t in together] == [1, 300, 0, 57]
+    assert together == one_by_one
+    types = lambda tables: [type(v) for t in tables for r in t for v in r.values()]  # noqa: E731
+    assert types(together) == types(one_by_one)
+
+
+def test_tables_that_do_not_decode_together_are_left_to_the_one_table_reader(
+    made: Path,
+) -> None:
+    """Any table the numpy decoder cannot vouch for (another writer schema, no Avro, cut short,
+    a block's count that lies) makes parse_crowd_tables give None, never other rows."""
+    import fastavro
+
+    from schemas import schema_json
+
+    good = [(p.read_bytes(), str(p)) for p in sorted((made / "crowds").iterdir())]
+    assert rc.parse_crowd_tables(good) is not None
+    rows = fx.table_rows(rc.parse_crowd_table(*good[0]))
+    schema = json.loads(json.dumps(schema_json("released_crowd")))
+    schema["fields"] = [*reversed(schema["fields"])]
+    other = tmp = made / "other.avro"
+    with tmp.open("wb") as sink:
+        fastavro.writer(sink, fastavro.parse_schema(schema), rows)
+    data = good[0][0]
+    header_end = data.index(data[-16:]) + 16  # the sync marker closes the header
+    count_lies = bytearray(data)
+    count_lies[header_end] += 2  # the first block's count (a zigzag varint) one higher
+    for bad in (other.read_bytes(), b"\x00" * 40, data[:-3], bytes(count_lies)):
+        assert rc.parse_crowd_tables([*good, (bad, "bad")]) is None
+
+
+@pytest.mark.parametrize("per_read", [1, 2, 32])
+def test_tables_read_in_groups_are_refused_for_the_first_problem_in_order(
+    made: Path, monkeypatch: pytest.MonkeyPatch, per_read: int
+) -> None:
+    """The verifying pass reads tables a few at a time; what it refuses and the line it says
+    are those of the first table in order that is wrong, whatever the group size."""
+    monkeypatch.setattr(rel, "TABLES_PER_READ", per_read)
+    tables = sorted((made / "crowds").iterdir())
+    assert len(tables) >= 3
+    _rewrite(tables[1], lambda rows: [{**row, "instance": 1} for row in rows])
+    tables[2].write_bytes(b"\x00" * 40)
+    _refused(made, tables[1].name, "has instance 1")
+    data = tables[1].read_bytes()
+    tables[1].write_bytes(b"\x00" * 40)
+    tables[2].write_bytes(data)  # the second wrong table stated first: it is named
+    _refused(made, tables[1].name, "truncated or grown", recommit=False)
+    tables[1].unlink()
+    _refused(made, tables[1].name, "missing", recommit=False)

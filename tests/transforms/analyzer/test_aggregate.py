@@ -16,6 +16,8 @@ from schemas.release.commit import sha256_of
 from transforms.analyzer.aggregate import (
     CombineBucket,
     metrics_summary,
+    pinned_crowd_table_group_records,
+    pinned_crowd_table_groups,
     pinned_crowd_table_records,
     pinned_crowd_tables,
 )
@@ -189,3 +191,39 @@ def test_crowd_tables_are_read_only_with_their_committed_digests(tmp_path):
     (tmp_path / "_COMMIT.json").write_text(json.dumps({"files": []}))
     with pytest.raises(ValueError, match="SHA-256 differs"):  # so is a changed commit record
         list(pinned_crowd_tables(pinned))
+
+
+def test_crowd_tables_in_groups_read_as_one_by_one(tmp_path, monkeypatch):
+    """pinned_crowd_table_groups cuts a record's tables into lists of TABLES_PER_ELEMENT; a
+    group's tables decoded together give each table's pairs as pinned_crowd_table_records, and a
+    table changed after it was verified is refused whichever table of the group it is."""
+    from transforms.analyzer import aggregate
+
+    monkeypatch.setattr(aggregate, "TABLES_PER_ELEMENT", 2)
+    files = []
+    (tmp_path / "crowds").mkdir()
+    for bucket in range(5):
+        table = tmp_path / "crowds" / f"0-u1-b{bucket:05d}.avro"
+        rows = [{"window_start": 0, "window_end": 1000, "instance": 1, "channel": "grid",
+                 "recipe_id": "grid@1", "crowd_id": None if i == 0 else f"c{bucket}-{i}",
+                 "status": "released" if i % 3 else "withheld",
+                 "respondents_released": 3 + i if i % 3 else None,
+                 "messages_released": i if i % 3 else 0} for i in range(bucket * 4)]  # fmt: skip
+        write_avro(str(table), parsed_schema("released_crowd"), rows)
+        files.append({"path": f"crowds/{table.name}", "sha256": sha256_of(str(table))})
+    content = json.dumps({"files": files}).encode()
+    (tmp_path / "_COMMIT.json").write_bytes(content)
+    pinned = (1, str(tmp_path), hashlib.sha256(content).hexdigest())
+    groups = list(pinned_crowd_table_groups(pinned))
+    assert [len(group) for group in groups] == [2, 2, 1]
+    assert [t[:3] for group in groups for t in group] == list(pinned_crowd_tables(pinned))
+    for group in groups:
+        read = pinned_crowd_table_group_records(group)
+        assert [table for table, _ in read] == group
+        assert [pairs for _, pairs in read] == [
+            list(pinned_crowd_table_records(table[:3])) for table in group
+        ]
+    second = groups[1][1][1]
+    write_avro(second, parsed_schema("released_crowd"), [])
+    with pytest.raises(ValueError, match="SHA-256 differs"):
+        pinned_crowd_table_group_records(groups[1])

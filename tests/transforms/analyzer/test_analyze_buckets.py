@@ -236,3 +236,71 @@ def test_buckets_added_as_rows_equal_accumulators_merged_one_by_one(sparse_bucke
         doubled.add(arithmetic.CrowdBucket({_key(0, "a"): twice}))
     with pytest.raises(ValueError, match="stated twice"):
         doubled.densify(1 << 20)
+
+
+@pytest.mark.parametrize(("shuffler", "analyzer"), [(16, 16), (16, 4), (32, 16), (16, 5), (7, 7)])
+def test_a_tables_crowds_are_in_the_analyzer_bucket_its_stem_gives(shuffler, analyzer):
+    """table_analyzer_bucket: when the analyzer's bucket count divides the release's, every
+    crowd of a crowd table (each hashing to its stem's bucket, as verify_release checks) is in
+    the analyzer bucket its stem gives, so commit_buckets given those buckets makes exactly the
+    buckets it makes hashing each crowd; otherwise it gives None (each crowd is hashed)."""
+    from transforms.analyzer.aggregate import table_analyzer_bucket
+
+    recipes = ["onehot", "tree", "unknown"]
+    crowds = []
+    for index in range(300):
+        recipe = recipes[index % 3]
+        crowd = commit_crowd(T0 + (index % 2) * DAY, recipe, None if index % 7 == 0 else 5,
+                             None if index < 3 else f"k{index}")  # fmt: skip
+        if recipe == "unknown":
+            crowd["recipe_id"] = "nope@1"
+        crowds.append((index % 2, crowd))
+    hashed = arithmetic.commit_buckets(crowds, BOOK, analyzer)
+    known = []
+    for instance, crowd in crowds:
+        stem = crowd_bucket(crowd["channel"], crowd["recipe_id"], crowd["crowd_id"], shuffler)
+        path = f"/release/crowds/{crowd['window_start_ms']}-u{instance}-b{stem:05d}.avro"
+        known.append(table_analyzer_bucket((instance, path, "0" * 64, shuffler), analyzer))
+    if shuffler % analyzer:
+        assert known == [None] * len(crowds)
+        return
+    given = arithmetic.commit_buckets(crowds, BOOK, analyzer, known)
+    assert sorted(given) == sorted(hashed) and len(given) > 1
+    for unit, bucket in hashed.items():
+        assert sorted(given[unit].withheld, key=str) == sorted(bucket.withheld, key=str)
+        assert {k: (a.respondents, a.messages) for k, a in given[unit].crowds.items()} == {
+            k: (a.respondents, a.messages) for k, a in bucket.crowds.items()
+        }
+    assert table_analyzer_bucket((0, "/release/crowds/x.avro", "0" * 64, shuffler), 4) is None
+    assert table_analyzer_bucket((0, path, "0" * 64, True), 1) is None  # bool is no count
+
+
+def test_a_combined_bucket_is_densified_as_rows_like_its_accumulators():
+    """CombineBucket.extract_output densifies a bucket whose added parts still wait packed as
+    rows (no accumulator per crowd), with the counts densify gives the same crowds as
+    accumulators (sparse respondent-only crowds of small domains made dense)."""
+    small, large = arithmetic.CrowdAccumulator.empty(16), arithmetic.CrowdAccumulator.empty(1 << 13)
+    small.add_messages(np.array([1, 1, 3]))
+    large.add_messages(np.array([7]))
+    only_n = arithmetic.CrowdAccumulator.empty(16)
+    only_n.set_respondents(1, 5)
+    parts = [
+        arithmetic.CrowdBucket({_key(0, "a"): small, _key(0, "big"): large}),
+        arithmetic.CrowdBucket({_key(0, "a"): only_n, _key(0, "n"): only_n.copy()}),
+    ]
+    combine = CombineBucket(dense_limit=1 << 12)
+    accumulator = None
+    for part in parts:
+        accumulator = combine.add_input(accumulator, pickle.loads(pickle.dumps(part)))
+    extracted = combine.extract_output(accumulator)
+    reference = arithmetic.CrowdBucket()
+    for part in parts:
+        reference.merge(part)
+    reference.densify(1 << 12)
+    assert sorted(extracted.crowds) == sorted(reference.crowds)
+    for key, mine in extracted.crowds.items():
+        theirs = reference.crowds[key]
+        assert mine.counts.is_dense == theirs.counts.is_dense
+        assert mine.counts.dense().tolist() == theirs.counts.dense().tolist()
+        assert (mine.respondents, mine.messages) == (theirs.respondents, theirs.messages)
+    assert extracted.crowds[_key(0, "n")].counts.is_dense

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import pickle
 import zlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -463,7 +463,7 @@ class CrowdBucket:
     def densify(self, dense_limit: int) -> None:
         """Histogram crowds of domains up to ``dense_limit`` counted densely, also those whose
         only parts were respondent counts (kept sparse, i.e. empty, while they travel)."""
-        if self._crowds is None:  # as rows: a flag per crowd
+        if self._crowds is None or self._pending:  # as rows: a flag per crowd
             self._own_content().densify(dense_limit)
             return
         _densify(self._open()[0].values(), dense_limit)
@@ -497,6 +497,7 @@ def commit_buckets(
     crowds: Iterable[tuple[int, Mapping[str, Any]]],
     book: RecipeBook,
     buckets: int = ANALYZER_BUCKETS,
+    known_buckets: Sequence[int | None] | None = None,
 ) -> dict[AnalysisBucketKey, CrowdBucket]:
     """``(instance, commit crowd record)`` pairs as partial buckets: each released crowd of a
     known recipe as an accumulator holding only n_u (``respondent_accumulators``; counts kept
@@ -504,18 +505,26 @@ def commit_buckets(
     :data:`WithheldRecord` in the bucket its estimate would be in (a histogram bucket when
     its recipe is unknown). ValueError on a malformed released record. Histogram crowds of
     domains up to :data:`ROW_DOMAIN_LIMIT` go straight into the bucket's rows (no accumulator
-    per crowd)."""
+    per crowd). ``known_buckets``: per pair, its bucket when the caller knows it without
+    hashing the crowd (:func:`bucket_key`'s last field; None: hashed here)."""
     units: dict[AnalysisBucketKey, tuple[dict, dict, list]] = {}
     domains: dict[str, int | None] = {}  # recipe id -> its rows' domain (None: an object each)
 
+    known: int | None = None
+
     def unit_of(key: CrowdKey) -> tuple[dict, dict, list]:
-        unit = bucket_key(key, buckets)
+        if known is None:
+            unit = bucket_key(key, buckets)
+        else:
+            unit = (key[0], int(key[1]), int(key[2]), known)
         parts = units.get(unit)
         if parts is None:
             parts = units[unit] = ({}, {}, [])  # rows by domain, other accumulators, withheld
         return parts
 
-    for instance, crowd in crowds:
+    for index, (instance, crowd) in enumerate(crowds):
+        if known_buckets is not None:
+            known = known_buckets[index]
         if crowd.get("status") == "released":
             recipe_id = crowd.get("recipe_id")
             if recipe_id not in domains:
