@@ -311,12 +311,25 @@ def _stream(batch: pa.RecordBatch, chunk_rows: int | None) -> tuple[pa.Buffer, b
     fences[:, 0] = hashes[starts]
     fences[:, 1] = hashes[ends - 1]
     with pa.ipc.new_stream(sink, batch.schema) as writer:
-        writer.write_batch(batch.slice(0, 0))  # the dictionaries: the head of every shard's read
+        writer.write_batch(_empty_like(batch))  # the dictionaries: the head of every shard's read
         for index, (begin, end) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
             fences[index, 2] = sink.tell()
             writer.write_batch(batch.slice(begin, end - begin))
             fences[index, 3] = sink.tell()
     return sink.getvalue(), pack_ints(fences)
+
+
+def _empty_like(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A batch of no rows with ``batch``'s schema and dictionaries. (Arrow's IPC writer writes a
+    zero-length slice with all its parent's buffers: ``batch.slice(0, 0)`` would put every row
+    of the piece into the stream's head, which every shard reads.)"""
+    columns = [
+        pa.DictionaryArray.from_arrays(pa.array([], field.type.index_type), column.dictionary)
+        if pa.types.is_dictionary(field.type)
+        else pa.array([], field.type)
+        for field, column in zip(batch.schema, batch.columns, strict=True)
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=batch.schema)
 
 
 def write_spill(
