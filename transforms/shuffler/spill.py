@@ -319,17 +319,14 @@ def _stream(batch: pa.RecordBatch, chunk_rows: int | None) -> tuple[pa.Buffer, b
     return sink.getvalue(), pack_ints(fences)
 
 
+_NO_ROWS = pa.array([], pa.int32())
+
+
 def _empty_like(batch: pa.RecordBatch) -> pa.RecordBatch:
     """A batch of no rows with ``batch``'s schema and dictionaries. (Arrow's IPC writer writes a
     zero-length slice with all its parent's buffers: ``batch.slice(0, 0)`` would put every row
     of the piece into the stream's head, which every shard reads.)"""
-    columns = [
-        pa.DictionaryArray.from_arrays(pa.array([], field.type.index_type), column.dictionary)
-        if pa.types.is_dictionary(field.type)
-        else pa.array([], field.type)
-        for field, column in zip(batch.schema, batch.columns, strict=True)
-    ]
-    return pa.RecordBatch.from_arrays(columns, schema=batch.schema)
+    return batch.take(_NO_ROWS)
 
 
 def write_spill(
