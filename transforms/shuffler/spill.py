@@ -349,15 +349,19 @@ def write_spill(
 class OpenSpill:
     """Local spill files held open for the reads of one bundle (:meth:`close` at its end), so
     that the shards of a bundle that read slices of the same files open each file once. Scoped
-    to a bundle: no file stays open past the work that reads it."""
+    to a bundle: no file stays open past the work that reads it; at most ``limit`` at once (the
+    one opened first is closed to make room), whatever the number of input batches."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = 128) -> None:
         self._files: dict[str, int] = {}
+        self._limit = limit
 
     def descriptor(self, path: str) -> int:
         """An open read-only descriptor of the local file ``path``."""
         found = self._files.get(path)
         if found is None:
+            if len(self._files) >= self._limit:
+                os.close(self._files.pop(next(iter(self._files))))
             found = self._files[path] = os.open(path, os.O_RDONLY)
         return found
 

@@ -137,3 +137,25 @@ def test_a_bundles_shards_read_through_its_open_files_as_alone(pieces, tmp_path:
     for number in open_descriptors:
         with pytest.raises(OSError):
             os.fstat(number)
+
+
+def test_a_bundle_holds_at_most_its_limit_of_spill_files_open(tmp_path: Path) -> None:
+    """With more spill files than the limit, the oldest open one is closed to make room: reads
+    still give every piece's rows, and no more than ``limit`` files are open at any time."""
+    batches = [_report_batch(CHUNK * 2, seed) for seed in range(5)]
+    pieces = []
+    for index, batch in enumerate(batches):
+        path = str(tmp_path / f"reports-{index}.arrow")
+        (at,) = spill.write_spill(path, [batch], CHUNK)
+        pieces.append(spill.Piece(path, at.offset, at.length, batch.num_rows, "s", 5, 0, at.fences))
+    piece_list = spill.write_piece_list(str(tmp_path / "spill"), tuple(pieces))
+    files = spill.OpenSpill(limit=2)
+    for shard in range(4):
+        rows, _ = spill.read_shard_rows(
+            spill.ShardTask(shard, 2, piece_list), ["origin_hash"], files
+        )
+        alone, _ = spill.read_shard_rows(spill.ShardTask(shard, 2, piece_list), ["origin_hash"])
+        assert rows.equals(alone)
+        assert len(files._files) == 2
+    files.close()
+    assert not files._files
