@@ -186,11 +186,24 @@ class CountShard(CountsBundles):
     def __init__(self, rules: report_rows.ValidationRules, spill_dir: str) -> None:
         self._rules = rules
         self._spill_dir = spill_dir
+        self._files = spill.OpenSpill()
+
+    def start_bundle(self) -> None:
+        super().start_bundle()
+        self._files.close()  # any a failed bundle left open
+
+    def finish_bundle(self) -> None:
+        # The bundle's shards share the files of their buckets' pieces; none stays open after.
+        self._files.close()
+        super().finish_bundle()
+
+    def teardown(self) -> None:
+        self._files.close()
 
     def process(self, element: tuple[BucketKey, spill.ShardTask]) -> Iterator[Any]:
         self.worked()
         key, task = element
-        rows, sources = spill.read_shard_rows(task, _SHARD_COLUMNS)
+        rows, sources = spill.read_shard_rows(task, _SHARD_COLUMNS, self._files)
         repeats = (
             shard_repeats(
                 task.repeats,

@@ -311,12 +311,22 @@ def _stream(batch: pa.RecordBatch, chunk_rows: int | None) -> tuple[pa.Buffer, b
     fences[:, 0] = hashes[starts]
     fences[:, 1] = hashes[ends - 1]
     with pa.ipc.new_stream(sink, batch.schema) as writer:
-        writer.write_batch(batch.slice(0, 0))  # the dictionaries: the head of every shard's read
+        writer.write_batch(_empty_like(batch))  # the dictionaries: the head of every shard's read
         for index, (begin, end) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
             fences[index, 2] = sink.tell()
             writer.write_batch(batch.slice(begin, end - begin))
             fences[index, 3] = sink.tell()
     return sink.getvalue(), pack_ints(fences)
+
+
+_NO_ROWS = pa.array([], pa.int32())
+
+
+def _empty_like(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A batch of no rows with ``batch``'s schema and dictionaries. (Arrow's IPC writer writes a
+    zero-length slice with all its parent's buffers: ``batch.slice(0, 0)`` would put every row
+    of the piece into the stream's head, which every shard reads.)"""
+    return batch.take(_NO_ROWS)
 
 
 def write_spill(
@@ -336,24 +346,79 @@ def write_spill(
     return positions
 
 
-def _read_ranges(path: str, ranges: list[tuple[int, int]]) -> bytes:
-    """The bytes ``[begin, end)`` of each range of a spill file, concatenated."""
-    parts = []
+class OpenSpill:
+    """Local spill files held open for the reads of one bundle (:meth:`close` at its end), so
+    that the shards of a bundle that read slices of the same files open each file once. Scoped
+    to a bundle: no file stays open past the work that reads it; at most ``limit`` at once (the
+    one opened first is closed to make room), whatever the number of input batches."""
+
+    def __init__(self, limit: int = 128) -> None:
+        self._files: dict[str, int] = {}
+        self._limit = limit
+
+    def descriptor(self, path: str) -> int:
+        """An open read-only descriptor of the local file ``path``."""
+        found = self._files.get(path)
+        if found is None:
+            if len(self._files) >= self._limit:
+                os.close(self._files.pop(next(iter(self._files))))
+            found = self._files[path] = os.open(path, os.O_RDONLY)
+        return found
+
+    def close(self) -> None:
+        files, self._files = self._files, {}
+        for descriptor in files.values():
+            os.close(descriptor)
+
+
+def _read_ranges(
+    path: str, ranges: list[tuple[int, int]], files: OpenSpill | None = None
+) -> memoryview:
+    """The bytes ``[begin, end)`` of each range of a spill file, one after another in one
+    buffer (local files: one ``preadv`` per range straight into it, no copy); ``files``: the
+    bundle's open files to read through."""
+    total = sum(end - begin for begin, end in ranges)
+    buffer = memoryview(np.empty(total, dtype=np.uint8))
+    at = 0
     if FileSystems.get_scheme(path) is None:
-        with open(path, "rb", buffering=0) as handle:
+        descriptor = files.descriptor(path) if files is not None else os.open(path, os.O_RDONLY)
+        try:
             for begin, end in ranges:
-                parts.append(os.pread(handle.fileno(), end - begin, begin))
-    else:
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-            for begin, end in ranges:
-                handle.seek(begin)
-                parts.append(handle.read(end - begin))
-    if any(len(part) != end - begin for part, (begin, end) in zip(parts, ranges, strict=True)):
-        raise RuntimeError(f"spill file {path} is shorter than expected")
-    return parts[0] if len(parts) == 1 else b"".join(parts)
+                got = _pread_into(descriptor, buffer[at : at + end - begin], begin)
+                if got != end - begin:
+                    raise RuntimeError(f"spill file {path} is shorter than expected")
+                at += got
+        finally:
+            if files is None:
+                os.close(descriptor)
+        return buffer
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        for begin, end in ranges:
+            handle.seek(begin)
+            part = handle.read(end - begin)
+            if len(part) != end - begin:
+                raise RuntimeError(f"spill file {path} is shorter than expected")
+            buffer[at : at + len(part)] = part
+            at += len(part)
+    return buffer
 
 
-def _stream_table(data: bytes, path: str, schema: pa.Schema | None) -> pa.Table:
+def _pread_into(descriptor: int, target: memoryview, offset: int) -> int:
+    """Read ``len(target)`` bytes at ``offset`` into ``target``; returns the bytes read."""
+    if hasattr(os, "preadv"):
+        done = 0
+        while done < len(target):
+            got = os.preadv(descriptor, [target[done:]], offset + done)
+            if not got:
+                break
+            done += got
+        return done
+    part = os.pread(descriptor, len(target), offset)
+    target[: len(part)] = part
+    return len(part)
+
+
+def _stream_table(data: memoryview, path: str, schema: pa.Schema | None) -> pa.Table:
     """The record batches of an IPC stream's bytes as the chunks of a table (no copy)."""
     reader = pa.ipc.open_stream(pa.py_buffer(data))
     if schema is not None and not reader.schema.equals(schema):
@@ -361,7 +426,7 @@ def _stream_table(data: bytes, path: str, schema: pa.Schema | None) -> pa.Table:
     return reader.read_all()
 
 
-def _one_batch(data: bytes, path: str, schema: pa.Schema | None) -> pa.RecordBatch:
+def _one_batch(data: memoryview, path: str, schema: pa.Schema | None) -> pa.RecordBatch:
     """The record batches of an IPC stream's bytes as one."""
     table = _stream_table(data, path, schema)
     batches = [batch for batch in table.to_batches() if batch.num_rows]
@@ -392,11 +457,13 @@ def read_shard_range(piece: Piece, shard: int, bits: int) -> pa.RecordBatch:
     return table.combine_chunks().to_batches()[0]
 
 
-def _shard_table(piece: Piece, shard: int, bits: int) -> tuple[pa.Table, int]:
+def _shard_table(
+    piece: Piece, shard: int, bits: int, files: OpenSpill | None = None
+) -> tuple[pa.Table, int]:
     """:func:`read_shard_range` as a table of the stream's chunks (not copied into one), and
-    the bytes read for it (which its slices hold)."""
+    the bytes read for it (which its slices hold); ``files``: the bundle's open files."""
     if bits == 0 or not piece.fences:
-        data = _read_ranges(piece.path, [(piece.offset, piece.offset + piece.length)])
+        data = _read_ranges(piece.path, [(piece.offset, piece.offset + piece.length)], files)
     else:
         fences = unpack_ints(piece.fences)
         first, last = fences[:, 0].view(np.uint64), fences[:, 1].view(np.uint64)
@@ -412,6 +479,7 @@ def _shard_table(piece: Piece, shard: int, bits: int) -> tuple[pa.Table, int]:
         data = _read_ranges(
             piece.path,
             [(piece.offset, piece.offset + head), (piece.offset + start, piece.offset + stop)],
+            files,
         )
     table = _stream_table(data, piece.path, REPORT_SPILL_SCHEMA)
     hashes = table.column("origin_hash").to_numpy()
@@ -441,29 +509,30 @@ def read_piece_list(piece_list: Piece) -> list[Piece]:
     return [Piece(*values) for values in zip(*columns, strict=True)]
 
 
-def read_shard_rows(task: ShardTask, columns: Iterable[str]) -> tuple[pa.Table, list[str]]:
+def read_shard_rows(
+    task: ShardTask, columns: Iterable[str], files: OpenSpill | None = None
+) -> tuple[pa.Table, list[str]]:
     """The rows of one origin shard from every piece of its bucket (only ``columns``, plus
     ``piece_index``), in piece order, and the pieces' source files (by piece index). A
-    ``crowd`` column comes back with one dictionary for the whole table."""
+    ``crowd`` column comes back with one dictionary for the whole table. ``files``: the
+    bundle's open spill files (:class:`OpenSpill`) to read through."""
     columns = list(columns)
     compacted: list[pa.Table] = []
     held: list[pa.Table] = []
+    held_pieces: list[int] = []
     held_bytes = 0
     pieces = read_piece_list(task.piece_list)
     for index, piece in enumerate(pieces):
-        part, read = _shard_table(piece, task.shard, task.bits)
+        part, read = _shard_table(piece, task.shard, task.bits, files)
         if part.num_rows:
-            part = part.select(columns)
-            part = part.append_column(
-                PIECE_INDEX, pa.array(np.full(part.num_rows, index, np.int64))
-            )
             held.append(part)
+            held_pieces.append(index)
             held_bytes += read  # Table.nbytes of a slice costs ~70 us; the bytes read bound it
         if held_bytes >= _COMPACT_BYTES:
-            compacted.append(_combined(held))
-            held, held_bytes = [], 0
+            compacted.append(_with_piece_index(held, held_pieces, columns))
+            held, held_pieces, held_bytes = [], [], 0
     if held:
-        compacted.append(_combined(held))
+        compacted.append(_with_piece_index(held, held_pieces, columns))
     sources = [piece.source for piece in pieces]
     if not compacted:
         empty = REPORT_SPILL_SCHEMA.empty_table().select(columns)
@@ -471,6 +540,16 @@ def read_shard_rows(task: ShardTask, columns: Iterable[str]) -> tuple[pa.Table, 
     if len(compacted) == 1:
         return compacted[0], sources
     return _combined(compacted), sources
+
+
+def _with_piece_index(parts: list[pa.Table], indices: list[int], columns: list[str]) -> pa.Table:
+    """The ``columns`` of ``parts`` as one table of one chunk per column (dictionaries
+    unified) with each row's ``piece_index`` (``indices``: one per part), selected and
+    numbered once for all parts."""
+    table = pa.concat_tables(parts).select(columns).unify_dictionaries().combine_chunks()
+    lengths = np.fromiter((part.num_rows for part in parts), dtype=np.int64, count=len(parts))
+    index = np.repeat(np.asarray(indices, dtype=np.int64), lengths)
+    return table.append_column(PIECE_INDEX, pa.array(index))
 
 
 def _combined(parts: list[pa.Table]) -> pa.Table:

@@ -4,6 +4,7 @@ together read each piece about once whatever their number."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -72,15 +73,17 @@ def test_shards_together_read_a_piece_about_once(pieces, monkeypatch) -> None:
     read: list[int] = []
     original = spill._read_ranges
 
-    def counting(path: str, ranges: list[tuple[int, int]]) -> bytes:
+    def counting(path: str, ranges: list[tuple[int, int]], *files) -> memoryview:
         read.append(sum(end - begin for begin, end in ranges))
-        return original(path, ranges)
+        return original(path, ranges, *files)
 
     monkeypatch.setattr(spill, "_read_ranges", counting)
     piece = pieces[0]
     fences = spill.unpack_ints(piece.fences)
     head = int(fences[0, 2])
     largest_chunk = int((fences[:, 3] - fences[:, 2]).max())
+    # The head every shard reads holds the schema and dictionaries, not the piece's rows.
+    assert head < largest_chunk
     bits = 3
     for shard in range(1 << bits):
         spill.read_shard_range(piece, shard, bits)
@@ -88,3 +91,71 @@ def test_shards_together_read_a_piece_about_once(pieces, monkeypatch) -> None:
     assert sum(read) <= piece.length + (1 << bits) * (head + 2 * largest_chunk)
     # Reading the piece in full once per shard would cost 8 times the piece.
     assert sum(read) < 2 * piece.length
+
+
+def test_a_bundles_shards_read_through_its_open_files_as_alone(pieces, tmp_path: Path) -> None:
+    """Shards read through one bundle's open spill files (spill.OpenSpill) get the rows each
+    gets on its own, the bundle opens each file once, and none stays open after close()."""
+    second = str(tmp_path / "second.arrow")
+    (at,) = spill.write_spill(second, [_report_batch(ROWS // 2, 4)], CHUNK)
+    pieces = [
+        *pieces,
+        spill.Piece(second, at.offset, at.length, ROWS // 2, "other", 5, 0, at.fences),
+    ]
+    piece_list = spill.write_piece_list(str(tmp_path / "spill"), tuple(pieces))
+    bits = 3
+    files = spill.OpenSpill()
+    opened: list[str] = []
+    descriptor = files.descriptor
+
+    def counting(path: str) -> int:
+        if path not in files._files:
+            opened.append(path)
+        return descriptor(path)
+
+    files.descriptor = counting
+    held = []
+    for shard in range(1 << bits):
+        task = spill.ShardTask(shard, bits, piece_list)
+        alone, sources = spill.read_shard_rows(task, ["origin_hash", "payload", "crowd"])
+        shared, shared_sources = spill.read_shard_rows(
+            task, ["origin_hash", "payload", "crowd"], files
+        )
+        assert shared.equals(alone) and shared_sources == sources == ["src"] * 3 + ["other"]
+        # Against each piece's own shard range, in piece order.
+        parts = [spill.read_shard_range(piece, shard, bits) for piece in pieces]
+        for name in ("origin_hash", "payload", "crowd"):
+            expected = [value for part in parts for value in part.column(name).to_pylist()]
+            assert shared.column(name).to_pylist() == expected
+        numbers = [index for index, part in enumerate(parts) for _ in range(part.num_rows)]
+        assert shared.column(spill.PIECE_INDEX).to_pylist() == numbers
+        held.append(alone.num_rows)
+    assert sum(held) == sum(piece.rows for piece in pieces)
+    assert sorted(opened) == sorted({piece.path for piece in pieces})
+    open_descriptors = list(files._files.values())
+    files.close()
+    for number in open_descriptors:
+        with pytest.raises(OSError):
+            os.fstat(number)
+
+
+def test_a_bundle_holds_at_most_its_limit_of_spill_files_open(tmp_path: Path) -> None:
+    """With more spill files than the limit, the oldest open one is closed to make room: reads
+    still give every piece's rows, and no more than ``limit`` files are open at any time."""
+    batches = [_report_batch(CHUNK * 2, seed) for seed in range(5)]
+    pieces = []
+    for index, batch in enumerate(batches):
+        path = str(tmp_path / f"reports-{index}.arrow")
+        (at,) = spill.write_spill(path, [batch], CHUNK)
+        pieces.append(spill.Piece(path, at.offset, at.length, batch.num_rows, "s", 5, 0, at.fences))
+    piece_list = spill.write_piece_list(str(tmp_path / "spill"), tuple(pieces))
+    files = spill.OpenSpill(limit=2)
+    for shard in range(4):
+        rows, _ = spill.read_shard_rows(
+            spill.ShardTask(shard, 2, piece_list), ["origin_hash"], files
+        )
+        alone, _ = spill.read_shard_rows(spill.ShardTask(shard, 2, piece_list), ["origin_hash"])
+        assert rows.equals(alone)
+        assert len(files._files) == 2
+    files.close()
+    assert not files._files
