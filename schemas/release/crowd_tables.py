@@ -230,17 +230,10 @@ def parse_crowd_tables(sources: Sequence[tuple[bytes, str]]) -> list[list[dict[s
     return out
 
 
-# ReleasedCrowd's fields in the order of :data:`CROWD_FIELDS` (timestamps as milliseconds).
-_TABLE_FIELDS = (
-    "window_start",
-    "window_end",
-    "instance",
-    "channel",
-    "recipe_id",
-    "crowd_id",
-    "status",
-    "respondents_released",
-    "messages_released",
+# ReleasedCrowd's fields in the order of :data:`CROWD_FIELDS` (its window timestamps are named
+# without the ``_ms``; they hold milliseconds).
+_TABLE_FIELDS = tuple(
+    name.removesuffix("_ms") if name.startswith("window_") else name for name in CROWD_FIELDS
 )
 
 

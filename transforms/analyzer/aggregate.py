@@ -388,13 +388,7 @@ def _with_rejections(
 ) -> dict[arithmetic.CrowdKey, arithmetic.Accumulator]:
     """The batch's accumulators with each crowd's rejections added (a crowd whose messages
     were all rejected gets an accumulator of rejections only: ``core.all_rejected_note``)."""
-    for key, accumulator in rejected.items():
-        mine = accumulators.get(key)
-        if mine is None:
-            accumulators[key] = accumulator
-        else:
-            mine.merge(accumulator)
-    return accumulators
+    return arithmetic.merge_into(accumulators, rejected.items())
 
 
 def read_pinned_commit(directory: str, sha256: str | None) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from transforms.analyzer.arithmetic.accumulate import (
     is_longitudinal,
     merge_accumulators,
     merge_any,
+    merge_into,
 )
 from transforms.analyzer.arithmetic.batches import (
     BAD_WINDOW,
@@ -158,6 +159,7 @@ __all__ = [
     "key_fields",
     "longitudinal_report",
     "merge_accumulators",
+    "merge_into",
     "merge_any",
     "missing_instance_note",
     "node_periods",

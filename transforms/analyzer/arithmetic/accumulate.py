@@ -285,6 +285,20 @@ class CrowdAccumulator:
         )
 
 
+def merge_into(
+    crowds: dict[CrowdKey, Accumulator], pairs: Iterable[tuple[CrowdKey, Accumulator]]
+) -> dict[CrowdKey, Accumulator]:
+    """``crowds`` with each ``(key, accumulator)`` of ``pairs`` added: kept as it is when its
+    key is new (the dict takes it over), merged into the one there otherwise."""
+    for key, accumulator in pairs:
+        mine = crowds.get(key)
+        if mine is None:
+            crowds[key] = accumulator
+        else:
+            mine.merge(accumulator)
+    return crowds
+
+
 def merge_accumulators(accumulators: Iterable[CrowdAccumulator]) -> CrowdAccumulator:
     """Sums accumulators into a copy of the first one (no input is modified)."""
     iterator = iter(accumulators)

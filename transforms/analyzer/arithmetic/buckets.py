@@ -32,6 +32,7 @@ from transforms.analyzer.arithmetic.accumulate import (
     _check_respondents,
     _merge_respondents,
     is_longitudinal,
+    merge_into,
 )
 from transforms.analyzer.arithmetic.batches import crowd_key, respondent_accumulators
 
@@ -266,19 +267,8 @@ class _Content:
         """Every crowd as an accumulator (parts of one crowd merged)."""
         crowds: dict[CrowdKey, Accumulator] = {}
         for rows in self.rows.values():
-            for key, accumulator in rows.accumulators():
-                mine = crowds.get(key)
-                if mine is None:
-                    crowds[key] = accumulator
-                else:
-                    mine.merge(accumulator)
-        for key, accumulator in self.others.items():
-            mine = crowds.get(key)
-            if mine is None:
-                crowds[key] = accumulator
-            else:
-                mine.merge(accumulator)
-        return crowds
+            merge_into(crowds, rows.accumulators())
+        return merge_into(crowds, self.others.items())
 
     def densify(self, dense_limit: int) -> None:
         for domain, rows in self.rows.items():
@@ -302,12 +292,7 @@ def _add_contents(parts: list[_Content]) -> _Content | None:
             by_domain.setdefault(domain, []).append(rows)
     others: dict[CrowdKey, Accumulator] = {}
     for part in parts:
-        for key, accumulator in part.others.items():
-            mine = others.get(key)
-            if mine is None:
-                others[key] = accumulator
-            else:
-                mine.merge(accumulator)
+        merge_into(others, part.others.items())
     withheld = [record for part in parts for record in part.withheld]
     return _Content({d: _add_rows(rows) for d, rows in by_domain.items()}, others, withheld)
 
@@ -377,12 +362,7 @@ class CrowdBucket:
             if added is None:  # a crowd in rows and as an object: merged as accumulators
                 crowds = parts[0].accumulators()
                 for part in parts[1:]:
-                    for key, accumulator in part.accumulators().items():
-                        mine = crowds.get(key)
-                        if mine is None:
-                            crowds[key] = accumulator
-                        else:
-                            mine.merge(accumulator)
+                    merge_into(crowds, part.accumulators().items())
                 withheld = [record for part in parts for record in part.withheld]
                 added = _Content.of(crowds, withheld)
             self._content = added
@@ -537,12 +517,7 @@ def commit_buckets(
             domain = domains[recipe_id]
             if domain is None:  # a longitudinal or large domain, or an unknown recipe (none)
                 for key, accumulator in respondent_accumulators([crowd], instance, book, 0):
-                    others = unit_of(key)[1]
-                    mine = others.get(key)
-                    if mine is None:
-                        others[key] = accumulator
-                    else:
-                        mine.merge(accumulator)
+                    merge_into(unit_of(key)[1], [(key, accumulator)])
                 continue
             count = crowd.get("respondents_released")
             if type(count) is not int or count < 0:  # bool is no count either
