@@ -51,6 +51,7 @@ from transforms.analyzer.report_files import (
 )
 from transforms.analyzer.tables import (
     ROWS_PER_BATCH,
+    WriteParts,
     WriteTableBatches,
     concat_compact,
     histogram_rows_table,
@@ -622,23 +623,25 @@ class WriteAnalysis(beam.PTransform):
         join = FileSystems.join
         summary_path = join(output_dir, SUMMARY_FILE)
         pipeline = estimates.totals.pipeline
-        written = [
-            estimates.histograms
-            | "WriteHistograms"
-            >> WriteTableBatches(
-                join(output_dir, HISTOGRAMS_FILE), histogram_schema(config), parts
-            ),
-            estimates.longitudinal
-            | "WriteLongitudinal"
-            >> WriteTableBatches(
-                join(output_dir, LONGITUDINAL_FILE), longitudinal_schema(config), parts
-            ),
-            estimates.reports
-            | "WriteReports"
-            >> WriteLineBatches(join(output_dir, REPORTS_DIR), parts, report_order),
-            estimates.notes
-            | "WriteNotes" >> WriteLineBatches(join(output_dir, WITHHELD_DIR), parts, note_order),
-        ]
+        # The four datasets' parts are grouped together (one grouping, not four).
+        written = (
+            estimates.histograms,
+            estimates.longitudinal,
+            estimates.reports,
+            estimates.notes,
+        ) | "WriteParts" >> WriteParts(
+            [
+                WriteTableBatches(
+                    join(output_dir, HISTOGRAMS_FILE), histogram_schema(config), parts
+                ).writer(),
+                WriteTableBatches(
+                    join(output_dir, LONGITUDINAL_FILE), longitudinal_schema(config), parts
+                ).writer(),
+                WriteLineBatches(join(output_dir, REPORTS_DIR), parts, report_order).writer(),
+                WriteLineBatches(join(output_dir, WITHHELD_DIR), parts, note_order).writer(),
+            ],
+            parts,
+        )
         totals = estimates.totals | "SumTotals" >> beam.CombineGlobally(SumCounts())
         inputs = self._inputs
 
@@ -650,5 +653,5 @@ class WriteAnalysis(beam.PTransform):
             summarize,
             totals=beam.pvalue.AsSingleton(totals),
             counts=beam.pvalue.AsSingleton(counts),
-            written=beam.pvalue.AsList(tuple(written) | "FilesWritten" >> beam.Flatten()),
+            written=beam.pvalue.AsList(written),
         )

@@ -24,7 +24,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from transforms.analyzer import arithmetic
-from transforms.analyzer.tables import compress_batch, decompress_batch, group_by_part, load_batch
+from transforms.analyzer.tables import WriteParts, compress_batch, decompress_batch, load_batch
 from transforms.common import atomic_files
 
 REPORTS_DIR = "reports.jsonl"
@@ -295,10 +295,12 @@ class WriteLineBatches(beam.PTransform):
         self._directory, self._shards, self._order = directory, int(shards), order
 
     def expand(self, batches: beam.PCollection) -> beam.PCollection:
+        return (batches,) | WriteParts([self.writer()], self._shards)
+
+    def writer(self) -> Callable[[int, list], str]:
+        """What writes one part (``analysis_tables.WriteParts``' writer)."""
         directory, shards, order = self._directory, self._shards, self._order
-        return group_by_part(batches, shards) | "WriteParts" >> beam.MapTuple(
-            lambda shard, parts: write_json_part(directory, shard, shards, parts, order)
-        )
+        return lambda shard, batches: write_json_part(directory, shard, shards, batches, order)
 
 
 def report_totals(report: Mapping[str, Any]) -> dict[str, int]:

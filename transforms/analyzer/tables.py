@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import struct
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import apache_beam as beam
@@ -281,15 +281,51 @@ def write_part(
     return atomic_files.publish(directory, name, lambda sink: pq.write_table(table, sink))
 
 
-def group_by_part(keyed: beam.PCollection, shards: int) -> beam.PCollection:
-    """(part, value) pairs -> (part, values) for EVERY part in ``range(shards)``, empty ones
-    included, so each part file is written (and a retry rewrites it) whatever the data."""
-    every = keyed.pipeline | "PartIndices" >> beam.Create([(s, None) for s in range(shards)])
-    return (
-        {"values": keyed, "part": every}
-        | "GroupParts" >> beam.CoGroupByKey()
-        | "PartValues" >> beam.MapTuple(lambda shard, grouped: (shard, grouped["values"]))
-    )
+class WriteParts(beam.PTransform):
+    """Several datasets' (part, value) pairs -> their part files: ``writers[i](part, values)``
+    writes part ``part`` of dataset i (the i-th input) from its values and returns the file's
+    path, for EVERY part in ``range(shards)`` of every dataset, empty ones included, so each part
+    file is written (and a retry rewrites it) whatever the data. One grouping keyed by (dataset,
+    part) serves them all: a grouping costs a few runner stages whatever it carries, and each
+    part is still written by one worker holding only its own values."""
+
+    def __init__(self, writers: Sequence[Callable[[int, list], str]], shards: int) -> None:
+        super().__init__()
+        if int(shards) < 1:
+            raise ValueError(f"shards must be >= 1, got {shards}")
+        self._writers, self._shards = tuple(writers), int(shards)
+
+    def expand(self, streams: tuple[beam.PCollection, ...]) -> beam.PCollection:
+        writers, shards = self._writers, self._shards
+        if len(streams) != len(writers):
+            raise ValueError(f"{len(streams)} datasets for {len(writers)} writers")
+        pipeline = streams[0].pipeline
+        # (True, value) for a value, (False, None) marks each part of each dataset as wanted.
+        every = pipeline | "PartIndices" >> beam.Create(
+            [
+                ((index, shard), (False, None))
+                for index in range(len(writers))
+                for shard in range(shards)
+            ],
+            reshuffle=False,  # a few small elements: one more grouping would cost more
+        )
+        keyed = [
+            stream
+            | f"KeyParts{index}"
+            >> beam.MapTuple(lambda shard, value, index=index: ((index, shard), (True, value)))
+            for index, stream in enumerate(streams)
+        ]
+
+        def write(key: tuple[int, int], tagged: Iterable[tuple[bool, Any]]) -> str:
+            index, shard = key
+            return writers[index](shard, [value for is_value, value in tagged if is_value])
+
+        return (
+            (every, *keyed)
+            | "AllParts" >> beam.Flatten()
+            | "GroupParts" >> beam.GroupByKey()
+            | "WriteParts" >> beam.MapTuple(write)
+        )
 
 
 # A bucket's estimated rows are sent to their part every this many rows (a small Arrow table
@@ -315,10 +351,12 @@ class WriteTableBatches(beam.PTransform):
         self._directory, self._schema, self._shards = directory, schema, int(shards)
 
     def expand(self, batches: beam.PCollection) -> beam.PCollection:
+        return (batches,) | WriteParts([self.writer()], self._shards)
+
+    def writer(self) -> Callable[[int, list], str]:
+        """What writes one part (:class:`WriteParts`' writer)."""
         directory, schema, shards = self._directory, self._schema, self._shards
-        return group_by_part(batches, shards) | "WriteParts" >> beam.MapTuple(
-            lambda shard, parts: write_part(directory, shard, shards, parts, schema)
-        )
+        return lambda shard, tables: write_part(directory, shard, shards, tables, schema)
 
 
 def table_parts(rows: int, rows_per_part: int = ROWS_PER_PART) -> int:
