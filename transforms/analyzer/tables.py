@@ -285,9 +285,10 @@ class WriteParts(beam.PTransform):
     """Several datasets' (part, value) pairs -> their part files: ``writers[i](part, values)``
     writes part ``part`` of dataset i (the i-th input) from its values and returns the file's
     path, for EVERY part in ``range(shards)`` of every dataset, empty ones included, so each part
-    file is written (and a retry rewrites it) whatever the data. One grouping keyed by (dataset,
-    part) serves them all: a grouping costs a few runner stages whatever it carries, and each
-    part is still written by one worker holding only its own values."""
+    file is written (and a retry rewrites it) whatever the data. One grouping by part serves
+    them all (a grouping costs a few runner stages whatever it carries): the worker of a part
+    writes that part of each dataset, holding only the part's values (paths of spilled batches,
+    in the analysis), and one marker per part asks for it."""
 
     def __init__(self, writers: Sequence[Callable[[int, list], str]], shards: int) -> None:
         super().__init__()
@@ -300,31 +301,30 @@ class WriteParts(beam.PTransform):
         if len(streams) != len(writers):
             raise ValueError(f"{len(streams)} datasets for {len(writers)} writers")
         pipeline = streams[0].pipeline
-        # (True, value) for a value, (False, None) marks each part of each dataset as wanted.
+        # (dataset index, value) for a value; (None, None) marks a part as wanted.
         every = pipeline | "PartIndices" >> beam.Create(
-            [
-                ((index, shard), (False, None))
-                for index in range(len(writers))
-                for shard in range(shards)
-            ],
+            [(shard, (None, None)) for shard in range(shards)],
             reshuffle=False,  # a few small elements: one more grouping would cost more
         )
         keyed = [
             stream
             | f"KeyParts{index}"
-            >> beam.MapTuple(lambda shard, value, index=index: ((index, shard), (True, value)))
+            >> beam.MapTuple(lambda shard, value, index=index: (shard, (index, value)))
             for index, stream in enumerate(streams)
         ]
 
-        def write(key: tuple[int, int], tagged: Iterable[tuple[bool, Any]]) -> str:
-            index, shard = key
-            return writers[index](shard, [value for is_value, value in tagged if is_value])
+        def write(shard: int, tagged: Iterable[tuple[int | None, Any]]) -> list[str]:
+            values: list[list] = [[] for _ in writers]
+            for index, value in tagged:
+                if index is not None:
+                    values[index].append(value)
+            return [writer(shard, own) for writer, own in zip(writers, values, strict=True)]
 
         return (
             (every, *keyed)
             | "AllParts" >> beam.Flatten()
             | "GroupParts" >> beam.GroupByKey()
-            | "WriteParts" >> beam.MapTuple(write)
+            | "WriteParts" >> beam.FlatMapTuple(write)
         )
 
 
