@@ -596,8 +596,9 @@ def write_summary(
 class WriteAnalysis(beam.PTransform):
     """Writes histograms.parquet/ and longitudinal.parquet/ (``parts`` part files each,
     ``analysis_tables.WriteTableBatches``), reports.jsonl/ and withheld.jsonl/ (per-crowd reports
-    and notes on withheld crowds, ``analysis_reports.WriteLineBatches``) and summary.json into
-    ``output_dir``, from :class:`EstimateOutputs` of ``parts`` parts and the counters.
+    and notes on withheld crowds, ``analysis_reports.WriteLineBatches``), all four through one
+    grouping by part (``analysis_tables.WriteParts``), and summary.json into ``output_dir``,
+    from :class:`EstimateOutputs` of ``parts`` parts and the counters.
 
     Every grouping carries batches of a bucket's rows or lines, never one element per crowd;
     summary.json is written once, after every part, from totals only: no worker and not the
@@ -623,7 +624,6 @@ class WriteAnalysis(beam.PTransform):
         join = FileSystems.join
         summary_path = join(output_dir, SUMMARY_FILE)
         pipeline = estimates.totals.pipeline
-        # The four datasets' parts are grouped together (one grouping, not four).
         written = (
             estimates.histograms,
             estimates.longitudinal,
