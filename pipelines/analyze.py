@@ -65,6 +65,7 @@ import math
 import os
 import re
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -252,27 +253,35 @@ class ReleaseSelection:
         self._units: dict[tuple, int] = {}
 
     def add(self, instance: Any, crowds: Sequence[Mapping[str, Any]]) -> None:
-        """One crowd table's rows of release ``instance``."""
+        """One crowd table's rows of release ``instance``: counted per recipe, window and
+        status (a table holds a few of those), then added per group; the pictured crowd keys
+        alone are looked at crowd by crowd."""
         self._crowds[instance] = self._crowds.get(instance, 0) + len(crowds)
+        groups = Counter(
+            (c["recipe_id"], c["window_start_ms"], c["window_end_ms"], c["status"] == "released")
+            for c in crowds
+        )
         units = self._units
-        for crowd in crowds:
-            recipe = self.book.get(crowd["recipe_id"])
-            start, stop = crowd["window_start_ms"], crowd["window_end_ms"]
-            if recipe is not None and arithmetic.is_longitudinal(recipe):
+        for (recipe_id, start, stop, released), count in groups.items():
+            recipe = self.book.get(recipe_id)
+            longitudinal = recipe is not None and arithmetic.is_longitudinal(recipe)
+            if longitudinal:
                 unit = (instance, arithmetic.LONGITUDINAL, 0, stop - start)  # rounds span windows
             else:
                 unit = (instance, arithmetic.HISTOGRAM, start, stop)
-            units[unit] = units.get(unit, 0) + 1
-            if crowd["status"] != "released" or recipe is None:
+            units[unit] = units.get(unit, 0) + count
+            if not released or recipe is None or longitudinal:
                 continue
-            key = arithmetic.crowd_key(recipe, crowd)
-            if key[0] == arithmetic.HISTOGRAM:
-                if recipe.id not in self._sizes:
-                    domain = recipe.build_randomizer().domain_size
-                    self._sizes[recipe.id] = min(domain, arithmetic.DENSE_LIMIT)
-                self._rows[instance] = self._rows.get(instance, 0) + self._sizes[recipe.id]
-            if self.pictures_wanted:
-                self._pictured.add(key)
+            if recipe.id not in self._sizes:
+                domain = recipe.build_randomizer().domain_size
+                self._sizes[recipe.id] = min(domain, arithmetic.DENSE_LIMIT)
+            self._rows[instance] = self._rows.get(instance, 0) + self._sizes[recipe.id] * count
+        if not self.pictures_wanted:
+            return
+        for crowd in crowds:
+            recipe = self.book.get(crowd["recipe_id"])
+            if crowd["status"] == "released" and recipe is not None:
+                self._pictured.add(arithmetic.crowd_key(recipe, crowd))
 
     def unit_crowds(self) -> int:
         """The most crowds (released or withheld) one instance holds in one analysis unit: the

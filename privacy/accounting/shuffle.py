@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from privacy.accounting import binomial
 from privacy.accounting.core import (
     BoundOutOfRange,
     check_count,
@@ -202,7 +203,7 @@ def _conditional_deltas(
     exceeds e^eps, which simplifies to u Pr[A = k-1] - (e^eps - 1) Pr[A >= k] with
     u = alpha - e^eps (1 - alpha). By the symmetry x -> c+1-x, D(Q_c||P_c) is the same number.
     """
-    from scipy import special, stats
+    from scipy import special
 
     if epsilon >= epsilon_local:
         zeros = np.zeros(clones.shape, dtype=np.float64)
@@ -217,8 +218,8 @@ def _conditional_deltas(
     denominator = -math.expm1(epsilon - epsilon_local)
     gamma = denominator / (numerator + denominator)
     first = (clones + 2.0 - np.ceil((clones + 1.0) * gamma)).astype(np.int64)
-    point = stats.binom.pmf(first - 1, clones, 0.5)
-    above = stats.binom.sf(first - 1, clones, 0.5)
+    point = binomial.pmf(first - 1, clones, 0.5)
+    above = binomial.sf(first - 1, clones, 0.5)
     positive = u * point
     negative = math.expm1(epsilon) * above
     return np.maximum(positive - negative, 0.0), positive + negative
@@ -229,11 +230,9 @@ class _CloneWindow:
     ``tail_mass`` of its probability, split into at most ``resolution`` blocks."""
 
     def __init__(self, respondents: int, epsilon_local: float, tail_mass: float, resolution: int):
-        from scipy import stats
-
         self.epsilon_local = epsilon_local
         trials, p = respondents - 1, math.exp(-epsilon_local)
-        clones = stats.binom(trials, p)
+        clones = binomial.Binomial(trials, p)
         low = int(clones.ppf(tail_mass / 2.0)) if trials > 0 else 0
         high = int(clones.isf(tail_mass / 2.0)) if trials > 0 else 0
         low, high = max(low, 0), min(max(high, low), trials)

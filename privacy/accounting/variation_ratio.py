@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from privacy.accounting import binomial
 from privacy.accounting.core import BoundOutOfRange, check_count, check_epsilon
 
 __all__ = [
@@ -157,8 +158,6 @@ def hockey_stick_shifted_binomial(
     computed k are tried as well (the divergence is the maximum over such sets), so rounding in
     k cannot make the value fall below the true divergence.
     """
-    from scipy import stats
-
     c = np.asarray(clones, dtype=np.float64)
     rho_a = np.broadcast_to(np.asarray(rho, dtype=np.float64), c.shape)
     e = math.exp(epsilon)
@@ -170,12 +169,12 @@ def hockey_stick_shifted_binomial(
     first = np.floor((c + 1.0) * gamma) + 1.0
     first = np.clip(first, 0.0, c + 1.0)
     c_safe = np.maximum(c, 0.0)
-    point = stats.binom.pmf(first - 1.0, c_safe, rho_a)
-    tail = stats.binom.sf(first - 1.0, c_safe, rho_a)
+    point = binomial.pmf(first - 1.0, c_safe, rho_a)
+    tail = binomial.sf(first - 1.0, c_safe, rho_a)
     value = den_l * point - math.expm1(epsilon) * tail
     # Neighbouring thresholds: term(x) = P(x) - e^eps Q(x) at x = first-1 and x = first.
-    below = stats.binom.pmf(first - 2.0, c_safe, rho_a)
-    here = stats.binom.pmf(first, c_safe, rho_a)
+    below = binomial.pmf(first - 2.0, c_safe, rho_a)
+    here = binomial.pmf(first, c_safe, rho_a)
     before_p = high * below + (1 - high) * point
     before_q = e * (low * below + (1 - low) * point)
     at_p = high * point + (1 - high) * here
@@ -200,8 +199,6 @@ class ReducedPair:
     def __init__(
         self, parameters: VariationRatio, respondents: int, tail: float, resolution: int = 1024
     ):
-        from scipy import stats
-
         n = check_count(respondents, "respondents")
         if n > MAX_RESPONDENTS:
             raise BoundOutOfRange(
@@ -216,11 +213,11 @@ class ReducedPair:
         self.rate, self.rho = r0 + r1, r0 / (r0 + r1)
         self.symmetric = parameters.q0 == parameters.q1
         trials = n - 1
-        clones = stats.binom(trials, self.rate)
+        clones = binomial.Binomial(trials, self.rate)
         if trials > 0:
             low = max(int(clones.ppf(tail / 2.0)), 0)
             # isf(q) = ppf(1 - q) loses q below 1e-16; the mirror binomial's ppf keeps it.
-            mirror = int(stats.binom(trials, 1.0 - self.rate).ppf(tail / 2.0))
+            mirror = int(binomial.Binomial(trials, 1.0 - self.rate).ppf(tail / 2.0))
             high = min(max(trials - mirror, low), trials)
         else:
             low = high = 0

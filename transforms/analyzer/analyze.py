@@ -51,6 +51,7 @@ from transforms.analyzer.report_files import (
 )
 from transforms.analyzer.tables import (
     ROWS_PER_BATCH,
+    WriteParts,
     WriteTableBatches,
     concat_compact,
     histogram_rows_table,
@@ -595,8 +596,9 @@ def write_summary(
 class WriteAnalysis(beam.PTransform):
     """Writes histograms.parquet/ and longitudinal.parquet/ (``parts`` part files each,
     ``analysis_tables.WriteTableBatches``), reports.jsonl/ and withheld.jsonl/ (per-crowd reports
-    and notes on withheld crowds, ``analysis_reports.WriteLineBatches``) and summary.json into
-    ``output_dir``, from :class:`EstimateOutputs` of ``parts`` parts and the counters.
+    and notes on withheld crowds, ``analysis_reports.WriteLineBatches``), all four through one
+    grouping by part (``analysis_tables.WriteParts``), and summary.json into ``output_dir``,
+    from :class:`EstimateOutputs` of ``parts`` parts and the counters.
 
     Every grouping carries batches of a bucket's rows or lines, never one element per crowd;
     summary.json is written once, after every part, from totals only: no worker and not the
@@ -622,23 +624,24 @@ class WriteAnalysis(beam.PTransform):
         join = FileSystems.join
         summary_path = join(output_dir, SUMMARY_FILE)
         pipeline = estimates.totals.pipeline
-        written = [
-            estimates.histograms
-            | "WriteHistograms"
-            >> WriteTableBatches(
-                join(output_dir, HISTOGRAMS_FILE), histogram_schema(config), parts
-            ),
-            estimates.longitudinal
-            | "WriteLongitudinal"
-            >> WriteTableBatches(
-                join(output_dir, LONGITUDINAL_FILE), longitudinal_schema(config), parts
-            ),
-            estimates.reports
-            | "WriteReports"
-            >> WriteLineBatches(join(output_dir, REPORTS_DIR), parts, report_order),
-            estimates.notes
-            | "WriteNotes" >> WriteLineBatches(join(output_dir, WITHHELD_DIR), parts, note_order),
-        ]
+        written = (
+            estimates.histograms,
+            estimates.longitudinal,
+            estimates.reports,
+            estimates.notes,
+        ) | "WriteParts" >> WriteParts(
+            [
+                WriteTableBatches(
+                    join(output_dir, HISTOGRAMS_FILE), histogram_schema(config), parts
+                ).writer(),
+                WriteTableBatches(
+                    join(output_dir, LONGITUDINAL_FILE), longitudinal_schema(config), parts
+                ).writer(),
+                WriteLineBatches(join(output_dir, REPORTS_DIR), parts, report_order).writer(),
+                WriteLineBatches(join(output_dir, WITHHELD_DIR), parts, note_order).writer(),
+            ],
+            parts,
+        )
         totals = estimates.totals | "SumTotals" >> beam.CombineGlobally(SumCounts())
         inputs = self._inputs
 
@@ -650,5 +653,5 @@ class WriteAnalysis(beam.PTransform):
             summarize,
             totals=beam.pvalue.AsSingleton(totals),
             counts=beam.pvalue.AsSingleton(counts),
-            written=beam.pvalue.AsList(tuple(written) | "FilesWritten" >> beam.Flatten()),
+            written=beam.pvalue.AsList(written),
         )

@@ -24,7 +24,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from transforms.analyzer import arithmetic
-from transforms.analyzer.tables import compress_batch, decompress_batch, group_by_part, load_batch
+from transforms.analyzer.tables import WriteParts, compress_batch, decompress_batch, load_batch
 from transforms.common import atomic_files
 
 REPORTS_DIR = "reports.jsonl"
@@ -248,11 +248,18 @@ def pack_lines(lines: list[str], orders: list[tuple] | None = None) -> bytes:
 
 def unpack_ordered_lines(batch: bytes) -> tuple[list[tuple] | None, list[str]]:
     """(sort keys or None, lines) of a :func:`pack_lines` batch."""
-    text = decompress_batch(batch).decode()
-    if not text.startswith("["):
-        return None, text.split("\n")
-    header, _, text = text.partition("\n")
-    return [tuple(order) for order in json.loads(header)], text.split("\n")
+    orders, lines = _unpack_line_bytes(batch)
+    return orders, [line.decode() for line in lines]
+
+
+def _unpack_line_bytes(batch: bytes) -> tuple[list[tuple] | None, list[bytes]]:
+    """:func:`unpack_ordered_lines` with the lines left as UTF-8 bytes (a part is written as
+    bytes: the lines need no decoding and encoding on the way)."""
+    data = decompress_batch(batch)
+    if not data.startswith(b"["):
+        return None, data.split(b"\n")
+    header, _, data = data.partition(b"\n")
+    return [tuple(order) for order in json.loads(header)], data.split(b"\n")
 
 
 def unpack_lines(batch: bytes) -> list[str]:
@@ -271,14 +278,15 @@ def write_json_part(
     ``analysis_tables.spill_batch`` wrote them to), sorted by ``order`` of the record each line
     holds (the same order as the records'): the sort keys a batch carries, else each line read
     back."""
-    lines: list[str] = []
+    lines: list[bytes] = []
     keys: list[tuple] = []
     for batch in batches:
-        orders, batch_lines = unpack_ordered_lines(load_batch(batch))
+        orders, batch_lines = _unpack_line_bytes(load_batch(batch))
         lines += batch_lines
         keys += orders if orders is not None else [order(json.loads(line)) for line in batch_lines]
     ordered = sorted(range(len(lines)), key=keys.__getitem__)
-    content = "".join(lines[index] + "\n" for index in ordered).encode()
+    # each line ends with a newline (the empty last item gives the last one)
+    content = b"\n".join([*(lines[index] for index in ordered), b""]) if lines else b""
     return atomic_files.publish_bytes(directory, part_name(shard, shards), content)
 
 
@@ -295,10 +303,12 @@ class WriteLineBatches(beam.PTransform):
         self._directory, self._shards, self._order = directory, int(shards), order
 
     def expand(self, batches: beam.PCollection) -> beam.PCollection:
+        return (batches,) | WriteParts([self.writer()], self._shards)
+
+    def writer(self) -> Callable[[int, list], str]:
+        """What writes one part (``analysis_tables.WriteParts``' writer)."""
         directory, shards, order = self._directory, self._shards, self._order
-        return group_by_part(batches, shards) | "WriteParts" >> beam.MapTuple(
-            lambda shard, parts: write_json_part(directory, shard, shards, parts, order)
-        )
+        return lambda shard, batches: write_json_part(directory, shard, shards, batches, order)
 
 
 def report_totals(report: Mapping[str, Any]) -> dict[str, int]:

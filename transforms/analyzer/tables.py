@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import struct
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import apache_beam as beam
@@ -281,15 +281,51 @@ def write_part(
     return atomic_files.publish(directory, name, lambda sink: pq.write_table(table, sink))
 
 
-def group_by_part(keyed: beam.PCollection, shards: int) -> beam.PCollection:
-    """(part, value) pairs -> (part, values) for EVERY part in ``range(shards)``, empty ones
-    included, so each part file is written (and a retry rewrites it) whatever the data."""
-    every = keyed.pipeline | "PartIndices" >> beam.Create([(s, None) for s in range(shards)])
-    return (
-        {"values": keyed, "part": every}
-        | "GroupParts" >> beam.CoGroupByKey()
-        | "PartValues" >> beam.MapTuple(lambda shard, grouped: (shard, grouped["values"]))
-    )
+class WriteParts(beam.PTransform):
+    """Several datasets' (part, value) pairs -> their part files: ``writers[i](part, values)``
+    writes part ``part`` of dataset i (the i-th input) from its values and returns the file's
+    path, for EVERY part in ``range(shards)`` of every dataset, empty ones included, so each part
+    file is written (and a retry rewrites it) whatever the data. One grouping by part serves
+    them all (a grouping costs a few runner stages whatever it carries): the worker of a part
+    writes that part of each dataset, holding only the part's values (paths of spilled batches,
+    in the analysis), and one marker per part asks for it."""
+
+    def __init__(self, writers: Sequence[Callable[[int, list], str]], shards: int) -> None:
+        super().__init__()
+        if int(shards) < 1:
+            raise ValueError(f"shards must be >= 1, got {shards}")
+        self._writers, self._shards = tuple(writers), int(shards)
+
+    def expand(self, streams: tuple[beam.PCollection, ...]) -> beam.PCollection:
+        writers, shards = self._writers, self._shards
+        if len(streams) != len(writers):
+            raise ValueError(f"{len(streams)} datasets for {len(writers)} writers")
+        pipeline = streams[0].pipeline
+        # (dataset index, value) for a value; (None, None) marks a part as wanted.
+        every = pipeline | "PartIndices" >> beam.Create(
+            [(shard, (None, None)) for shard in range(shards)],
+            reshuffle=False,  # a few small elements: one more grouping would cost more
+        )
+        keyed = [
+            stream
+            | f"KeyParts{index}"
+            >> beam.MapTuple(lambda shard, value, index=index: (shard, (index, value)))
+            for index, stream in enumerate(streams)
+        ]
+
+        def write(shard: int, tagged: Iterable[tuple[int | None, Any]]) -> list[str]:
+            values: list[list] = [[] for _ in writers]
+            for index, value in tagged:
+                if index is not None:
+                    values[index].append(value)
+            return [writer(shard, own) for writer, own in zip(writers, values, strict=True)]
+
+        return (
+            (every, *keyed)
+            | "AllParts" >> beam.Flatten()
+            | "GroupParts" >> beam.GroupByKey()
+            | "WriteParts" >> beam.FlatMapTuple(write)
+        )
 
 
 # A bucket's estimated rows are sent to their part every this many rows (a small Arrow table
@@ -315,10 +351,12 @@ class WriteTableBatches(beam.PTransform):
         self._directory, self._schema, self._shards = directory, schema, int(shards)
 
     def expand(self, batches: beam.PCollection) -> beam.PCollection:
+        return (batches,) | WriteParts([self.writer()], self._shards)
+
+    def writer(self) -> Callable[[int, list], str]:
+        """What writes one part (:class:`WriteParts`' writer)."""
         directory, schema, shards = self._directory, self._schema, self._shards
-        return group_by_part(batches, shards) | "WriteParts" >> beam.MapTuple(
-            lambda shard, parts: write_part(directory, shard, shards, parts, schema)
-        )
+        return lambda shard, tables: write_part(directory, shard, shards, tables, schema)
 
 
 def table_parts(rows: int, rows_per_part: int = ROWS_PER_PART) -> int:

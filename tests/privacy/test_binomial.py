@@ -1,0 +1,80 @@
+"""privacy.accounting.binomial returns scipy.stats.binom's floats bit for bit (the bounds that
+used scipy.stats.binom must not move), on a grid with every edge rv_discrete treats apart."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from privacy.accounting import binomial
+
+N = np.array([0, 1, 2, 3, 7, 40, 999, 10**6, 10**9 + 7, 2.5, -1, np.nan])
+P = np.array([0.0, 1e-300, 1e-9, 0.1, 0.5, 0.73, 1.0 - 1e-12, 1.0, -0.1, 1.5, np.nan])
+K = np.array(
+    [-np.inf, -3, -1, -0.5, 0, 0.5, 1, 2, 3, 6.9, 7, 39, 40, 41, 500, 999, 4e5, 5e8, 1e9 + 7,
+     2e9, np.inf, np.nan]
+)  # fmt: skip
+Q = np.array([0.0, 1e-300, 1e-17, 1e-9, 0.025, 0.5, 0.975, 1 - 1e-12, 1.0, -0.1, 1.1, np.nan])
+
+
+def _grid(x):
+    return np.meshgrid(x, N, P, indexing="ij")
+
+
+def _same(ours, theirs):
+    ours, theirs = np.asarray(ours), np.asarray(theirs)
+    assert ours.shape == theirs.shape and ours.dtype == theirs.dtype
+    # bit for bit, nan included (and -0.0 told from 0.0)
+    assert np.array_equal(ours.view(np.int64), theirs.view(np.int64))
+
+
+@pytest.mark.parametrize("name", ["pmf", "cdf", "sf"])
+def test_point_functions_match_scipy_bit_for_bit(name):
+    k, n, p = _grid(K)
+    with np.errstate(all="ignore"):
+        _same(getattr(binomial, name)(k, n, p), getattr(stats.binom, name)(k, n, p))
+        # scalars, and integer arguments as the callers pass them
+        for k1, n1, p1 in [(3, 7, 0.5), (0, 0, 0.3), (-1, 5, 0.2), (5, 5, 1.0), (2.0, 9, 0.0)]:
+            ours, theirs = (
+                getattr(binomial, name)(k1, n1, p1),
+                getattr(stats.binom, name)(k1, n1, p1),
+            )
+            assert type(ours) is type(theirs)
+            _same(ours, theirs)
+        ints = np.arange(-2, 12)
+        _same(getattr(binomial, name)(ints, 10, 0.3), getattr(stats.binom, name)(ints, 10, 0.3))
+
+
+@pytest.mark.parametrize("name", ["ppf", "isf"])
+def test_quantiles_match_scipy_bit_for_bit(name):
+    q, n, p = _grid(Q)
+    with np.errstate(all="ignore"):
+        _same(getattr(binomial, name)(q, n, p), getattr(stats.binom, name)(q, n, p))
+        frozen, ours = stats.binom(41, 0.3), binomial.Binomial(41, 0.3)
+        for value in (0.0, 1e-12, 0.4, 1.0):
+            _same(getattr(ours, name)(value), getattr(frozen, name)(value))
+
+
+def test_frozen_law_matches_scipy():
+    ours, theirs = binomial.Binomial(999, 0.02), stats.binom(999, 0.02)
+    x = np.arange(-3, 60, dtype=np.float64)
+    for name in ("pmf", "cdf", "sf"):
+        _same(getattr(ours, name)(x), getattr(theirs, name)(x))
+
+
+def test_accounting_a_crowd_imports_no_scipy_stats():
+    """The point of the module: the shuffle bounds run without importing scipy.stats."""
+    code = (
+        "import sys\n"
+        "from privacy.accounting.variation_ratio import ReducedPair, variation_ratio_parameters\n"
+        "from privacy.accounting.shuffle import fmt_numerical_delta\n"
+        "pair = ReducedPair(variation_ratio_parameters('generic', 2.0), 1000, 1e-12)\n"
+        "pair.delta(1.0)\n"
+        "fmt_numerical_delta(2.0, 1000, 1.0)\n"
+        "print('scipy.stats' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
