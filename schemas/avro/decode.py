@@ -13,7 +13,9 @@ Record starts are found in three vectorized steps:
 3. from each block start the chain "next record" is followed through the candidates by
    pointer doubling (log2 of the block's record count vectorized steps), unless the candidates
    that hold the leading fields every sampled record shares already form that chain (a release
-   file's records, which share their crowd key: then they are the records).
+   file's records, which share their crowd key: then they are the records), or do once the
+   candidates that no block starts at and no candidate ends at are dropped (a few payload
+   bytes that begin as records do: a report file's).
 
 Then every field is decoded for all records at once and the result is checked exactly: each
 record must end where the next one starts and each block where its last record ends (so a block
@@ -240,22 +242,18 @@ def _candidates(buf: np.ndarray, size: int, sample: np.ndarray, records: int) ->
     candidates = np.flatnonzero(mask)
     if candidates.size <= _CANDIDATES_PER_RECORD * records:
         return candidates
-
-    def beginnings(positions: np.ndarray) -> np.ndarray:
-        code = buf.take(positions).astype(np.uint32)
-        for offset in range(1, _MAX_BEGINNING_BYTES):
-            code |= buf.take(positions + offset).astype(np.uint32) << np.uint32(8 * offset)
-        return code
-
-    candidate_codes = beginnings(candidates)
-    sample_codes = beginnings(sample)
+    # The first 8 bytes at each position as one word (buf is padded: every word lies in it).
+    candidate_codes = words(buf, candidates)[0]
+    sample_codes = words(buf, sample)[0]
     for length in range(2, _MAX_BEGINNING_BYTES + 1):
-        keep_bytes = np.uint32((1 << (8 * length)) - 1)
+        keep_bytes = np.uint64((1 << (8 * length)) - 1)
         known = np.unique(sample_codes & keep_bytes)
         if known.size > _MAX_BEGINNINGS:
             break
         masked = candidate_codes & keep_bytes
-        keep = known[np.minimum(known.searchsorted(masked), known.size - 1)] == masked
+        keep = masked == known[0]
+        for code in known[1:]:
+            keep |= masked == code
         candidates, candidate_codes = candidates[keep], candidate_codes[keep]
         if candidates.size <= _CANDIDATES_PER_RECORD * records:
             break
@@ -291,11 +289,17 @@ def _record_starts(
         after = _skip_record(fields[shared:], buf, holding + pattern.size, size)
         if _is_chain(holding, after, block_starts, counts, size):
             return holding, shared, pattern.size
+        reached = _reached(holding, after, block_starts)
+        if _is_chain(holding[reached], after[reached], block_starts, counts, size):
+            return holding[reached], shared, pattern.size
         following = np.empty(candidates.size, dtype=np.int64)
         following[matched] = after
         following[~matched] = _skip_record(fields, buf, candidates[~matched], size)
     else:
         following = _skip_record(fields, buf, candidates, size)
+        reached = _reached(candidates, following, block_starts)
+        if _is_chain(candidates[reached], following[reached], block_starts, counts, size):
+            return candidates[reached], 0, 0
     index = np.minimum(candidates.searchsorted(following), candidates.size - 1)
     missing = candidates.size  # the chain leaves the candidates: a node that maps to itself
     jump = np.append(np.where(candidates[index] == following, index, missing), missing)
@@ -333,6 +337,18 @@ def _is_chain(
         and np.array_equal(following[:-1], positions[1:])
         and int(following[-1]) == size
     )
+
+
+def _reached(positions: np.ndarray, following: np.ndarray, block_starts: np.ndarray) -> np.ndarray:
+    """Which of ascending ``positions`` are a block's start or where one of them ends
+    (``following``): a stray candidate inside a record (a payload byte that happens to begin
+    as records do) is rarely either, so dropping the others usually leaves the records alone,
+    which :func:`_is_chain` then proves (a guess: nothing is dropped that the proof needs)."""
+    targets = np.concatenate((following, block_starts))
+    found = np.minimum(np.searchsorted(positions, targets), positions.size - 1)
+    reached = np.zeros(positions.size, dtype=bool)
+    reached[found[positions[found] == targets]] = True
+    return reached
 
 
 def _shared_fields(
