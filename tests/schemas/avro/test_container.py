@@ -51,6 +51,24 @@ def test_varints_match_fastavro_for_every_length() -> None:
     assert varint.encode_bytes("é") == b"\x04" + "é".encode()
 
 
+def test_one_byte_varints_read_as_the_byte_by_byte_path_reads_them() -> None:
+    """Positions whose varints are all one byte take the short path (their first bytes); any
+    position, the last ones and past the end included (clipped), gives what the byte-by-byte
+    reader gives, and one long varint among them sends all to the word path."""
+    rng = np.random.default_rng(3)
+    data = rng.integers(0, 0x80, size=64).astype(np.uint8)
+    positions = np.array([0, 5, 62, 63, 64, 70])
+    for buffer in (data, np.append(data, np.uint8(0x81))):
+        got = varint.read_varints(buffer, positions)
+        expected = varint._read_varints_bytewise(buffer, positions)
+        assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True))
+    data[7] = 0x85  # a two-byte varint at 7: the word path
+    got = varint.read_varints(data, np.array([0, 7]))
+    assert got[0].tolist() == [int(data[0]), (int(data[8]) << 7) | 5] and got[1].tolist() == [1, 9]
+    empty = varint.read_varints(data, np.array([], dtype=np.int64))
+    assert empty[0].size == 0 and empty[1].size == 0 and empty[2]
+
+
 def _columns(records: list[dict]) -> dict[str, pa.Array]:
     return {name: pa.array([r[name] for r in records]) for name in records[0]}
 
