@@ -273,15 +273,24 @@ def _record_starts(
 
     The leading fields whose bytes all sampled records share (a release file's crowd key) are
     a pattern: candidates that hold it skip those fields in one step, the others field by
-    field (the same positions either way)."""
+    field (the same positions either way). A pattern of 8 bytes or more is first looked for
+    everywhere (:func:`_pattern_positions`), and where it lies is taken if it is the chain."""
     records = int(counts.sum())
     sample = np.unique(_sample_beginnings(fields, buf, size, block_starts, counts))
+    shared, pattern = _shared_fields(fields, buf, size, sample)
+    if pattern.size >= 8:  # a release file's crowd key: where it lies are the records, usually
+        holding = _pattern_positions(buf, size, pattern)
+        after = _skip_record(fields[shared:], buf, holding + pattern.size, size)
+        if _is_chain(holding, after, block_starts, counts, size):
+            return holding, shared, pattern.size
+        reached = _reached(holding, after, block_starts)
+        if _is_chain(holding[reached], after[reached], block_starts, counts, size):
+            return holding[reached], shared, pattern.size
     candidates = _candidates(buf, size, sample, records)
     found = np.minimum(candidates.searchsorted(sample), candidates.size - 1)
     missing = sample[candidates[found] != sample] if candidates.size else sample
     if missing.size:
         candidates = np.sort(np.concatenate((candidates, missing)))
-    shared, pattern = _shared_fields(fields, buf, size, sample)
     matched = np.zeros(candidates.size, dtype=bool)
     if shared:
         matched = _holds(buf, candidates, pattern)
@@ -368,6 +377,17 @@ def _shared_fields(
             break
         end, shared = after, shared + 1
     return shared, buf[begin:end].copy()
+
+
+def _pattern_positions(buf: np.ndarray, size: int, pattern: np.ndarray) -> np.ndarray:
+    """Every position of the first ``size`` bytes of ``buf`` (padded with at least 8 bytes)
+    where ``pattern`` (8 bytes or more) begins: its first 8 bytes compared as one word at every
+    position (one pass, about as fast as finding one byte), the rest at the positions found."""
+    word = np.ndarray(shape=(size,), dtype="<u8", buffer=buf, strides=(1,))
+    positions = np.flatnonzero(word == pattern[:8].copy().view("<u8")[0])
+    if pattern.size > 8 and positions.size:
+        positions = positions[_holds(buf, positions + 8, pattern[8:])]
+    return positions
 
 
 def _holds(buf: np.ndarray, positions: np.ndarray, pattern: np.ndarray) -> np.ndarray:

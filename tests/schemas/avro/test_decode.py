@@ -315,3 +315,24 @@ def test_a_stray_chain_inside_a_payload_falls_back_to_following_the_chain() -> N
     contents = [content for content, _ in blocks]
     fast = _fast_batch(contents, [count for _, count in blocks])
     assert fast is not None and fast.equals(_fastavro_batch(contents))
+
+
+def test_pattern_positions_are_every_place_the_pattern_begins() -> None:
+    """``_pattern_positions`` against a byte-by-byte search: overlapping occurrences, one at
+    the very start, ones whose first 8 bytes match but not the rest, and one running into the
+    padding (not an occurrence in the data, though its first bytes are there)."""
+    rng = np.random.default_rng(10)
+    pattern = np.frombuffer(b"\x02\x02\x02\x02\x02\x02\x02\x02\x02\x07\x01", dtype=np.uint8)
+    data = rng.integers(0, 4, size=3000).astype(np.uint8)
+    for at in (0, 17, 18, 500, 2000):
+        data[at : at + pattern.size] = pattern
+    data[900 : 900 + 10] = pattern[:10]  # the first 10 bytes only
+    data[-9:] = pattern[:9]  # runs past the data's end
+    buf = np.concatenate([data, np.zeros(16, dtype=np.uint8)])
+    expected = [
+        at
+        for at in range(data.size - pattern.size + 1)
+        if np.array_equal(data[at : at + pattern.size], pattern)
+    ]
+    assert decode._pattern_positions(buf, data.size, pattern).tolist() == expected
+    assert 17 not in expected and 18 in expected  # the second write overlaps the first
