@@ -85,6 +85,29 @@ def test_rows_are_byte_identical_to_fastavro() -> None:
         assert data[offsets[index] : offsets[index + 1]].tobytes() == expected.getvalue()
 
 
+def test_rows_after_a_prefix_are_the_whole_records() -> None:
+    """``encode_rows(..., prefix=)``: each row's first fields given as encoded bytes (a
+    release's crowd key, encoded once per crowd) and the rest encoded after them are the bytes
+    of the whole records, constant fields among the rest included."""
+    records = corpus.reports(200)
+    columns = _columns(records)
+    split = 6
+    fields = REPORT["fields"]
+    head, head_offsets = encode_rows({**REPORT, "fields": fields[:split]}, columns, len(records))
+    prefix = pa.Array.from_buffers(
+        pa.large_binary(), len(records), [None, pa.py_buffer(head_offsets), pa.py_buffer(head)]
+    )
+    tail_columns = {field["name"]: columns[field["name"]] for field in fields[split:]}
+    tail_columns["payload_crc32c"] = 7  # one value for every row
+    whole = {**columns, "payload_crc32c": 7}
+    data, offsets = encode_rows(
+        {**REPORT, "fields": fields[split:]}, tail_columns, len(records), prefix=prefix
+    )
+    expected_data, expected_offsets = encode_rows(REPORT, whole, len(records))
+    assert np.array_equal(offsets, expected_offsets)
+    assert np.array_equal(data, expected_data)
+
+
 def read_with_apache_avro(data: bytes) -> list[dict]:
     reader = avro.datafile.DataFileReader(io.BytesIO(data), avro.io.DatumReader())
     try:
