@@ -405,6 +405,11 @@ def _holds(buf: np.ndarray, positions: np.ndarray, pattern: np.ndarray) -> np.nd
     return holds
 
 
+# _PREFIX_MASKS[w][n]: which of w bytes are a value's first n (a look-up per row, not a compare
+# per byte).
+_PREFIX_MASKS = [np.arange(w) < np.arange(w + 1)[:, None] for w in range(_ROW_GATHER_WIDTH + 1)]
+
+
 def _gather(buf: np.ndarray, begin: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, Any]:
     """Arrow offsets (int32) and the concatenated bytes ``buf[begin[i]:begin[i]+lengths[i]]``.
 
@@ -427,7 +432,7 @@ def _gather(buf: np.ndarray, begin: np.ndarray, lengths: np.ndarray) -> tuple[np
         )
         values = rows[begin]
         if int(lengths.min()) < width:
-            values = values[np.arange(width) < lengths[:, None]]
+            values = values[_PREFIX_MASKS[width][lengths]]
         return offsets.astype(np.int32), pa.py_buffer(values.reshape(-1))
     index = np.repeat(begin - offsets[:-1], lengths)
     index += np.arange(total, dtype=np.int64)
