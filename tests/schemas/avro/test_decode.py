@@ -336,3 +336,18 @@ def test_pattern_positions_are_every_place_the_pattern_begins() -> None:
     ]
     assert decode._pattern_positions(buf, data.size, pattern).tolist() == expected
     assert 17 not in expected and 18 in expected  # the second write overlaps the first
+
+
+def test_strings_skip_the_utf8_check_only_when_every_byte_is_ascii() -> None:
+    """A string column of ASCII bytes only is valid UTF-8 as it is; one byte of 0x80 or more
+    (here a lone continuation byte) sends the column through Arrow's full check, which
+    refuses it as fastavro would."""
+    assert decode._is_ascii(pa.py_buffer(b"")) and decode._is_ascii(pa.py_buffer(b"ab\x7f"))
+    assert not decode._is_ascii(pa.py_buffer(b"ab\x80"))
+    records = [dict(record, text="plain") for record in _flat_records(50, seed=11)]
+    ((content, count),) = _blocks(_container(records, "null", 10**6))
+    fast = _fast_batch([content], [count])
+    assert fast is not None and fast.equals(_fastavro_batch([content]))
+    position = content.index(b"plain")
+    broken = content[:position] + b"\x80" + content[position + 1 :]
+    assert _fast_batch([broken], [count]) is None
