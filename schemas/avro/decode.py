@@ -577,7 +577,7 @@ def decode_flat_blocks(
     # must not size any array).
     if np.any((count_array == 0) != (sizes == 0)) or np.any(count_array * len(fields) > sizes):
         return None
-    buf = np.frombuffer(b"".join(contents) + bytes(_PADDING), dtype=np.uint8)
+    buf = np.frombuffer(b"".join([*contents, bytes(_PADDING)]), dtype=np.uint8)
     block_ends = np.cumsum(sizes)
     nonempty = count_array > 0
     block_starts = (block_ends - sizes)[nonempty]
