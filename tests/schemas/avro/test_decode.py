@@ -351,3 +351,25 @@ def test_strings_skip_the_utf8_check_only_when_every_byte_is_ascii() -> None:
     position = content.index(b"plain")
     broken = content[:position] + b"\x80" + content[position + 1 :]
     assert _fast_batch([broken], [count]) is None
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pa.array(["location_heatmap"]),
+        pa.array([""]),
+        pa.array(["é€"]),
+        pa.array([b"\x00\xff"], pa.binary()),
+        pa.array([None], pa.string()),
+        pa.array([-(2**31)], pa.int32()),
+        pa.array([2**63 - 1], pa.int64()),
+        pa.array([None], pa.int64()),
+        pa.array([1.5], pa.float32()),
+        pa.array([-0.1], pa.float64()),
+    ],
+)
+def test_a_repeated_leading_value_is_what_pa_repeat_gives(value: pa.Array) -> None:
+    repeated = decode._repeated(value, 1000)
+    repeated.validate(full=True)
+    assert repeated.type == value.type and repeated.equals(pa.repeat(value[0], 1000))
+    assert decode._repeated(value, 0).equals(pa.repeat(value[0], 0))
