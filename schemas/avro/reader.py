@@ -268,7 +268,7 @@ def _file_problem(header: Header, expect: Mapping[str, Any] | None) -> _SchemaPl
     schema and codec read as ``expect``: a release's files (and each range of one that is
     read apart) share it, worked out once (~0.3 ms: JSON, schema resolution, fastavro's
     parse)."""
-    expect_text = None if expect is None else json.dumps(expect, sort_keys=True)
+    expect_text = None if expect is None else json.dumps(expect, sort_keys=True, default=dict)
     return _schema_plan(header.metadata.get("avro.schema"), header.codec, expect_text)
 
 
