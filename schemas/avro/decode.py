@@ -13,7 +13,9 @@ Record starts are found in three vectorized steps:
 3. from each block start the chain "next record" is followed through the candidates by
    pointer doubling (log2 of the block's record count vectorized steps), unless the candidates
    that hold the leading fields every sampled record shares already form that chain (a release
-   file's records, which share their crowd key: then they are the records).
+   file's records, which share their crowd key: then they are the records), or do once the
+   candidates that no block starts at and no candidate ends at are dropped (a few payload
+   bytes that begin as records do: a report file's).
 
 Then every field is decoded for all records at once and the result is checked exactly: each
 record must end where the next one starts and each block where its last record ends (so a block
@@ -240,22 +242,18 @@ def _candidates(buf: np.ndarray, size: int, sample: np.ndarray, records: int) ->
     candidates = np.flatnonzero(mask)
     if candidates.size <= _CANDIDATES_PER_RECORD * records:
         return candidates
-
-    def beginnings(positions: np.ndarray) -> np.ndarray:
-        code = buf.take(positions).astype(np.uint32)
-        for offset in range(1, _MAX_BEGINNING_BYTES):
-            code |= buf.take(positions + offset).astype(np.uint32) << np.uint32(8 * offset)
-        return code
-
-    candidate_codes = beginnings(candidates)
-    sample_codes = beginnings(sample)
+    # The first 8 bytes at each position as one word (buf is padded: every word lies in it).
+    candidate_codes = words(buf, candidates)[0]
+    sample_codes = words(buf, sample)[0]
     for length in range(2, _MAX_BEGINNING_BYTES + 1):
-        keep_bytes = np.uint32((1 << (8 * length)) - 1)
+        keep_bytes = np.uint64((1 << (8 * length)) - 1)
         known = np.unique(sample_codes & keep_bytes)
         if known.size > _MAX_BEGINNINGS:
             break
         masked = candidate_codes & keep_bytes
-        keep = known[np.minimum(known.searchsorted(masked), known.size - 1)] == masked
+        keep = masked == known[0]
+        for code in known[1:]:
+            keep |= masked == code
         candidates, candidate_codes = candidates[keep], candidate_codes[keep]
         if candidates.size <= _CANDIDATES_PER_RECORD * records:
             break
@@ -275,15 +273,24 @@ def _record_starts(
 
     The leading fields whose bytes all sampled records share (a release file's crowd key) are
     a pattern: candidates that hold it skip those fields in one step, the others field by
-    field (the same positions either way)."""
+    field (the same positions either way). A pattern of 8 bytes or more is first looked for
+    everywhere (:func:`_pattern_positions`), and where it lies is taken if it is the chain."""
     records = int(counts.sum())
     sample = np.unique(_sample_beginnings(fields, buf, size, block_starts, counts))
+    shared, pattern = _shared_fields(fields, buf, size, sample)
+    if pattern.size >= 8:  # a release file's crowd key: where it lies are the records, usually
+        holding = _pattern_positions(buf, size, pattern)
+        after = _skip_record(fields[shared:], buf, holding + pattern.size, size)
+        if _is_chain(holding, after, block_starts, counts, size):
+            return holding, shared, pattern.size
+        reached = _reached(holding, after, block_starts)
+        if _is_chain(holding[reached], after[reached], block_starts, counts, size):
+            return holding[reached], shared, pattern.size
     candidates = _candidates(buf, size, sample, records)
     found = np.minimum(candidates.searchsorted(sample), candidates.size - 1)
     missing = sample[candidates[found] != sample] if candidates.size else sample
     if missing.size:
         candidates = np.sort(np.concatenate((candidates, missing)))
-    shared, pattern = _shared_fields(fields, buf, size, sample)
     matched = np.zeros(candidates.size, dtype=bool)
     if shared:
         matched = _holds(buf, candidates, pattern)
@@ -291,11 +298,17 @@ def _record_starts(
         after = _skip_record(fields[shared:], buf, holding + pattern.size, size)
         if _is_chain(holding, after, block_starts, counts, size):
             return holding, shared, pattern.size
+        reached = _reached(holding, after, block_starts)
+        if _is_chain(holding[reached], after[reached], block_starts, counts, size):
+            return holding[reached], shared, pattern.size
         following = np.empty(candidates.size, dtype=np.int64)
         following[matched] = after
         following[~matched] = _skip_record(fields, buf, candidates[~matched], size)
     else:
         following = _skip_record(fields, buf, candidates, size)
+        reached = _reached(candidates, following, block_starts)
+        if _is_chain(candidates[reached], following[reached], block_starts, counts, size):
+            return candidates[reached], 0, 0
     index = np.minimum(candidates.searchsorted(following), candidates.size - 1)
     missing = candidates.size  # the chain leaves the candidates: a node that maps to itself
     jump = np.append(np.where(candidates[index] == following, index, missing), missing)
@@ -335,6 +348,18 @@ def _is_chain(
     )
 
 
+def _reached(positions: np.ndarray, following: np.ndarray, block_starts: np.ndarray) -> np.ndarray:
+    """Which of ascending ``positions`` are a block's start or where one of them ends
+    (``following``): a stray candidate inside a record (a payload byte that happens to begin
+    as records do) is rarely either, so dropping the others usually leaves the records alone,
+    which :func:`_is_chain` then proves (a guess: nothing is dropped that the proof needs)."""
+    targets = np.concatenate((following, block_starts))
+    found = np.minimum(np.searchsorted(positions, targets), positions.size - 1)
+    reached = np.zeros(positions.size, dtype=bool)
+    reached[found[positions[found] == targets]] = True
+    return reached
+
+
 def _shared_fields(
     fields: tuple[FlatField, ...], buf: np.ndarray, size: int, sample: np.ndarray
 ) -> tuple[int, np.ndarray]:
@@ -354,6 +379,17 @@ def _shared_fields(
     return shared, buf[begin:end].copy()
 
 
+def _pattern_positions(buf: np.ndarray, size: int, pattern: np.ndarray) -> np.ndarray:
+    """Every position of the first ``size`` bytes of ``buf`` (padded with at least 8 bytes)
+    where ``pattern`` (8 bytes or more) begins: its first 8 bytes compared as one word at every
+    position (one pass, about as fast as finding one byte), the rest at the positions found."""
+    word = np.ndarray(shape=(size,), dtype="<u8", buffer=buf, strides=(1,))
+    positions = np.flatnonzero(word == pattern[:8].copy().view("<u8")[0])
+    if pattern.size > 8 and positions.size:
+        positions = positions[_holds(buf, positions + 8, pattern[8:])]
+    return positions
+
+
 def _holds(buf: np.ndarray, positions: np.ndarray, pattern: np.ndarray) -> np.ndarray:
     """Whether ``buf`` holds ``pattern`` at each of ``positions`` (8 bytes per step)."""
     holds = np.ones(positions.size, dtype=bool)
@@ -367,6 +403,11 @@ def _holds(buf: np.ndarray, positions: np.ndarray, pattern: np.ndarray) -> np.nd
         keep = np.uint64((1 << (8 * piece.size)) - 1)
         holds &= found[1] & ((found[0] & keep) == expected.view("<u8")[0])
     return holds
+
+
+# _PREFIX_MASKS[w][n]: which of w bytes are a value's first n (a look-up per row, not a compare
+# per byte).
+_PREFIX_MASKS = [np.arange(w) < np.arange(w + 1)[:, None] for w in range(_ROW_GATHER_WIDTH + 1)]
 
 
 def _gather(buf: np.ndarray, begin: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, Any]:
@@ -391,11 +432,18 @@ def _gather(buf: np.ndarray, begin: np.ndarray, lengths: np.ndarray) -> tuple[np
         )
         values = rows[begin]
         if int(lengths.min()) < width:
-            values = values[np.arange(width) < lengths[:, None]]
+            values = values[_PREFIX_MASKS[width][lengths]]
         return offsets.astype(np.int32), pa.py_buffer(values.reshape(-1))
     index = np.repeat(begin - offsets[:-1], lengths)
     index += np.arange(total, dtype=np.int64)
     return offsets.astype(np.int32), pa.py_buffer(buf.take(index))
+
+
+def _is_ascii(data: Any) -> bool:
+    """Whether every byte of ``data`` is below 0x80: ASCII, valid UTF-8 whatever the string
+    boundaries (one pass over the bytes; Arrow's full check is several times slower)."""
+    values = np.frombuffer(data, dtype=np.uint8)
+    return not values.size or int(values.max()) < 0x80
 
 
 def _fill(values: np.ndarray, present: np.ndarray | None) -> np.ndarray:
@@ -438,7 +486,7 @@ def _decode_column(
         array = pa.Array.from_buffers(
             field.arrow_type, rows, [validity, pa.py_buffer(offsets), data], null_count=nulls
         )
-        if field.kind == "string":
+        if field.kind == "string" and not _is_ascii(data):
             try:
                 array.validate(full=True)  # UTF-8, as fastavro checks it
             except pa.ArrowInvalid:
@@ -503,9 +551,29 @@ def _constant_fields(
             or not _holds(buf, starts + offset, buf[begin : begin + length]).all()
         ):
             break
-        columns.append(pa.repeat(value[0], starts.size))
+        columns.append(_repeated(value, starts.size))
         offset += length
     return columns, offset
+
+
+def _repeated(value: pa.Array, rows: int) -> pa.Array:
+    """The one value of ``value`` repeated ``rows`` times, as ``pa.repeat`` of its scalar gives
+    it, built from numpy buffers where that is quicker (strings, bytes and numbers: ~0.01
+    instead of ~0.08 ms for 20,000 rows)."""
+    kind = value.type
+    if value.null_count:
+        return pa.nulls(rows, kind)
+    if pa.types.is_string(kind) or pa.types.is_binary(kind):
+        one = value[0].as_buffer().to_pybytes()
+        if len(one) * rows < 2**31:
+            offsets = np.arange(rows + 1, dtype=np.int32) * np.int32(len(one))
+            return pa.Array.from_buffers(
+                kind, rows, [None, pa.py_buffer(offsets), pa.py_buffer(one * rows)]
+            )
+    elif pa.types.is_integer(kind) or pa.types.is_floating(kind):
+        numbers = value.to_numpy(zero_copy_only=False)
+        return pa.array(np.repeat(numbers, rows), type=kind)
+    return pa.repeat(value[0], rows)
 
 
 def _mask(present: np.ndarray | None) -> np.ndarray | None:
@@ -529,7 +597,7 @@ def decode_flat_blocks(
     # must not size any array).
     if np.any((count_array == 0) != (sizes == 0)) or np.any(count_array * len(fields) > sizes):
         return None
-    buf = np.frombuffer(b"".join(contents) + bytes(_PADDING), dtype=np.uint8)
+    buf = np.frombuffer(b"".join([*contents, bytes(_PADDING)]), dtype=np.uint8)
     block_ends = np.cumsum(sizes)
     nonempty = count_array > 0
     block_starts = (block_ends - sizes)[nonempty]

@@ -203,7 +203,10 @@ def _ragged_array(segment: _Ragged) -> pa.Array:
 
 
 def encode_rows(
-    schema: Mapping[str, Any], columns: Mapping[str, Any], rows: int
+    schema: Mapping[str, Any],
+    columns: Mapping[str, Any],
+    rows: int,
+    prefix: pa.Array | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Avro binary of ``rows`` records of a flat record schema: ``(bytes, row offsets)``.
 
@@ -211,9 +214,11 @@ def encode_rows(
     shared by all rows. Supported field types: null-free primitives, enums, ``[null, T]`` unions,
     logical types over int/long/string/bytes. Each field becomes ragged per-row segments (or
     bytes shared by all rows, merged with their constant neighbours); Arrow concatenates them
-    row by row.
+    row by row. ``prefix`` (``large_binary``, one value per row, no nulls): bytes each row
+    starts with, the encoding of fields that come before ``schema``'s (an Avro record is its
+    fields' encodings back to back), joined in the same pass.
     """
-    pieces: list[_Ragged | bytes] = []
+    pieces: list[_Ragged | bytes | pa.Array] = [] if prefix is None else [prefix]
     for avro_field in schema["fields"]:
         name = avro_field["name"]
         if name not in columns:
@@ -234,6 +239,8 @@ def encode_rows(
     arguments = [
         pa.scalar(piece, type=pa.large_binary())
         if isinstance(piece, bytes)
+        else piece
+        if isinstance(piece, pa.Array)
         else _ragged_array(piece)
         for piece in pieces
     ]

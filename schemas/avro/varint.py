@@ -8,7 +8,8 @@ a long takes at most 10 bytes. Lengths of strings, bytes, blocks and maps are lo
 The array functions never loop over values in Python: encoding builds an ``(n, width)`` byte
 matrix one column per byte position; decoding reads the varints that start at an array of
 positions as 8-byte little-endian words (one gather), finds each one's last byte from the
-words' high bits and packs the 7-bit groups with three shift-and-mask steps; the few varints
+words' high bits and packs the 7-bit groups with three shift-and-mask steps (when every one is a
+single byte, as short lengths and small ints are, the first bytes are the values); the few varints
 longer than 8 bytes (or positions too near the end of the buffer) are read one byte position per
 vectorized step.
 """
@@ -124,6 +125,9 @@ def read_varints(buf: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray
     """Varints starting at positions ``q`` of ``buf`` (reads past the end are clipped; callers
     pad): (uint64 zig-zag values, end positions, whether all of them end within 10 bytes)."""
     q = np.asarray(q, dtype=np.int64)
+    first = buf.take(q, mode="clip")
+    if not first.size or int(first.max()) < 0x80:  # one byte each (short lengths, small ints)
+        return first.astype(np.uint64), q + 1, True
     found = words(buf, q)
     if found is not None:
         gathered, inside = found

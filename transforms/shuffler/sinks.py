@@ -28,14 +28,12 @@ import apache_beam as beam
 import fastavro
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms import trigger as beam_trigger
 from apache_beam.transforms import window as beam_window
 
 from schemas import SCHEMA_VERSION, parsed_schema, schema_json
-from schemas.avro.columns import binary_buffers
 from schemas.avro.container import encode_encoded_container
 from schemas.avro.encode import encode_rows
 from schemas.release import commit as release_format
@@ -138,20 +136,13 @@ def shuffled_message_rows(group: ReleasedGroup) -> tuple[np.ndarray, np.ndarray]
     if names[:split] != list(leading) or names[split:] != ["payload", "payload_crc32c"]:
         raise RuntimeError(f"ShuffledMessage fields changed: {names}")
     heads = _binary(*encode_rows({**schema, "fields": schema["fields"][:split]}, leading, crowds))
-    tails = _binary(
-        *encode_rows(
-            {**schema, "fields": schema["fields"][split:]},
-            {"payload": group.payloads, "payload_crc32c": group.crcs},
-            rows,
-        )
-    )
     crowd_of_row = pa.array(np.repeat(np.arange(crowds), np.asarray(group.crowd_rows)))
-    joined = pc.binary_join_element_wise(
-        heads.take(crowd_of_row), tails, pa.scalar(b"", type=pa.large_binary())
+    return encode_rows(
+        {**schema, "fields": schema["fields"][split:]},
+        {"payload": group.payloads, "payload_crc32c": group.crcs},
+        rows,
+        prefix=heads.take(crowd_of_row),
     )
-    offsets, data = binary_buffers(joined)
-    start = int(offsets[0])
-    return data[start : int(offsets[-1])], offsets - start
 
 
 def _index_name(path: str) -> str:

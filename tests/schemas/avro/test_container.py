@@ -51,6 +51,24 @@ def test_varints_match_fastavro_for_every_length() -> None:
     assert varint.encode_bytes("é") == b"\x04" + "é".encode()
 
 
+def test_one_byte_varints_read_as_the_byte_by_byte_path_reads_them() -> None:
+    """Positions whose varints are all one byte take the short path (their first bytes); any
+    position, the last ones and past the end included (clipped), gives what the byte-by-byte
+    reader gives, and one long varint among them sends all to the word path."""
+    rng = np.random.default_rng(3)
+    data = rng.integers(0, 0x80, size=64).astype(np.uint8)
+    positions = np.array([0, 5, 62, 63, 64, 70])
+    for buffer in (data, np.append(data, np.uint8(0x81))):
+        got = varint.read_varints(buffer, positions)
+        expected = varint._read_varints_bytewise(buffer, positions)
+        assert all(np.array_equal(a, b) for a, b in zip(got, expected, strict=True))
+    data[7] = 0x85  # a two-byte varint at 7: the word path
+    got = varint.read_varints(data, np.array([0, 7]))
+    assert got[0].tolist() == [int(data[0]), (int(data[8]) << 7) | 5] and got[1].tolist() == [1, 9]
+    empty = varint.read_varints(data, np.array([], dtype=np.int64))
+    assert empty[0].size == 0 and empty[1].size == 0 and empty[2]
+
+
 def _columns(records: list[dict]) -> dict[str, pa.Array]:
     return {name: pa.array([r[name] for r in records]) for name in records[0]}
 
@@ -65,6 +83,29 @@ def test_rows_are_byte_identical_to_fastavro() -> None:
         expected = io.BytesIO()
         fastavro.schemaless_writer(expected, schema, record)
         assert data[offsets[index] : offsets[index + 1]].tobytes() == expected.getvalue()
+
+
+def test_rows_after_a_prefix_are_the_whole_records() -> None:
+    """``encode_rows(..., prefix=)``: each row's first fields given as encoded bytes (a
+    release's crowd key, encoded once per crowd) and the rest encoded after them are the bytes
+    of the whole records, constant fields among the rest included."""
+    records = corpus.reports(200)
+    columns = _columns(records)
+    split = 6
+    fields = REPORT["fields"]
+    head, head_offsets = encode_rows({**REPORT, "fields": fields[:split]}, columns, len(records))
+    prefix = pa.Array.from_buffers(
+        pa.large_binary(), len(records), [None, pa.py_buffer(head_offsets), pa.py_buffer(head)]
+    )
+    tail_columns = {field["name"]: columns[field["name"]] for field in fields[split:]}
+    tail_columns["payload_crc32c"] = 7  # one value for every row
+    whole = {**columns, "payload_crc32c": 7}
+    data, offsets = encode_rows(
+        {**REPORT, "fields": fields[split:]}, tail_columns, len(records), prefix=prefix
+    )
+    expected_data, expected_offsets = encode_rows(REPORT, whole, len(records))
+    assert np.array_equal(offsets, expected_offsets)
+    assert np.array_equal(data, expected_data)
 
 
 def read_with_apache_avro(data: bytes) -> list[dict]:

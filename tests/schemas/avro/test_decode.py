@@ -251,3 +251,125 @@ def test_a_payload_holding_the_shared_fields_bytes_still_decodes_as_fastavro_doe
     contents = [content for content, _ in blocks]
     fast = _fast_batch(contents, [count for _, count in blocks])
     assert fast is not None and fast.equals(_fastavro_batch(contents))
+
+
+def test_candidates_no_block_starts_at_and_no_candidate_ends_at_are_dropped() -> None:
+    """``_reached``: a stray candidate (7) is dropped even where its own record would end on a
+    real one (10); the block's start (0) and every position a candidate ends at are kept."""
+    positions = np.array([0, 5, 7, 10, 12])
+    following = np.array([5, 99, 10, 12, 20])
+    reached = decode._reached(positions, following, np.array([0]))
+    assert reached.tolist() == [True, True, False, True, True]
+
+
+def test_stray_candidates_are_dropped_without_following_the_chain() -> None:
+    """Blobs that begin with the shared fields' bytes (as a report's random payload bytes now
+    and then do) are candidates that hold the pattern; the records are what is left once those
+    that nothing ends at are dropped, found without pointer doubling, and decode as fastavro."""
+    records = _flat_records(800, seed=8)
+    names = [field["name"] for field in FLAT_SCHEMA["fields"]][:4]
+    for record in records:
+        record.update({name: records[0][name] for name in names})
+        record["text"] = record["text"][:3]
+    shared = _blocks(_container(records[:1], "null", 10**6))[0][0][:12]
+    for record in records[5::40]:
+        record["blob"] = record["blob"][:3] + shared + record["blob"][:20]
+    blocks = _blocks(_container(records, "null", 5000))
+    contents = [content for content, _ in blocks]
+    counts = [count for _, count in blocks]
+    sizes = np.array([len(content) for content in contents])
+    buf = np.frombuffer(b"".join(contents) + bytes(16), dtype=np.uint8)
+    block_starts = np.cumsum(sizes) - sizes
+    layout = flat_layout(strip_logical_types(FLAT_SCHEMA))
+    chains = []
+    real_is_chain = decode._is_chain
+
+    def is_chain(positions, *rest):
+        chains.append(positions.size)
+        return real_is_chain(positions, *rest)
+
+    decode._is_chain = is_chain
+    try:
+        found = decode._record_starts(layout, buf, int(sizes.sum()), block_starts, np.array(counts))
+    finally:
+        decode._is_chain = real_is_chain
+    assert found is not None and found[0].size == len(records)
+    assert chains == [len(records) + len(records[5::40]), len(records)]  # strays, then dropped
+    fast = _fast_batch(contents, counts)
+    assert fast is not None and fast.equals(_fastavro_batch(contents))
+
+
+def test_a_stray_chain_inside_a_payload_falls_back_to_following_the_chain() -> None:
+    """A blob holding two whole records back to back: the second one's start is where the
+    first ends, so it survives the drop and the count is one over; the chain is then followed
+    by pointer doubling as before, and the rows are still fastavro's."""
+    records = _flat_records(600, seed=9)
+    names = [field["name"] for field in FLAT_SCHEMA["fields"]][:4]
+    for record in records:
+        record.update({name: records[0][name] for name in names})
+        record["text"] = record["text"][:3]
+    one = _blocks(_container([dict(records[1], blob=b"")], "null", 10**6))[0][0]
+    for record in records[7::50]:
+        record["blob"] = b"\x01" + one + one
+    blocks = _blocks(_container(records, "null", 4000))
+    contents = [content for content, _ in blocks]
+    fast = _fast_batch(contents, [count for _, count in blocks])
+    assert fast is not None and fast.equals(_fastavro_batch(contents))
+
+
+def test_pattern_positions_are_every_place_the_pattern_begins() -> None:
+    """``_pattern_positions`` against a byte-by-byte search: overlapping occurrences, one at
+    the very start, ones whose first 8 bytes match but not the rest, and one running into the
+    padding (not an occurrence in the data, though its first bytes are there)."""
+    rng = np.random.default_rng(10)
+    pattern = np.frombuffer(b"\x02\x02\x02\x02\x02\x02\x02\x02\x02\x07\x01", dtype=np.uint8)
+    data = rng.integers(0, 4, size=3000).astype(np.uint8)
+    for at in (0, 17, 18, 500, 2000):
+        data[at : at + pattern.size] = pattern
+    data[900 : 900 + 10] = pattern[:10]  # the first 10 bytes only
+    data[-9:] = pattern[:9]  # runs past the data's end
+    buf = np.concatenate([data, np.zeros(16, dtype=np.uint8)])
+    expected = [
+        at
+        for at in range(data.size - pattern.size + 1)
+        if np.array_equal(data[at : at + pattern.size], pattern)
+    ]
+    assert decode._pattern_positions(buf, data.size, pattern).tolist() == expected
+    assert 17 not in expected and 18 in expected  # the second write overlaps the first
+
+
+def test_strings_skip_the_utf8_check_only_when_every_byte_is_ascii() -> None:
+    """A string column of ASCII bytes only is valid UTF-8 as it is; one byte of 0x80 or more
+    (here a lone continuation byte) sends the column through Arrow's full check, which
+    refuses it as fastavro would."""
+    assert decode._is_ascii(pa.py_buffer(b"")) and decode._is_ascii(pa.py_buffer(b"ab\x7f"))
+    assert not decode._is_ascii(pa.py_buffer(b"ab\x80"))
+    records = [dict(record, text="plain") for record in _flat_records(50, seed=11)]
+    ((content, count),) = _blocks(_container(records, "null", 10**6))
+    fast = _fast_batch([content], [count])
+    assert fast is not None and fast.equals(_fastavro_batch([content]))
+    position = content.index(b"plain")
+    broken = content[:position] + b"\x80" + content[position + 1 :]
+    assert _fast_batch([broken], [count]) is None
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pa.array(["location_heatmap"]),
+        pa.array([""]),
+        pa.array(["é€"]),
+        pa.array([b"\x00\xff"], pa.binary()),
+        pa.array([None], pa.string()),
+        pa.array([-(2**31)], pa.int32()),
+        pa.array([2**63 - 1], pa.int64()),
+        pa.array([None], pa.int64()),
+        pa.array([1.5], pa.float32()),
+        pa.array([-0.1], pa.float64()),
+    ],
+)
+def test_a_repeated_leading_value_is_what_pa_repeat_gives(value: pa.Array) -> None:
+    repeated = decode._repeated(value, 1000)
+    repeated.validate(full=True)
+    assert repeated.type == value.type and repeated.equals(pa.repeat(value[0], 1000))
+    assert decode._repeated(value, 0).equals(pa.repeat(value[0], 0))

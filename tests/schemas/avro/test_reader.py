@@ -202,3 +202,21 @@ def test_a_block_that_inflates_too_far_is_corrupt(monkeypatch: pytest.MonkeyPatc
     batches, chunks = _split(list(read_container_bytes(data, "b")))
     assert not batches and all("inflates to more than 1000" in chunk.detail for chunk in chunks)
     assert sum(chunk.records for chunk in chunks) == len(records)
+
+
+def test_one_writer_schema_is_worked_out_once_per_expected_schema() -> None:
+    """Files of one writer schema and codec share their header's plan (a release's files, read
+    range by range); read as another schema, the same header is judged again, not looked up:
+    the cache is keyed by what is expected too."""
+    data = _file(_records(20))
+    header = container.read_header(container.ByteStream(io.BytesIO(data)))
+    again = container.read_header(container.ByteStream(io.BytesIO(_file(_records(5)))))
+    plan = reader._file_problem(header, REPORT)
+    assert plan.reason == "" and plan.layout is not None
+    assert reader._file_problem(again, REPORT) is plan
+    other = reader._file_problem(header, schema_json("shuffled_message"))
+    assert other.reason == reader.SCHEMA_MISMATCH and "ShuffledMessage" in other.detail
+    batches, chunks = _split(list(read_container_bytes(data, "mem", expect=REPORT)))
+    assert not chunks and sum(batch.rows for batch in batches) == 21
+    (chunk,) = list(read_container_bytes(data, "mem", expect=schema_json("shuffled_message")))
+    assert isinstance(chunk, UnreadableChunk) and chunk.reason == reader.SCHEMA_MISMATCH
