@@ -20,7 +20,8 @@ Steps (each a Beam pipeline on the same runner flags):
    it saves; else one per CPU);
 3. ``esa analyze --input OUTPUT/releases --shuffler-keys OUTPUT/shuffler_keys`` over the K releases (each commit record
    must carry its instance's valid signature) with the simulation's truth: ``OUTPUT/analysis/``
-   (histograms.parquet, longitudinal.parquet, summary.json, pictures/*.png).
+   (histograms.parquet, longitudinal.parquet, summary.json, pictures/*.png); given no runner
+   flags, a release of 100,000 sealed messages or more is analyzed on one worker per CPU.
 
 ``--collect`` puts the network in between: the devices are enrolled (``OUTPUT/devices``), one
 ``esa collect`` per instance listens on 127.0.0.1 (a free port, TLS from
