@@ -8,7 +8,9 @@ Steps (each a Beam pipeline on the same runner flags):
 
 1. ``esa simulate``: the fleet writes ``OUTPUT/simulation/instance=<u>/reports-*.avro`` with the
    truth (``truth.parquet``); given no runner flags, a fleet of 200,000 messages or more is
-   simulated on the multi-process DirectRunner, one shard and worker per CPU;
+   simulated on the multi-process DirectRunner, one shard and worker per CPU, its workers (and
+   the analyze stage's) forked from one process that imported what they run while this one
+   prepared (``pipelines/engines/forked_workers.py``);
 2. ``esa shuffle --instance u --signing-key`` for each of the K instances, on that instance's
    reports only: ``OUTPUT/releases/instance=<u>/`` (its own release, its commit record signed
    with instance u's throwaway Ed25519 key from ``OUTPUT/shuffler_keys``), and its private
@@ -61,7 +63,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
 from pipelines import analyze as analyze_pipeline
 from pipelines import report_html, withheld_reasons
@@ -81,7 +83,7 @@ from pipelines.default_populations import (  # noqa: F401 - default_image re-exp
     default_image,
     default_population,
 )
-from pipelines.engines import runners
+from pipelines.engines import forked_workers, runners
 from schemas.crypto.verify_keys import generate_verify_key, write_verify_key
 from schemas.recipes import Recipe, load_recipe, recipe_from_dict
 from simulators.shards import ShardContext
@@ -99,6 +101,12 @@ SIMULATE_PROCESSES_MIN_MESSAGES = 200_000  # below it the simulation runs in thi
 SIMULATE_PROCESSES_MAX = 8  # simulate workers at most (each imports for seconds)
 PROCESS_SHUFFLE_MIN_MESSAGES = 500_000  # per instance: below it the shuffles run in this process
 SIMULATED_KINDS = ("messages", "chaff", "presence")  # simulation.json's <kind>_per_instance
+# What the forked worker processes of a large run import before the first is forked (the
+# simulate and analyze stages' DoFns and Beam's worker), and while idle after (an analyzer
+# worker's privacy report and pictures).
+WORKER_MODULES = ("apache_beam.runners.worker.sdk_worker_main", "pipelines.simulate",
+                  "pipelines.analyze")  # fmt: skip
+WORKER_MODULES_LATER = ("scipy.stats", "matplotlib.figure", "matplotlib.backends.backend_agg")
 
 
 def shuffler_private_dir(output: Path, instance: int) -> Path:
@@ -383,6 +391,7 @@ def _run(
     recipe_path.write_text(recipe.to_json())
     population = values.run_population or default_population(recipe)
     respondents = values.run_respondents or recipe.default_respondents or DEFAULT_RESPONDENTS
+    given_runner = any(flag.startswith(("--runner", "--direct_")) for flag in flags)
     flags = resources.enter_context(runners.one_job_server(flags))
     seconds: dict[str, float] = {}
     # Sealed by default: devices seal to the newest public key, the analyzer opens with the ring.
@@ -419,7 +428,13 @@ def _run(
         "simulate_public_key": keys and str(keys_cli.newest_public_key(keys)),
         "simulate_aggregator_keys": aggregator_keys and aggregator_keys["public"],
     }
-    simulation = simulate_pipeline.run(simulate_options(flags, simulate_values))
+    simulate_flags = simulate_options(flags, simulate_values)
+    if simulate_flags.view_as(DirectOptions).direct_num_workers > 1 and not given_runner:
+        # A large run: its worker processes (simulate's, then analyze's) are forked from one
+        # process that imports what they run while this one prepares.
+        resources.enter_context(forked_workers.serving(WORKER_MODULES, WORKER_MODULES_LATER))
+        simulate_flags.view_as(StandardOptions).runner = forked_workers.RUNNER
+    simulation = simulate_pipeline.run(simulate_flags)
     seconds["simulate"] = round(time.monotonic() - started, 2)
     chaff = simulation.get("chaff_messages") or 0  # sealed cover messages (simulators/sealing.py)
     say(f"  {simulation['messages']:,} messages, " + (f"{chaff:,} chaff, " if chaff else "")

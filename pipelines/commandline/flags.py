@@ -26,6 +26,7 @@ from typing import Any, ClassVar, NoReturn
 
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
+from pipelines.engines import forked_workers
 from privacy.accounting.deletion import deletion_noise
 from schemas.windows import MAX_EVENT_TIME_MS, parse_duration_ms
 
@@ -99,6 +100,8 @@ def with_default_runner(options: PipelineOptions, worker_processes: int = 1) -> 
         direct = options.view_as(DirectOptions)
         direct.direct_running_mode = "multi_processing"
         direct.direct_num_workers = workers
+        if forked_workers.running() is not None:  # esa run's: workers forked, not spawned
+            standard.runner = forked_workers.RUNNER
     if standard.runner is None:
         standard.runner = "DirectRunner" if standard.streaming else DEFAULT_BATCH_RUNNER
     return options
