@@ -106,6 +106,7 @@ SIMULATED_KINDS = ("messages", "chaff", "presence")  # simulation.json's <kind>_
 # worker's privacy report and pictures).
 WORKER_MODULES = ("apache_beam.runners.worker.sdk_worker_main", "pipelines.simulate",
                   "pipelines.analyze")  # fmt: skip
+FORK_SERVER_MIN_RESPONDENTS = 20_000  # --respondents below it: no fork server is started early
 WORKER_MODULES_LATER = ("scipy.stats", "matplotlib.figure", "matplotlib.backends.backend_agg")
 
 
@@ -379,6 +380,17 @@ def _run(
     errors = values.validate()
     if errors:
         raise UsageError(errors[0])
+    given_runner = any(flag.startswith(("--runner", "--direct_")) for flag in flags)
+    # The fork server of a large run's worker processes, started first so that it imports
+    # while this process loads the recipe and makes keys; stopped at once if the run is small.
+    fork_server = contextlib.ExitStack()
+    resources.callback(fork_server.close)
+    if (
+        not given_runner
+        and (os.cpu_count() or 1) > 1
+        and (values.run_respondents or FORK_SERVER_MIN_RESPONDENTS) >= FORK_SERVER_MIN_RESPONDENTS
+    ):
+        fork_server.enter_context(forked_workers.serving(WORKER_MODULES, WORKER_MODULES_LATER))
     try:
         recipe = recipe_for_instances(load_recipe(values.run_recipe), values.run_instances)
     except ValueError as error:
@@ -391,7 +403,6 @@ def _run(
     recipe_path.write_text(recipe.to_json())
     population = values.run_population or default_population(recipe)
     respondents = values.run_respondents or recipe.default_respondents or DEFAULT_RESPONDENTS
-    given_runner = any(flag.startswith(("--runner", "--direct_")) for flag in flags)
     flags = resources.enter_context(runners.one_job_server(flags))
     seconds: dict[str, float] = {}
     # Sealed by default: devices seal to the newest public key, the analyzer opens with the ring.
@@ -430,10 +441,12 @@ def _run(
     }
     simulate_flags = simulate_options(flags, simulate_values)
     if simulate_flags.view_as(DirectOptions).direct_num_workers > 1 and not given_runner:
-        # A large run: its worker processes (simulate's, then analyze's) are forked from one
-        # process that imports what they run while this one prepares.
-        resources.enter_context(forked_workers.serving(WORKER_MODULES, WORKER_MODULES_LATER))
+        # A large run: its worker processes (simulate's, then analyze's) are forked.
+        if forked_workers.running() is None:
+            fork_server.enter_context(forked_workers.serving(WORKER_MODULES, WORKER_MODULES_LATER))
         simulate_flags.view_as(StandardOptions).runner = forked_workers.RUNNER
+    else:
+        fork_server.close()
     simulation = simulate_pipeline.run(simulate_flags)
     seconds["simulate"] = round(time.monotonic() - started, 2)
     chaff = simulation.get("chaff_messages") or 0  # sealed cover messages (simulators/sealing.py)
