@@ -90,7 +90,8 @@ def with_default_runner(options: PipelineOptions, worker_processes: int = 1) -> 
 
     ``worker_processes`` > 1: the caller's work is large enough to spread over processes; then a
     batch pipeline given no runner and no ``--direct_*`` setting runs on the multi-process
-    DirectRunner with that many workers, at most one per CPU (one CPU: in this process)."""
+    DirectRunner with that many workers, at most one per CPU (one CPU: in this process), forked
+    by the fork server of ``esa run`` when one is running (``pipelines/engines/forked_workers.py``)."""
     from pipelines.engines.worker_shutdown import close_workers_together
 
     close_workers_together()

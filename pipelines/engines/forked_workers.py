@@ -71,6 +71,10 @@ class ForkServer:
         """The shell command Beam runs as a worker (SubprocessSDKEnvironment's command line)."""
         return f"{sys.executable} -m {__name__} worker {self.socket_path}"
 
+    def alive(self) -> bool:
+        """Whether the server still runs (one that failed to import its modules has exited)."""
+        return self._process.poll() is None
+
     def close(self) -> None:
         if self._process.poll() is None:
             self._process.terminate()
@@ -120,7 +124,11 @@ def __getattr__(name: str) -> Any:
         def run_pipeline(self, pipeline: Any, options: Any) -> Any:
             direct = options.view_as(DirectOptions)
             server = running()
-            if server is None or direct.direct_running_mode != "multi_processing":
+            if (
+                server is None
+                or not server.alive()
+                or direct.direct_running_mode != "multi_processing"
+            ):  # Beam's own spawned workers
                 return super().run_pipeline(pipeline, options)
             self._default_environment = environments.SubprocessSDKEnvironment.from_command_string(
                 command_string=server.worker_command

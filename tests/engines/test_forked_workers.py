@@ -47,3 +47,18 @@ def test_a_failing_worker_reports_its_exit_status_like_a_spawned_one():
         )
     assert done.returncode == 1
     assert b"KeyError: 'CONTROL_API_SERVICE_DESCRIPTOR'" in done.stderr  # on its own stderr
+
+
+def test_workers_are_spawned_as_beam_does_when_the_server_has_died(monkeypatch):
+    """A server that could not import its modules has exited: the pipeline still runs, on
+    workers Beam spawns itself."""
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    with forked_workers.serving(["no_such_module_anywhere"]) as server:
+        server._process.wait(60)
+        assert not server.alive()
+        options = with_default_runner(PipelineOptions([]), worker_processes=2)
+        with beam.Pipeline(options=options) as pipeline:
+            numbers = pipeline | beam.Create(range(10)) | beam.Reshuffle()
+            server_pid = server._process.pid
+            forked = numbers | beam.Map(lambda _: os.getppid() == server_pid) | beam.Distinct()
+            assert_that(forked, equal_to([False]))
