@@ -19,8 +19,10 @@ status, so Beam sees an ordinary worker subprocess. :class:`ForkedWorkerRunner` 
 gives Beam that command instead of its own when the pipeline runs multi-process.
 
 Fork safety: the server never starts a thread nor opens a gRPC channel (it only imports), so
-the child is a copy of a single-threaded process; Python reseeds ``random`` in a forked child
-and OpenSSL reseeds its generator after a fork. The server exits when its parent does; a child
+the child is a copy of a single-threaded process; Python reseeds ``random`` in a forked child,
+OpenSSL reseeds its generator after a fork, and no module holds a numpy generator made at import
+(``privacy.rng`` seeds each one from the OS CSPRNG when it is made, in the worker), so no two
+workers share a random stream. The server exits when its parent does; a child
 ends when the runner closes its control channel, as a spawned worker does.
 """
 
