@@ -28,9 +28,9 @@ SAMPLE_RECORDS = 4096
 _KEY_ID = slice(1, 9)  # the key id's bytes in the envelope
 
 
-def sealed_key_ids(files: Iterable[str], limit: int = SAMPLE_RECORDS) -> tuple[set[str], int]:
-    """The key ids of the sealed payloads among the first ``limit`` messages of ``files``, and
-    how many of those messages were sealed."""
+def sealed_key_ids(files: Iterable[str], limit: int = SAMPLE_RECORDS) -> tuple[set[str], int, int]:
+    """The key ids of the sealed payloads among the first ``limit`` messages of ``files``, how
+    many of those messages were sealed, and how many were read."""
     ids: set[str] = set()
     sealed_count = read = 0
     for path in files:
@@ -48,18 +48,22 @@ def sealed_key_ids(files: Iterable[str], limit: int = SAMPLE_RECORDS) -> tuple[s
             sealed_count += rows.size
             read += item.columns.num_rows
             if read >= limit:
-                return ids, sealed_count
-    return ids, sealed_count
+                return ids, sealed_count, read
+    return ids, sealed_count, read
 
 
-def check_release_keys(releases: Sequence, key_ring: str | None) -> None:
+def check_release_keys(releases: Sequence, key_ring: str | None) -> int:
     """UsageError (one line) naming the release when ``key_ring`` can open none of its sealed
-    messages (see the module docstring). ``releases``: ``pipelines.analyze.Release`` objects."""
+    messages (see the module docstring). ``releases``: ``pipelines.analyze.Release`` objects.
+    Returns the sealed messages the releases hold, estimated from the samples (each release's
+    ``records_released`` times its sample's sealed share): the work of opening them."""
     held: set[str] | None = None
+    sealed_messages = 0.0
     for release in releases:
-        ids, sealed = sealed_key_ids(release.files)
+        ids, sealed, read = sealed_key_ids(release.files)
         if not sealed:
             continue
+        sealed_messages += int(release.commit.get("records_released") or 0) * sealed / read
         named = ", ".join(sorted(ids)[:4]) + (" ..." if len(ids) > 4 else "")
         if key_ring is None:
             raise UsageError(
@@ -77,3 +81,4 @@ def check_release_keys(releases: Sequence, key_ring: str | None) -> None:
                 f"which --key-ring {key_ring} does not hold (it holds "
                 f"{', '.join(sorted(held)[:4])}): none could be opened"
             )
+    return round(sealed_messages)

@@ -8,7 +8,9 @@ Steps (each a Beam pipeline on the same runner flags):
 
 1. ``esa simulate``: the fleet writes ``OUTPUT/simulation/instance=<u>/reports-*.avro`` with the
    truth (``truth.parquet``); given no runner flags, a fleet of 200,000 messages or more is
-   simulated on the multi-process DirectRunner, one shard and worker per CPU;
+   simulated on the multi-process DirectRunner, one shard and worker per CPU, its workers (and
+   the analyze stage's) forked from one process that imported what they run while this one
+   prepared (``pipelines/engines/forked_workers.py``);
 2. ``esa shuffle --instance u --signing-key`` for each of the K instances, on that instance's
    reports only: ``OUTPUT/releases/instance=<u>/`` (its own release, its commit record signed
    with instance u's throwaway Ed25519 key from ``OUTPUT/shuffler_keys``), and its private
@@ -20,7 +22,8 @@ Steps (each a Beam pipeline on the same runner flags):
    it saves; else one per CPU);
 3. ``esa analyze --input OUTPUT/releases --shuffler-keys OUTPUT/shuffler_keys`` over the K releases (each commit record
    must carry its instance's valid signature) with the simulation's truth: ``OUTPUT/analysis/``
-   (histograms.parquet, longitudinal.parquet, summary.json, pictures/*.png).
+   (histograms.parquet, longitudinal.parquet, summary.json, pictures/*.png); given no runner
+   flags, a release of 100,000 sealed messages or more is analyzed on one worker per CPU.
 
 ``--collect`` puts the network in between: the devices are enrolled (``OUTPUT/devices``), one
 ``esa collect`` per instance listens on 127.0.0.1 (a free port, TLS from
@@ -60,7 +63,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
 from pipelines import analyze as analyze_pipeline
 from pipelines import report_html, withheld_reasons
@@ -80,7 +83,7 @@ from pipelines.default_populations import (  # noqa: F401 - default_image re-exp
     default_image,
     default_population,
 )
-from pipelines.engines import runners
+from pipelines.engines import forked_workers, runners
 from schemas.crypto.verify_keys import generate_verify_key, write_verify_key
 from schemas.recipes import Recipe, load_recipe, recipe_from_dict
 from simulators.shards import ShardContext
@@ -98,6 +101,13 @@ SIMULATE_PROCESSES_MIN_MESSAGES = 200_000  # below it the simulation runs in thi
 SIMULATE_PROCESSES_MAX = 8  # simulate workers at most (each imports for seconds)
 PROCESS_SHUFFLE_MIN_MESSAGES = 500_000  # per instance: below it the shuffles run in this process
 SIMULATED_KINDS = ("messages", "chaff", "presence")  # simulation.json's <kind>_per_instance
+# What the forked worker processes of a large run import before the first is forked (the
+# simulate and analyze stages' DoFns and Beam's worker), and while idle after (an analyzer
+# worker's privacy report and pictures).
+WORKER_MODULES = ("apache_beam.runners.worker.sdk_worker_main", "pipelines.simulate",
+                  "pipelines.analyze")  # fmt: skip
+FORK_SERVER_MIN_RESPONDENTS = 20_000  # --respondents below it: no fork server is started early
+WORKER_MODULES_LATER = ("scipy.stats", "matplotlib.figure", "matplotlib.backends.backend_agg")
 
 
 def shuffler_private_dir(output: Path, instance: int) -> Path:
@@ -370,6 +380,17 @@ def _run(
     errors = values.validate()
     if errors:
         raise UsageError(errors[0])
+    given_runner = any(flag.startswith(("--runner", "--direct_")) for flag in flags)
+    # The fork server of a large run's worker processes, started first so that it imports
+    # while this process loads the recipe and makes keys; stopped at once if the run is small.
+    fork_server = contextlib.ExitStack()
+    resources.callback(fork_server.close)
+    if (
+        not given_runner
+        and (os.cpu_count() or 1) > 1
+        and (values.run_respondents or FORK_SERVER_MIN_RESPONDENTS) >= FORK_SERVER_MIN_RESPONDENTS
+    ):
+        fork_server.enter_context(forked_workers.serving(WORKER_MODULES, WORKER_MODULES_LATER))
     try:
         recipe = recipe_for_instances(load_recipe(values.run_recipe), values.run_instances)
     except ValueError as error:
@@ -418,7 +439,15 @@ def _run(
         "simulate_public_key": keys and str(keys_cli.newest_public_key(keys)),
         "simulate_aggregator_keys": aggregator_keys and aggregator_keys["public"],
     }
-    simulation = simulate_pipeline.run(simulate_options(flags, simulate_values))
+    simulate_flags = simulate_options(flags, simulate_values)
+    if simulate_flags.view_as(DirectOptions).direct_num_workers > 1 and not given_runner:
+        # A large run: its worker processes (simulate's, then analyze's) are forked.
+        if forked_workers.running() is None:
+            fork_server.enter_context(forked_workers.serving(WORKER_MODULES, WORKER_MODULES_LATER))
+        simulate_flags.view_as(StandardOptions).runner = forked_workers.RUNNER
+    else:
+        fork_server.close()
+    simulation = simulate_pipeline.run(simulate_flags)
     seconds["simulate"] = round(time.monotonic() - started, 2)
     chaff = simulation.get("chaff_messages") or 0  # sealed cover messages (simulators/sealing.py)
     say(f"  {simulation['messages']:,} messages, " + (f"{chaff:,} chaff, " if chaff else "")

@@ -114,15 +114,27 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-@functools.lru_cache(maxsize=64)
+# Solutions that arrived with a pickled recipe (Recipe.__reduce__), by _solved_epsilon_local's
+# arguments: the process that pickled the recipe solved it.
+_CARRIED_SOLUTIONS: dict[tuple[float, int, float, str, str], float] = {}
+
+
 def _solved_epsilon_local(
     epsilon_central: float, crowd: int, delta: float, mechanism: str, bound: str
 ) -> float:
     """``accounting.solve_epsilon_local``'s eps_l rounded down to a whole micro-epsilon, the unit
     device budgets charge and allow in (privacy.budget): a smaller eps_l keeps the (increasing)
-    bound under the target.
+    bound under the target; the solution a pickled recipe carried when there is one."""
+    key = (epsilon_central, crowd, delta, mechanism, bound)
+    carried = _CARRIED_SOLUTIONS.get(key)
+    return carried if carried is not None else _solve_rounded(*key)
 
-    Memoized: the solution is a function of these arguments alone, and a recipe is rebuilt from
+
+@functools.lru_cache(maxsize=64)
+def _solve_rounded(
+    epsilon_central: float, crowd: int, delta: float, mechanism: str, bound: str
+) -> float:
+    """Memoized: the solution is a function of these arguments alone, and a recipe is rebuilt from
     its JSON by every stage and every unpickled DoFn of a run (an ``esa run`` built one 35 times,
     each solve a root-finding of ~0.4 s); a failed solve (ValueError) is not cached.
     """
@@ -479,6 +491,30 @@ class Recipe:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False)
+
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any], tuple | None]]:
+        """Pickles as its JSON form and, when epsilon_local was solved for expected_crowd, that
+        solution: unpickling validates the JSON as loading does, but takes the root-finding's
+        result from the pickle instead of solving again (a worker process that unpickles a
+        recipe saves the solve and scipy.stats' import, ~1 s of CPU)."""
+        solution = None
+        if self.expected_crowd is not None:
+            key = (
+                self.epsilon_central_target,
+                self.expected_crowd,
+                self.delta,
+                _SOLVABLE[self.randomizer],
+                self.solve_bound,
+            )
+            solution = (key, _solved_epsilon_local(*key))
+        return _unpickle_recipe, (self.to_dict(), solution)
+
+
+def _unpickle_recipe(data: dict[str, Any], solution: tuple | None) -> Recipe:
+    if solution is not None:
+        key, solved = solution
+        _CARRIED_SOLUTIONS[tuple(key)] = solved
+    return recipe_from_dict(data, source="pickled recipe")
 
 
 _FIELD_NAMES = tuple(f.name for f in fields(Recipe))

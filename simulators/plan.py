@@ -69,6 +69,10 @@ class SimulationPlan:
     public_key_json: str | None = None
     # Prio3 recipes (simulators/prio3_devices.py): the two aggregators' PUBLIC key files' JSON.
     aggregator_keys_json: tuple[str, ...] | None = None
+    # The validated recipe of recipe_json (for_recipe): recipe() returns it, and a pickled plan
+    # carries it with its solved epsilon_local (Recipe.__reduce__), so a worker does not solve
+    # it again.
+    validated_recipe: Recipe | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.seed, int) or not 0 <= self.seed < 2**128:
@@ -93,6 +97,11 @@ class SimulationPlan:
             object.__setattr__(self, "instance_weights", tuple(self.instance_weights))
         if self.aggregator_keys_json is not None:
             object.__setattr__(self, "aggregator_keys_json", tuple(self.aggregator_keys_json))
+        if (
+            self.validated_recipe is not None
+            and self.validated_recipe.to_json() != self.recipe_json
+        ):
+            raise ValueError("validated_recipe is not the recipe of recipe_json")
         # Validates the rest (rounds, start, window, weights) once, in the driver.
         self.fleet_config()
 
@@ -100,9 +109,17 @@ class SimulationPlan:
     def for_recipe(
         cls, recipe: Recipe, population: str, seed: int, **settings: Any
     ) -> SimulationPlan:
-        return cls(recipe_json=recipe.to_json(), population=population, seed=seed, **settings)
+        return cls(
+            recipe_json=recipe.to_json(),
+            population=population,
+            seed=seed,
+            validated_recipe=recipe,
+            **settings,
+        )
 
     def recipe(self) -> Recipe:
+        if self.validated_recipe is not None:
+            return self.validated_recipe
         return recipe_from_dict(json.loads(self.recipe_json), source="simulation plan")
 
     def _seed_sequences(self) -> list[np.random.SeedSequence]:

@@ -24,13 +24,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, NoReturn
 
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
+from pipelines.engines import forked_workers
 from privacy.accounting.deletion import deletion_noise
 from schemas.windows import MAX_EVENT_TIME_MS, parse_duration_ms
 
 __all__ = [
     "lateness_error",
+    "multi_process_flags",
+    "runner_chosen",
     "parse_lateness_ms",
     "DEFAULT_BATCH_RUNNER",
     "INT64_MAX",
@@ -62,14 +65,44 @@ MAX_PARALLEL_SHUFFLES = 64  # processes esa run starts at once
 LATEST_WINDOW_END_MS = MAX_EVENT_TIME_MS
 
 
-def with_default_runner(options: PipelineOptions) -> PipelineOptions:
+def runner_chosen(options: PipelineOptions) -> bool:
+    """Whether ``options`` name a runner or set one of Beam's DirectRunner options
+    (``--direct_num_workers``, ``--direct_running_mode``, ...) to other than its default."""
+    if options.view_as(StandardOptions).runner is not None:
+        return True
+    return any(name.startswith("direct_") for name in options.get_all_options(drop_default=True))
+
+
+def multi_process_flags(workers: int) -> list[str]:
+    """Beam flags of the multi-process DirectRunner with ``workers`` worker processes (named
+    FnApiRunner: a bare DirectRunner hands a pipeline to Prism when a Prism job server is up)."""
+    return [
+        f"--runner={DEFAULT_BATCH_RUNNER}",
+        "--direct_running_mode=multi_processing",
+        f"--direct_num_workers={workers}",
+    ]
+
+
+def with_default_runner(options: PipelineOptions, worker_processes: int = 1) -> PipelineOptions:
     """``options`` with a runner when none was given: FnApiRunner for batch, DirectRunner (the
     one that runs TestStream and unbounded sources) for ``--streaming``. FnApiRunner's workers
-    are closed together at the end (``pipelines/engines/worker_shutdown.py``)."""
+    are closed together at the end (``pipelines/engines/worker_shutdown.py``).
+
+    ``worker_processes`` > 1: the caller's work is large enough to spread over processes; then a
+    batch pipeline given no runner and no ``--direct_*`` setting runs on the multi-process
+    DirectRunner with that many workers, at most one per CPU (one CPU: in this process), forked
+    by the fork server of ``esa run`` when one is running (``pipelines/engines/forked_workers.py``)."""
     from pipelines.engines.worker_shutdown import close_workers_together
 
     close_workers_together()
     standard = options.view_as(StandardOptions)
+    workers = min(worker_processes, os.cpu_count() or 1)
+    if workers > 1 and not standard.streaming and not runner_chosen(options):
+        direct = options.view_as(DirectOptions)
+        direct.direct_running_mode = "multi_processing"
+        direct.direct_num_workers = workers
+        if forked_workers.running() is not None:  # esa run's: workers forked, not spawned
+            standard.runner = forked_workers.RUNNER
     if standard.runner is None:
         standard.runner = "DirectRunner" if standard.streaming else DEFAULT_BATCH_RUNNER
     return options

@@ -6,8 +6,10 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
+from pipelines import analyze as analyze_pipeline
+from pipelines.commandline import flags
 from pipelines.commandline.analyze_options import AnalyzeOptions
 from pipelines.commandline.options import format_duration_ms, unknown_beam_flags
 from pipelines.commandline.run_options import RunOptions
@@ -75,3 +77,49 @@ def test_validate_follows_beams_convention():
     assert any(e.startswith("--crowd-threshold") for e in errors)
     assert any(e.startswith("--window") for e in errors)
     assert all("\n" not in error for error in errors)
+
+
+def test_a_runner_is_chosen_only_by_a_runner_or_direct_runner_flag():
+    assert not flags.runner_chosen(PipelineOptions([]))
+    assert not flags.runner_chosen(PipelineOptions(["--temp_location=/tmp"]))
+    assert flags.runner_chosen(PipelineOptions(["--runner=FnApiRunner"]))
+    assert flags.runner_chosen(PipelineOptions(["--direct_num_workers=3"]))
+    assert flags.runner_chosen(PipelineOptions(["--direct_running_mode=multi_threading"]))
+
+
+@pytest.mark.parametrize(
+    ("given", "processes", "cpus", "expected"),
+    [
+        ([], 8, 2, ("FnApiRunner", "multi_processing", 2)),  # one worker per CPU at most
+        ([], 2, 16, ("FnApiRunner", "multi_processing", 2)),
+        ([], 1, 16, ("FnApiRunner", "in_memory", 1)),  # small work: this process
+        ([], 8, 1, ("FnApiRunner", "in_memory", 1)),  # one CPU: this process
+        (["--runner=FnApiRunner"], 8, 2, ("FnApiRunner", "in_memory", 1)),  # the user's runner
+        (["--direct_num_workers=3"], 8, 2, ("FnApiRunner", "in_memory", 3)),  # and settings
+        (["--streaming"], 8, 2, ("DirectRunner", "in_memory", 1)),
+    ],
+)
+def test_large_work_runs_on_a_worker_process_per_cpu_unless_a_runner_was_chosen(
+    monkeypatch, given, processes, cpus, expected
+):
+    monkeypatch.setattr(flags.os, "cpu_count", lambda: cpus)
+    options = flags.with_default_runner(PipelineOptions(given), processes)
+    direct = options.view_as(DirectOptions)
+    runner = options.view_as(StandardOptions).runner
+    assert (runner, direct.direct_running_mode, direct.direct_num_workers) == expected
+
+
+def test_the_analyzer_spreads_sealed_or_large_releases_over_processes(monkeypatch):
+    monkeypatch.setattr(analyze_pipeline.os, "cpu_count", lambda: 16)
+    sealed, clear = (
+        analyze_pipeline.SPREAD_MIN_SEALED_MESSAGES,
+        analyze_pipeline.SPREAD_MIN_MESSAGES,
+    )
+    assert analyze_pipeline.worker_processes(sealed - 1, sealed - 1) == 1
+    assert (
+        analyze_pipeline.worker_processes(sealed, sealed) == analyze_pipeline.MAX_WORKER_PROCESSES
+    )
+    assert analyze_pipeline.worker_processes(clear - 1, 0) == 1
+    assert analyze_pipeline.worker_processes(clear, 0) == analyze_pipeline.MAX_WORKER_PROCESSES
+    monkeypatch.setattr(analyze_pipeline.os, "cpu_count", lambda: 2)
+    assert analyze_pipeline.worker_processes(clear, sealed) == 2

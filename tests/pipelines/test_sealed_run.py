@@ -205,3 +205,16 @@ def test_keys_cli_errors_are_one_line(tmp_path):
     with redirect_stderr(io.StringIO()):
         assert cli.main(["analyze", "--input", str(tmp_path), "--output", str(tmp_path / "a"),
                          "--key-ring", str(tmp_path / "none")]) == 2  # fmt: skip
+
+
+def test_the_key_check_estimates_the_sealed_messages_to_open(world):
+    """check_release_keys returns the work of opening (every released message is sealed here:
+    data and chaff), which decides whether esa analyze spreads over worker processes."""
+    from pipelines import analyze as analyze_pipeline
+    from pipelines import release_keys
+
+    root, _, hidden = world
+    releases = analyze_pipeline.discover_releases([str(root / "shuffled")], None)
+    released = sum(int(r.commit["records_released"]) for r in releases)
+    assert released > RESPONDENTS
+    assert release_keys.check_release_keys(releases, str(hidden)) == released

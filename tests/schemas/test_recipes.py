@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import pickle
 
 import pytest
 
@@ -188,6 +189,33 @@ def test_a_solved_recipe_round_trips_through_its_json_form() -> None:
     assert (data["expected_crowd"], data["solve_bound"]) == (40_000, "variation_ratio")
     assert recipes.recipe_from_dict(data) == recipe
     assert "expected_crowd" not in recipes.load_recipe(GRID).to_dict()  # unsolved form unchanged
+
+
+def test_a_pickled_solved_recipe_is_rebuilt_and_validated_without_solving_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker process unpickling a recipe takes its solved epsilon_local from the pickle (the
+    solve and scipy.stats' import cost ~1 s there), and still validates the rest of its JSON."""
+    recipe = recipes.load_recipe(SEALED)
+    blob = pickle.dumps(recipe)
+    monkeypatch.setattr(recipes, "_CARRIED_SOLUTIONS", {})
+    recipes._solve_rounded.cache_clear()
+
+    def no_solving(*args, **kwargs):
+        raise AssertionError("solved again")
+
+    monkeypatch.setattr(recipes.accounting, "solve_epsilon_local", no_solving)
+    assert pickle.loads(blob) == recipe
+    # Everything else is validated as on loading: a field the JSON form refuses is refused.
+    _, (data, solution) = recipe.__reduce__()
+    with pytest.raises(recipes.RecipeError, match="min_crowd_size"):
+        recipes._unpickle_recipe({**data, "min_crowd_size": -1}, solution)
+    # A recipe loaded from a file whose solution no pickle carried is solved.
+    recipes._CARRIED_SOLUTIONS.clear()
+    with pytest.raises(AssertionError, match="solved again"):
+        recipes.recipe_from_dict(data)
+    unsolved = recipes.load_recipe(GRID)
+    assert pickle.loads(pickle.dumps(unsolved)) == unsolved
 
 
 def test_solve_with_another_bound_or_without_the_randomizers_epsilon() -> None:

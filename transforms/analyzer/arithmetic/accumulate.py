@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from schemas.recipes import Recipe, recipe_from_dict
+from schemas.recipes import Recipe
 
 # Domains up to this many buckets are counted densely (np.bincount into one int64 array, 8 MB at
 # the limit); larger domains keep sorted unique keys with their sums.
@@ -424,7 +424,8 @@ CrowdKey = tuple[str, int, int, str, str, str | None]
 class RecipeBook:
     """The recipes the analyzer accepts, by id, with their randomizers built once.
 
-    Pickles as the recipes' JSON (Beam ships it to workers), so nothing unpicklable travels.
+    Pickles as its recipes, each as its JSON form with its solved epsilon_local
+    (``Recipe.__reduce__``; Beam ships the book to workers), so nothing unpicklable travels.
     """
 
     def __init__(self, recipes: Mapping[str, Recipe] | Iterable[Recipe]) -> None:
@@ -435,11 +436,11 @@ class RecipeBook:
                 raise ValueError(f"recipe {recipe.id} given twice")
             self._recipes[recipe.id] = recipe
 
-    def __getstate__(self) -> list[dict]:
-        return [recipe.to_dict() for recipe in self._recipes.values()]
+    def __getstate__(self) -> list[Recipe]:
+        return list(self._recipes.values())
 
-    def __setstate__(self, state: list[dict]) -> None:
-        self.__init__([recipe_from_dict(item) for item in state])
+    def __setstate__(self, state: list[Recipe]) -> None:
+        self.__init__(state)
 
     def __len__(self) -> int:
         return len(self._recipes)

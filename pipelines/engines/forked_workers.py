@@ -1,0 +1,266 @@
+"""Beam SDK worker processes forked from a process that has already imported what they run.
+
+The multi-process DirectRunner starts each worker as ``python -m
+apache_beam.runners.worker.sdk_worker_main``: a fresh interpreter that imports Beam (~1.1-1.8 s of
+CPU) and then, unpickling the pipeline, the modules of its DoFns (the simulator's sealing, the
+analyzer's opening and arithmetic: ~0.5-1 s more), for every pipeline. ``esa run`` runs two such
+pipelines (simulate and analyze) with one worker per CPU, so on two cores about 2 x 2 x 2 s of
+CPU went into starting workers, on the critical path.
+
+:class:`ForkServer` is a separate, single-threaded process, started from a fresh interpreter
+(``python -m pipelines.engines.forked_workers serve SOCKET MODULE...``) before any pipeline runs.
+It imports the given modules once (while the driver is still importing and preparing on its
+own core) and then, per request on its Unix socket, forks a worker: the child takes the
+requesting command's environment (the Fn API endpoints Beam hands a worker), working directory
+and standard streams, and runs ``sdk_worker_main`` exactly as the fresh interpreter would. The request
+comes from the worker command Beam starts (``python -m pipelines.engines.forked_workers worker
+SOCKET``), a small client that imports nothing heavy and exits with the forked worker's exit
+status, so Beam sees an ordinary worker subprocess. :class:`ForkedWorkerRunner` (FnApiRunner)
+gives Beam that command instead of its own when the pipeline runs multi-process.
+
+Fork safety: the server never starts a thread nor opens a gRPC channel (it only imports), so
+the child is a copy of a single-threaded process; Python reseeds ``random`` in a forked child,
+OpenSSL reseeds its generator after a fork, and no module holds a numpy generator made at import
+(``privacy.rng`` seeds each one from the OS CSPRNG when it is made, in the worker), so no two
+workers share a random stream. The server exits when its parent does; a child
+ends when the runner closes its control channel, as a spawned worker does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import select
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+__all__ = ["ForkServer", "RUNNER", "running", "serving"]  # and ForkedWorkerRunner
+
+RUNNER = "pipelines.engines.forked_workers.ForkedWorkerRunner"
+_LENGTH = 8  # bytes of a request's length prefix
+_STATUS = 4  # bytes of the exit status the server answers with
+_LATER = "--later"  # separates the modules imported before serving from those imported later
+_CONNECT_S = 60.0  # a worker command waits this long for the server's socket
+_POLL_S = 0.2  # the server looks for exited children and a vanished parent this often
+
+_running: list[ForkServer] = []  # the server of this process (one at a time)
+
+
+class ForkServer:
+    """A fork server process and the worker command that asks it for a worker."""
+
+    def __init__(self, preload: Sequence[str], later: Sequence[str] = ()) -> None:
+        """``preload``: imported before the first worker is forked; ``later``: imported one at a
+        time while no request waits (children forked after have them too)."""
+        self._directory = tempfile.mkdtemp(prefix="esa-fork-")
+        self.socket_path = os.path.join(self._directory, "server")
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", __name__, "serve", self.socket_path, *preload, _LATER, *later],
+            stdin=subprocess.DEVNULL,
+        )
+
+    @property
+    def worker_command(self) -> str:
+        """The shell command Beam runs as a worker (SubprocessSDKEnvironment's command line)."""
+        return f"{sys.executable} -m {__name__} worker {self.socket_path}"
+
+    def alive(self) -> bool:
+        """Whether the server still runs (one that failed to import its modules has exited)."""
+        return self._process.poll() is None
+
+    def close(self) -> None:
+        if self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        shutil.rmtree(self._directory, ignore_errors=True)
+
+
+def running() -> ForkServer | None:
+    """The fork server started by :func:`serving` in this process, if one is up."""
+    return _running[-1] if _running else None
+
+
+@contextlib.contextmanager
+def serving(preload: Sequence[str], later: Sequence[str] = ()) -> Iterator[ForkServer]:
+    """A fork server (see :class:`ForkServer`) for the pipelines run inside the block."""
+    server = ForkServer(preload, later)
+    _running.append(server)
+    try:
+        yield server
+    finally:
+        _running.remove(server)
+        server.close()
+
+
+def _forked_runner_base() -> type:
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+    return FnApiRunner
+
+
+def __getattr__(name: str) -> Any:
+    """``ForkedWorkerRunner``, built on first use: the worker client imports this module and
+    must not import Beam."""
+    if name != "ForkedWorkerRunner":
+        raise AttributeError(name)
+    from apache_beam.options.pipeline_options import DirectOptions
+    from apache_beam.transforms import environments
+
+    class ForkedWorkerRunner(_forked_runner_base()):
+        """FnApiRunner whose multi-process workers are forked by this process's fork server
+        (spawned as Beam does when none is running)."""
+
+        def run_pipeline(self, pipeline: Any, options: Any) -> Any:
+            direct = options.view_as(DirectOptions)
+            server = running()
+            if (
+                server is None
+                or not server.alive()
+                or direct.direct_running_mode != "multi_processing"
+            ):  # Beam's own spawned workers
+                return super().run_pipeline(pipeline, options)
+            self._default_environment = environments.SubprocessSDKEnvironment.from_command_string(
+                command_string=server.worker_command
+            )
+            # FnApiRunner replaces the environment with its own command in multi_processing
+            # mode; in in_memory mode it keeps this one and still runs direct_num_workers.
+            direct.direct_running_mode = "in_memory"
+            try:
+                return super().run_pipeline(pipeline, options)
+            finally:
+                direct.direct_running_mode = "multi_processing"
+
+    globals()["ForkedWorkerRunner"] = ForkedWorkerRunner
+    return ForkedWorkerRunner
+
+
+# ---------------------------------------------------------------------------------------------
+# The server and the worker client (``python -m pipelines.engines.forked_workers ...``)
+# ---------------------------------------------------------------------------------------------
+
+
+def _receive(connection: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = connection.recv(size - len(data))
+        if not chunk:
+            raise ConnectionError("closed")
+        data += chunk
+    return data
+
+
+def _run_worker(request: dict[str, Any]) -> int:
+    """In the forked child: become the requested worker (sdk_worker_main with its environment)."""
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    from apache_beam.runners.worker import sdk_worker_main
+
+    try:
+        sdk_worker_main.main([])
+    except SystemExit as stop:
+        return stop.code if isinstance(stop.code, int) else 1
+    except BaseException:  # noqa: BLE001 - reported as a spawned worker's traceback would be
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+def _serve(socket_path: str, preload: Sequence[str], later: Sequence[str]) -> None:
+    parent = os.getppid()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(socket_path)  # first: a request made while preloading waits in the backlog
+    listener.listen(64)
+    for module in preload:
+        importlib.import_module(module)
+    later = list(later)
+    waiting: dict[int, socket.socket] = {}  # child pid -> its client's connection
+    while os.getppid() == parent:
+        readable, _, _ = select.select([listener], [], [], _POLL_S if not later else 0)
+        if not readable and later:
+            importlib.import_module(later.pop(0))
+        if readable:
+            connection, _ = listener.accept()
+            descriptors: list[int] = []
+            try:  # the length, with the client's stdin, stdout and stderr; then the request
+                prefix, descriptors, _, _ = socket.recv_fds(connection, _LENGTH, 3)
+                if len(prefix) != _LENGTH or len(descriptors) != 3:
+                    raise ValueError("a request starts with its length and 3 descriptors")
+                size = int.from_bytes(prefix, "big")
+                request = json.loads(_receive(connection, size))
+            except (ConnectionError, OSError, ValueError):
+                connection.close()
+                for descriptor in descriptors:
+                    os.close(descriptor)
+                continue
+            pid = os.fork()
+            if pid == 0:
+                listener.close()
+                for other in waiting.values():
+                    other.close()
+                connection.close()
+                for target, descriptor in enumerate(descriptors):
+                    os.dup2(descriptor, target)
+                    os.close(descriptor)
+                code = _run_worker(request)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+            for descriptor in descriptors:
+                os.close(descriptor)
+            waiting[pid] = connection
+        while waiting:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            connection = waiting.pop(pid, None)
+            if connection is not None:
+                with contextlib.suppress(OSError):
+                    connection.sendall(
+                        os.waitstatus_to_exitcode(status).to_bytes(_STATUS, "big", signed=True)
+                    )
+                connection.close()
+
+
+def _worker(socket_path: str) -> int:
+    """The worker command: ask the server for a worker with this environment, working directory
+    and standard streams; wait for it and return its exit status."""
+    request = json.dumps({"env": dict(os.environ), "cwd": os.getcwd()}).encode()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+        deadline = time.monotonic() + _CONNECT_S
+        while True:  # the server binds its socket a moment after it starts
+            try:
+                connection.connect(socket_path)
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        socket.send_fds(connection, [len(request).to_bytes(_LENGTH, "big")], [0, 1, 2])
+        connection.sendall(request)
+        try:
+            return int.from_bytes(_receive(connection, _STATUS), "big", signed=True)
+        except ConnectionError:
+            return 1
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "serve":
+        modules = sys.argv[3:]
+        split = modules.index(_LATER)
+        _serve(sys.argv[2], modules[:split], modules[split + 1 :])
+    else:
+        sys.exit(_worker(sys.argv[2]))
