@@ -538,7 +538,8 @@ class EstimateBucket(beam.DoFn):
     and one dict of totals (main output). Nothing leaves per crowd except pictures.
 
     The histogram crowds of one recipe are de-biased together, as the rows of one matrix
-    (:meth:`CrowdEstimator.estimate_rows`, about :data:`ROWS_PER_BATCH` rows at a time), into
+    (:meth:`CrowdEstimator.estimate_rows`, about :data:`ROWS_PER_BATCH` rows at a time; taken
+    from the bucket's columns by :meth:`CrowdEstimator.bucket_crowds`), into
     one table and report lines joined from cached texts; the others (longitudinal rounds,
     count-mean sketches, sparse domains, crowds without respondents) one by one
     (:meth:`CrowdEstimator.estimate`). ``crowd_at_a_time`` takes every crowd one by one: the
