@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -152,14 +152,31 @@ class AnalysisConfig:
 
 class RowGroup(NamedTuple):
     """Histogram crowds of one recipe that :meth:`CrowdEstimator.estimate_rows` de-biases
-    together: their positions in the bucket, keys, accumulators and n_eff."""
+    together: their positions in the bucket, keys, dense bucket sums (one row each), n_eff,
+    respondents per instance, messages and rejected counts."""
 
     recipe: Any
     randomizer: Any
     positions: list[int]
     keys: list[arithmetic.CrowdKey]
-    accumulators: list[arithmetic.CrowdAccumulator]
+    sums: list[np.ndarray] | np.ndarray
     respondents: list[float]
+    by_instance: list[dict[int, int]]
+    messages: list[int] | np.ndarray
+    rejected: list[dict[str, int] | None]
+
+
+class BucketCrowds(NamedTuple):
+    """A bucket's crowds as :meth:`CrowdEstimator.bucket_crowds` splits them: the estimated
+    ones' keys in :func:`arithmetic.crowd_sort_key` order (their positions), the row groups,
+    the positions that go one by one, the notes on the crowds all of whose messages were
+    rejected, and the accumulator of a position (made when asked)."""
+
+    keys: list[arithmetic.CrowdKey]
+    groups: list[RowGroup]
+    single: list[int]
+    rejected_notes: list[dict[str, Any]]
+    accumulator: Callable[[int], arithmetic.Accumulator]
 
 
 class RowEstimates(NamedTuple):
@@ -301,12 +318,117 @@ class CrowdEstimator:
                 continue
             group = groups.get(recipe_id)
             if group is None:
-                group = groups[recipe_id] = RowGroup(recipe, randomizer, [], [], [], [])
+                group = groups[recipe_id] = RowGroup(recipe, randomizer, *([] for _ in range(7)))
             group.positions.append(position)
             group.keys.append(key)
-            group.accumulators.append(accumulator)
+            group.sums.append(counts.dense())
             group.respondents.append(n_eff)
+            group.by_instance.append(accumulator.respondents)
+            group.messages.append(accumulator.messages)
+            group.rejected.append(accumulator.rejected)
         return list(groups.values()), single
+
+    def bucket_crowds(self, content: arithmetic.BucketContent) -> BucketCrowds | None:
+        """:meth:`row_groups` of a bucket's content read as columns: the histogram crowds held
+        as rows of one matrix per domain size (``arithmetic.CrowdBucket.content``) go to their
+        group as rows of that matrix, without an accumulator per crowd; an accumulator is made
+        only for the crowds that go one by one or whose messages were all rejected. The same
+        groups, positions and notes as :meth:`row_groups` of ``bucket.items()``; None when a
+        crowd is in two parts of the content (the caller then takes the items)."""
+        book = self._config.book
+        entries: list[tuple[tuple, int, int]] = []  # (sort key, domain (0: others), row)
+        sort_key = arithmetic.crowd_sort_key
+        for domain, rows in content.rows.items():
+            entries.extend((sort_key(key), domain, row) for row, key in enumerate(rows.keys))
+        others = list(content.others)
+        entries.extend((sort_key(key), 0, row) for row, key in enumerate(others))
+        entries.sort(key=lambda entry: entry[0])
+        if any(a[0] == b[0] for a, b in zip(entries, entries[1:], strict=False)):
+            return None
+        keys: list[arithmetic.CrowdKey] = []
+        groups: dict[str, RowGroup] = {}
+        single: list[int] = []
+        where: list[tuple[int, int]] = []  # per position: (domain (0: others), row)
+        notes: list[dict[str, Any]] = []
+        columns = {
+            domain: (rows, rows.messages.tolist(), rows.dense.tolist())
+            for domain, rows in content.rows.items()
+        }
+        histogram = arithmetic.HISTOGRAM
+        for _, domain, row in entries:
+            if domain == 0:  # an accumulator object: what row_groups does with it
+                key = others[row]
+                accumulator = content.others[key]
+                note = arithmetic.all_rejected_note(key, accumulator)
+                if note is not None:
+                    notes.append(note)
+                    continue
+                position = len(keys)
+                keys.append(key)
+                where.append((0, row))
+                groups_, singles = self.row_groups([(key, accumulator)])
+                if singles:
+                    single.append(position)
+                    continue
+                found = groups_[0]
+                group = groups.get(key[4])
+                if group is None:
+                    group = groups[key[4]] = RowGroup(found.recipe, found.randomizer,
+                                                      *([] for _ in range(7)))  # fmt: skip
+                group.positions.append(position)
+                group.keys.append(key)
+                group.sums.append(found.sums[0])
+                group.respondents.append(found.respondents[0])
+                group.by_instance.append(found.by_instance[0])
+                group.messages.append(found.messages[0])
+                group.rejected.append(found.rejected[0])
+                continue
+            rows, messages, dense = columns[domain]
+            key = rows.keys[row]
+            rejected = rows.rejected[row]
+            if rejected and not messages[row]:  # all_rejected_note's case
+                notes.append(arithmetic.all_rejected_note(key, rows.accumulator(row)))
+                continue
+            position = len(keys)
+            keys.append(key)
+            where.append((domain, row))
+            recipe_id = key[4]
+            recipe = book.get(recipe_id)
+            n_eff = None
+            if recipe is not None and key[0] == histogram and dense[row]:
+                randomizer = self._row_randomizer(recipe_id, recipe)
+                if randomizer is not None and domain == randomizer.message_domain_size:
+                    n_eff = self._effective(recipe_id, recipe, rows.respondents[row])
+            if n_eff is None:
+                single.append(position)
+                continue
+            group = groups.get(recipe_id)
+            if group is None:
+                group = groups[recipe_id] = RowGroup(recipe, randomizer, *([] for _ in range(7)))
+            group.positions.append(position)
+            group.keys.append(key)
+            group.sums.append(row)  # a row of its domain's matrix, gathered below
+            group.respondents.append(n_eff)
+            group.by_instance.append(rows.respondents[row])
+            group.messages.append(messages[row])
+            group.rejected.append(rejected)
+        out = []
+        for group in groups.values():
+            domain = group.randomizer.message_domain_size
+            matrix = columns[domain][0].counts if domain in columns else None
+            if all(type(row) is int for row in group.sums):
+                sums = matrix[np.array(group.sums, dtype=np.int64)]
+            else:
+                sums = np.stack([matrix[r] if type(r) is int else r for r in group.sums])
+            out.append(group._replace(sums=sums))
+
+        def accumulator(position: int) -> arithmetic.Accumulator:
+            domain, row = where[position]
+            if domain == 0:
+                return content.others[others[row]]
+            return columns[domain][0].accumulator(row)
+
+        return BucketCrowds(keys, out, single, notes, accumulator)
 
     def estimate_rows(self, group: RowGroup) -> RowEstimates:
         """De-bias a :class:`RowGroup` at once (``arithmetic.estimate_histogram_rows``): one
@@ -316,24 +438,25 @@ class CrowdEstimator:
         per recipe and window: the crowd without a crowd ID) get their accuracy one by one."""
         config = self._config
         try:
-            rows, refused = arithmetic.estimate_histogram_rows(
-                group.recipe,
+            rows, refused = arithmetic.estimate_sum_rows(
                 group.randomizer,
                 group.keys,
-                group.accumulators,
+                group.sums if isinstance(group.sums, np.ndarray) else np.stack(group.sums),
                 np.array(group.respondents),
+                group.by_instance,
+                np.asarray(group.messages, dtype=np.int64),
                 config.postprocessing,
             )
         except ValueError:  # a recipe-wide refusal: each crowd's own call states it
             return RowEstimates([], [], self._schema.empty_table(), [], list(group.positions))
         positions = group.positions
-        accumulators = group.accumulators
+        rejected = group.rejected
         if refused.size:
             refused_set = set(refused.tolist())
             kept = [i for i in range(len(positions)) if i not in refused_set]
             refused_positions = [positions[i] for i in refused.tolist()]
             positions = [positions[i] for i in kept]
-            accumulators = [accumulators[i] for i in kept]
+            rejected = [rejected[i] for i in kept]
         else:
             refused_positions = []
         accuracy: dict[int, dict[str, float]] = {}
@@ -348,7 +471,6 @@ class CrowdEstimator:
                 accuracy[row] = arithmetic.histogram_accuracy(result, buckets, counts)
                 keys, values = arithmetic.sparse_truth(buckets, counts)
                 truth_rows[row] = arithmetic.values_at(result.buckets, keys, values)
-        rejected = [accumulator.rejected for accumulator in accumulators]
         lines = self._lines.lines(group.recipe, rows, accuracy, rejected)
         table = histogram_rows_table(rows, config, truth_rows, self._schema)
         pictures = []
@@ -416,7 +538,8 @@ class EstimateBucket(beam.DoFn):
     and one dict of totals (main output). Nothing leaves per crowd except pictures.
 
     The histogram crowds of one recipe are de-biased together, as the rows of one matrix
-    (:meth:`CrowdEstimator.estimate_rows`, about :data:`ROWS_PER_BATCH` rows at a time), into
+    (:meth:`CrowdEstimator.estimate_rows`, about :data:`ROWS_PER_BATCH` rows at a time; taken
+    from the bucket's columns by :meth:`CrowdEstimator.bucket_crowds`), into
     one table and report lines joined from cached texts; the others (longitudinal rounds,
     count-mean sketches, sparse domains, crowds without respondents) one by one
     (:meth:`CrowdEstimator.estimate`). ``crowd_at_a_time`` takes every crowd one by one: the
@@ -466,20 +589,30 @@ class EstimateBucket(beam.DoFn):
         totals: dict[str, int] = {}
         estimated: set[WindowCrowd] = set()
         pictured = self._config.pictured
-        rejected_notes = []
-        crowds = []
-        for key, accumulator in bucket.items():
-            note = arithmetic.all_rejected_note(key, accumulator)
-            if note is not None:  # nothing of the crowd could be counted: no estimate
-                rejected_notes.append(note)
+        content = bucket.content()
+        split = None if self._crowd_at_a_time else self._estimator.bucket_crowds(content)
+        if split is None:  # every crowd as an accumulator
+            rejected_notes = []
+            crowds = []
+            for key, accumulator in bucket.items():
+                note = arithmetic.all_rejected_note(key, accumulator)
+                if note is not None:  # nothing of the crowd could be counted: no estimate
+                    rejected_notes.append(note)
+                else:
+                    crowds.append((key, accumulator))
+            keys = [key for key, _ in crowds]
+            if self._crowd_at_a_time:
+                groups, positions = [], list(range(len(crowds)))
             else:
-                crowds.append((key, accumulator))
-        # Each crowd's report lines (with their sort keys) at its position: the crowds' order.
-        lines: list[list[tuple[str, tuple]] | None] = [None] * len(crowds)
-        if self._crowd_at_a_time:
-            groups, single = [], list(range(len(crowds)))
+                groups, positions = self._estimator.row_groups(crowds)
+            single = positions
+
+            def accumulator_of(position: int) -> arithmetic.Accumulator:
+                return crowds[position][1]
         else:
-            groups, single = self._estimator.row_groups(crowds)
+            keys, groups, single, rejected_notes, accumulator_of = split
+        # Each crowd's report lines (with their sort keys) at its position: the crowds' order.
+        lines: list[list[tuple[str, tuple]] | None] = [None] * len(keys)
         for group in groups:
             domain = max(1, group.randomizer.message_domain_size)
             size = max(1, self._rows_per_batch // domain)
@@ -490,7 +623,7 @@ class EstimateBucket(beam.DoFn):
                 rows = self._estimator.estimate_rows(chunk)
                 single.extend(rows.refused)
                 for position, line in zip(rows.positions, rows.lines, strict=True):
-                    key = crowds[position][0]
+                    key = keys[position]
                     lines[position] = [(line, histogram_report_order(key))]
                     estimated.add((int(key[1]), *key[3:]))
                 if rows.positions:  # every line a histogram report, each with its notes
@@ -502,7 +635,7 @@ class EstimateBucket(beam.DoFn):
                 for picture in rows.pictures:
                     yield beam.pvalue.TaggedOutput(PICTURE_TAG, picture)
         for position in sorted(single):
-            key, accumulator = crowds[position]
+            key, accumulator = keys[position], accumulator_of(position)
             lines[position] = []
             for report, table in self._estimator.estimate(key, accumulator):
                 for name, count in report_totals(report).items():
@@ -525,7 +658,7 @@ class EstimateBucket(beam.DoFn):
         if report_lines:
             texts, orders = zip(*report_lines, strict=True)
             yield out(REPORT_TAG, pack_lines(list(texts), list(orders)))
-        notes = arithmetic.withheld_notes(arithmetic.withheld_records(bucket.withheld), estimated)
+        notes = arithmetic.withheld_notes(arithmetic.withheld_records(content.withheld), estimated)
         notes = sorted(notes + rejected_notes, key=note_order)
         if notes:
             totals["withheld"] = len(notes)

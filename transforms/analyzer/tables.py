@@ -130,12 +130,19 @@ def histogram_rows_table(
     def repeated(values: list, dtype: Any) -> np.ndarray:
         return np.repeat(np.array(values, dtype=dtype), domain)
 
+    # Each crowd's strings converted once, then repeated per bucket by Arrow (no Python object
+    # per row).
+    crowd_of_row = pa.array(np.repeat(np.arange(crowds, dtype=np.int64), domain))
+
+    def strings(values: list) -> pa.Array:
+        return pa.array(values, pa.string()).take(crowd_of_row)
+
     columns: dict[str, Any] = {
         "window_start": pa.array(repeated([k[1] for k in keys], np.int64), type=_TIME),
         "window_end": pa.array(repeated([k[2] for k in keys], np.int64), type=_TIME),
-        "channel": pa.array(repeated([k[3] for k in keys], object), pa.string()),
-        "recipe_id": pa.array(repeated([k[4] for k in keys], object), pa.string()),
-        "crowd": pa.array(repeated([k[5] for k in keys], object), pa.string()),
+        "channel": strings([k[3] for k in keys]),
+        "recipe_id": strings([k[4] for k in keys]),
+        "crowd": strings([k[5] for k in keys]),
         "bucket": pa.array(np.tile(np.arange(domain, dtype=np.int64), crowds), pa.int64()),
         "estimate": pa.array(rows.estimate.ravel(), pa.float64()),
         "stderr": pa.array(rows.stderr.ravel(), pa.float64()),

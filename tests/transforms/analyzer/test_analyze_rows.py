@@ -224,6 +224,42 @@ def test_rows_equal_the_one_crowd_estimates(tmp_path, postprocessing, rows_per_b
             assert "accuracy" in report
 
 
+def test_bucket_columns_split_as_the_items_do():
+    """bucket_crowds (the bucket's rows read as columns) makes the groups, positions and notes
+    that row_groups makes of the bucket's accumulators in their order; a crowd in two parts of
+    a bucket's content leaves it to the items (None)."""
+    bucket = pickle.loads(pickle.dumps(_bucket()))
+    estimator = CrowdEstimator(AnalysisConfig(BOOK))
+    split = estimator.bucket_crowds(bucket.content())
+    assert split is not None and bucket.content().others  # rows of several domains and objects
+    items = list(pickle.loads(pickle.dumps(_bucket())).items())
+    crowds = [(k, a) for k, a in items if arithmetic.all_rejected_note(k, a) is None]
+    notes = [n for k, a in items if (n := arithmetic.all_rejected_note(k, a)) is not None]
+    groups, single = estimator.row_groups(crowds)
+    assert split.keys == [key for key, _ in crowds]
+    assert split.single == single and split.rejected_notes == notes and len(notes) == len(RECIPES)
+    assert len(split.groups) == len(groups)
+    for mine, theirs in zip(split.groups, groups, strict=True):
+        assert mine.recipe is theirs.recipe and mine.positions == theirs.positions
+        assert mine.keys == theirs.keys and mine.respondents == theirs.respondents
+        assert mine.by_instance == theirs.by_instance and mine.messages == theirs.messages
+        assert mine.rejected == theirs.rejected
+        assert np.array_equal(mine.sums, np.stack(theirs.sums))
+    for position in single:
+        one, other = split.accumulator(position), crowds[position][1]
+        assert type(one) is type(other) and one.messages == other.messages
+        assert one.respondents == other.respondents
+        if isinstance(one, arithmetic.CrowdAccumulator):
+            assert one.counts.is_dense == other.counts.is_dense and one.rejected == other.rejected
+            if one.counts.is_dense:
+                assert np.array_equal(one.counts.dense(), other.counts.dense())
+
+    twice = arithmetic.CrowdBucket(dict(crowds[:3])).content()
+    domain, rows = next(iter(twice.rows.items()))
+    twice.others[rows.keys[0]] = rows.accumulator(0).copy()  # one crowd as a row and an object
+    assert estimator.bucket_crowds(twice) is None
+
+
 def test_row_estimators_equal_the_one_crowd_ones_row_by_row():
     rng = seeded_generator(5)
     sums = rng.integers(0, 50, size=(7, 9)).astype(np.float64)

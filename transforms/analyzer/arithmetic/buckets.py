@@ -128,6 +128,13 @@ class _Rows:
             rejected,
         )
 
+    def accumulator(self, row: int) -> CrowdAccumulator:
+        """Crowd ``row`` as an accumulator (its dense sums a writable row of the matrix)."""
+        counts = self.counts[row] if self.dense[row] else None
+        sums = BucketCounts.from_row(self.domain, counts)
+        messages = int(self.messages[row])
+        return CrowdAccumulator(sums, self.respondents[row], messages, self.rejected[row])
+
     def accumulators(self) -> Iterator[tuple[CrowdKey, CrowdAccumulator]]:
         """The crowds as accumulators; their dense sums are writable rows of the matrix."""
         domain, counts, dense = self.domain, self.counts, self.dense.tolist()
@@ -277,6 +284,10 @@ class _Content:
         _densify(self.others.values(), dense_limit)
 
 
+# What CrowdBucket.content gives: rows per domain size, other accumulators, withheld records.
+BucketContent = _Content
+
+
 def _add_contents(parts: list[_Content]) -> _Content | None:
     """``parts`` added up in order (rows with numpy: :func:`_add_rows`), or None when a crowd
     is rows in one part and an object in another (the caller then merges accumulators)."""
@@ -367,6 +378,11 @@ class CrowdBucket:
                 added = _Content.of(crowds, withheld)
             self._content = added
         return self._content
+
+    def content(self) -> BucketContent:
+        """The bucket as :class:`_Rows` per domain size, other accumulators by key and withheld
+        records, without an accumulator per row crowd (read only: the bucket's own)."""
+        return self._own_content()
 
     def _open(self) -> tuple[dict[CrowdKey, Accumulator], list[WithheldRecord]]:
         if self._crowds is None or self._pending:
@@ -586,6 +602,7 @@ __all__ = [
     "ANALYZER_BUCKETS",
     "CROWDS_PER_BUCKET",
     "AnalysisBucketKey",
+    "BucketContent",
     "CrowdBucket",
     "WithheldRecord",
     "analyzer_buckets",

@@ -287,29 +287,59 @@ def estimate_histogram_rows(
     respondents: np.ndarray,
     postprocessing: str = "none",
 ) -> tuple[HistogramRows, np.ndarray]:
-    """De-bias crowds of one recipe together: their dense bucket sums stacked into a (crowds,
-    message domain) matrix and de-biased at once with the recipe's estimator at each crowd's
-    ``respondents`` (its n_eff, :func:`effective_respondents`, > 0), standard errors and
-    post-processing row by row (``privacy.estimators``: ``one_hot_rows`` for Section III of
-    esa-privacy-revisited, ``report_fragment_rows`` for its Algorithm 2, ``zero_sum_rows`` for
-    Figure 2 of shuffled-model-histograms, ``norm_sub_rows``).
+    """De-bias crowds of one recipe together: :func:`estimate_sum_rows` of their dense bucket
+    sums stacked into a (crowds, message domain) matrix.
 
     ``randomizer``: ``recipe.build_randomizer()`` (:func:`estimates_rows` true), each
-    accumulator dense over its ``message_domain_size``. Returns the rows that
-    :func:`estimate_histogram` would have accepted (each equal to its one-crowd result) and
-    the indices of the others, whose estimate is not finite: the one-crowd call says why.
-    """
-    if postprocessing not in POSTPROCESSING:
-        raise ValueError(f"postprocessing must be one of {POSTPROCESSING}, got {postprocessing!r}")
+    accumulator dense over its ``message_domain_size``."""
     domain = randomizer.message_domain_size
     sums = np.zeros((len(accumulators), domain), dtype=np.int64)
     for row, accumulator in enumerate(accumulators):
         if not accumulator.counts.is_dense or accumulator.counts.domain_size != domain:
             raise ValueError(f"{keys[row]}: counts must be dense over {domain} buckets")
         sums[row] = accumulator.counts.dense()
+    return estimate_sum_rows(
+        randomizer,
+        keys,
+        sums,
+        respondents,
+        [a.respondents for a in accumulators],
+        np.array([a.messages for a in accumulators], dtype=np.int64),
+        postprocessing,
+    )
+
+
+def estimate_sum_rows(
+    randomizer: Any,
+    keys: list[CrowdKey],
+    sums: np.ndarray,
+    respondents: np.ndarray,
+    respondents_by_instance: list[Mapping[int, int]],
+    messages: np.ndarray,
+    postprocessing: str = "none",
+) -> tuple[HistogramRows, np.ndarray]:
+    """De-bias crowds of one recipe together: their bucket sums (``sums``, a (crowds, message
+    domain) int64 matrix) de-biased at once with the recipe's estimator at each crowd's
+    ``respondents`` (its n_eff, :func:`effective_respondents`, > 0), standard errors and
+    post-processing row by row (``privacy.estimators``: ``one_hot_rows`` for Section III of
+    esa-privacy-revisited, ``report_fragment_rows`` for its Algorithm 2, ``zero_sum_rows`` for
+    Figure 2 of shuffled-model-histograms, ``norm_sub_rows``). ``respondents_by_instance`` and
+    ``messages``: each crowd's respondents per instance and messages, as its report states them.
+
+    ``randomizer``: the recipe's (:func:`estimates_rows` true). Returns the rows that
+    :func:`estimate_histogram` would have accepted (each equal to its one-crowd result) and
+    the indices of the others, whose estimate is not finite: the one-crowd call says why.
+    """
+    if postprocessing not in POSTPROCESSING:
+        raise ValueError(f"postprocessing must be one of {POSTPROCESSING}, got {postprocessing!r}")
+    domain = randomizer.message_domain_size
+    sums = np.asarray(sums, dtype=np.int64)
+    if sums.shape != (len(keys), domain):
+        raise ValueError(f"sums must be a ({len(keys)}, {domain}) matrix, got {sums.shape}")
     n = np.asarray(respondents, dtype=np.float64)
-    if n.shape != (len(accumulators),) or not np.all(n > 0) or not np.all(np.isfinite(n)):
+    if n.shape != (len(keys),) or not np.all(n > 0) or not np.all(np.isfinite(n)):
         raise ValueError("respondents must hold one finite n_eff > 0 per crowd")
+    messages = np.asarray(messages, dtype=np.int64)
     estimate, stderr = _row_estimate(randomizer, sums.astype(np.float64), n[:, np.newaxis])
     # What HistogramEstimate refuses for one crowd: a non-finite estimate or stderr.
     good = np.isfinite(estimate).all(axis=1) & (stderr >= 0).all(axis=1)
@@ -318,7 +348,8 @@ def estimate_histogram_rows(
         keep = np.flatnonzero(good)
         sums, estimate, stderr, n = sums[keep], estimate[keep], stderr[keep], n[keep]
         keys = [keys[row] for row in keep.tolist()]
-        accumulators = [accumulators[row] for row in keep.tolist()]
+        respondents_by_instance = [respondents_by_instance[row] for row in keep.tolist()]
+        messages = messages[keep]
     postprocessed = None
     if postprocessing == "clip_nonnegative":
         postprocessed = np.maximum(estimate, 0.0)
@@ -330,8 +361,8 @@ def estimate_histogram_rows(
         stderr=stderr,
         raw_count=sums if domain == estimate.shape[1] else None,
         respondents=n,
-        respondents_by_instance=[dict(sorted(a.respondents.items())) for a in accumulators],
-        messages=np.array([a.messages for a in accumulators], dtype=np.int64),
+        respondents_by_instance=[dict(sorted(r.items())) for r in respondents_by_instance],
+        messages=messages,
         postprocessing=postprocessing,
         postprocessed=postprocessed,
     )
