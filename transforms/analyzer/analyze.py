@@ -166,6 +166,18 @@ class RowGroup(NamedTuple):
     rejected: list[dict[str, int] | None]
 
 
+def _add_to_group(
+    groups: dict[str, RowGroup], recipe_id: str, recipe: Any, randomizer: Any, crowd: tuple
+) -> None:
+    """Append one crowd (position, key, sums, n_eff, respondents per instance, messages,
+    rejected) to its recipe's :class:`RowGroup` in ``groups``, made at the recipe's first."""
+    group = groups.get(recipe_id)
+    if group is None:
+        group = groups[recipe_id] = RowGroup(recipe, randomizer, *([] for _ in range(7)))
+    for column, value in zip(group[2:], crowd, strict=True):
+        column.append(value)
+
+
 class BucketCrowds(NamedTuple):
     """A bucket's crowds as :meth:`CrowdEstimator.bucket_crowds` splits them: the estimated
     ones' keys in :func:`arithmetic.crowd_sort_key` order (their positions), the row groups,
@@ -316,16 +328,11 @@ class CrowdEstimator:
             if n_eff is None:
                 single.append(position)
                 continue
-            group = groups.get(recipe_id)
-            if group is None:
-                group = groups[recipe_id] = RowGroup(recipe, randomizer, *([] for _ in range(7)))
-            group.positions.append(position)
-            group.keys.append(key)
-            group.sums.append(counts.dense())
-            group.respondents.append(n_eff)
-            group.by_instance.append(accumulator.respondents)
-            group.messages.append(accumulator.messages)
-            group.rejected.append(accumulator.rejected)
+            _add_to_group(
+                groups, recipe_id, recipe, randomizer,
+                (position, key, counts.dense(), n_eff, accumulator.respondents,
+                 accumulator.messages, accumulator.rejected),
+            )  # fmt: skip
         return list(groups.values()), single
 
     def bucket_crowds(self, content: arithmetic.BucketContent) -> BucketCrowds | None:
@@ -371,17 +378,13 @@ class CrowdEstimator:
                     single.append(position)
                     continue
                 found = groups_[0]
-                group = groups.get(key[4])
-                if group is None:
-                    group = groups[key[4]] = RowGroup(found.recipe, found.randomizer,
-                                                      *([] for _ in range(7)))  # fmt: skip
-                group.positions.append(position)
-                group.keys.append(key)
-                group.sums.append(found.sums[0])
-                group.respondents.append(found.respondents[0])
-                group.by_instance.append(found.by_instance[0])
-                group.messages.append(found.messages[0])
-                group.rejected.append(found.rejected[0])
+                _add_to_group(
+                    groups,
+                    key[4],
+                    found.recipe,
+                    found.randomizer,
+                    (position, key, *(column[0] for column in found[4:])),
+                )
                 continue
             rows, messages, dense = columns[domain]
             key = rows.keys[row]
@@ -402,16 +405,11 @@ class CrowdEstimator:
             if n_eff is None:
                 single.append(position)
                 continue
-            group = groups.get(recipe_id)
-            if group is None:
-                group = groups[recipe_id] = RowGroup(recipe, randomizer, *([] for _ in range(7)))
-            group.positions.append(position)
-            group.keys.append(key)
-            group.sums.append(row)  # a row of its domain's matrix, gathered below
-            group.respondents.append(n_eff)
-            group.by_instance.append(rows.respondents[row])
-            group.messages.append(messages[row])
-            group.rejected.append(rejected)
+            # sums: a row of its domain's matrix, gathered below
+            _add_to_group(
+                groups, recipe_id, recipe, randomizer,
+                (position, key, row, n_eff, rows.respondents[row], messages[row], rejected),
+            )  # fmt: skip
         out = []
         for group in groups.values():
             domain = group.randomizer.message_domain_size
