@@ -260,6 +260,27 @@ def _candidates(buf: np.ndarray, size: int, sample: np.ndarray, records: int) ->
     return candidates
 
 
+def _pattern_chain(
+    rest: tuple[FlatField, ...],
+    buf: np.ndarray,
+    size: int,
+    block_starts: np.ndarray,
+    counts: np.ndarray,
+    holding: np.ndarray,
+    pattern: np.ndarray,
+) -> tuple[np.ndarray | None, np.ndarray]:
+    """The records among ``holding`` (positions that hold the shared leading ``pattern``;
+    ``rest``: the fields after it) if they, or those reached from a block's start, are the
+    chain; None otherwise. Also where each holding position's record ends."""
+    after = _skip_record(rest, buf, holding + pattern.size, size)
+    if _is_chain(holding, after, block_starts, counts, size):
+        return holding, after
+    reached = _reached(holding, after, block_starts)
+    if _is_chain(holding[reached], after[reached], block_starts, counts, size):
+        return holding[reached], after
+    return None, after
+
+
 def _record_starts(
     fields: tuple[FlatField, ...],
     buf: np.ndarray,
@@ -280,12 +301,11 @@ def _record_starts(
     shared, pattern = _shared_fields(fields, buf, size, sample)
     if pattern.size >= 8:  # a release file's crowd key: where it lies are the records, usually
         holding = _pattern_positions(buf, size, pattern)
-        after = _skip_record(fields[shared:], buf, holding + pattern.size, size)
-        if _is_chain(holding, after, block_starts, counts, size):
-            return holding, shared, pattern.size
-        reached = _reached(holding, after, block_starts)
-        if _is_chain(holding[reached], after[reached], block_starts, counts, size):
-            return holding[reached], shared, pattern.size
+        chain, _ = _pattern_chain(
+            fields[shared:], buf, size, block_starts, counts, holding, pattern
+        )
+        if chain is not None:
+            return chain, shared, pattern.size
     candidates = _candidates(buf, size, sample, records)
     found = np.minimum(candidates.searchsorted(sample), candidates.size - 1)
     missing = sample[candidates[found] != sample] if candidates.size else sample
@@ -295,12 +315,11 @@ def _record_starts(
     if shared:
         matched = _holds(buf, candidates, pattern)
         holding = candidates[matched]
-        after = _skip_record(fields[shared:], buf, holding + pattern.size, size)
-        if _is_chain(holding, after, block_starts, counts, size):
-            return holding, shared, pattern.size
-        reached = _reached(holding, after, block_starts)
-        if _is_chain(holding[reached], after[reached], block_starts, counts, size):
-            return holding[reached], shared, pattern.size
+        chain, after = _pattern_chain(
+            fields[shared:], buf, size, block_starts, counts, holding, pattern
+        )
+        if chain is not None:
+            return chain, shared, pattern.size
         following = np.empty(candidates.size, dtype=np.int64)
         following[matched] = after
         following[~matched] = _skip_record(fields, buf, candidates[~matched], size)
