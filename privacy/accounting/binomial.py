@@ -73,30 +73,29 @@ def sf(k, n, p) -> np.ndarray | float:
     return _result(out)
 
 
-def ppf(q, n, p) -> np.ndarray | float:
-    """The least k with Pr[X <= k] >= q (-1 at q = 0, n at q = 1)."""
+def _quantile(q, n, p, ufunc: str, lowest_at: float) -> np.ndarray | float:
+    """``_binom_ppf`` or ``_binom_isf`` (``ufunc``) inside (0, 1); -1 at ``q = lowest_at`` and
+    n at the other end, as ``rv_discrete`` gives them."""
     q, n, p, valid = _arrays(q, n, p)
     inside = valid & (q > 0) & (q < 1)
     out = np.full(q.shape, np.nan)
-    out[(q == 0) & valid] = -1
-    top = (q == 1) & valid
+    out[(q == lowest_at) & valid] = -1
+    top = (q == 1 - lowest_at) & valid
     out[top] = n[top]
     if inside.any():
-        out[inside] = _ufuncs()._binom_ppf(q[inside], n[inside], p[inside]) + 0  # as scipy: -0 -> 0
+        solve = getattr(_ufuncs(), ufunc)
+        out[inside] = solve(q[inside], n[inside], p[inside]) + 0  # as scipy: -0 -> 0
     return _result(out)
+
+
+def ppf(q, n, p) -> np.ndarray | float:
+    """The least k with Pr[X <= k] >= q (-1 at q = 0, n at q = 1)."""
+    return _quantile(q, n, p, "_binom_ppf", lowest_at=0.0)
 
 
 def isf(q, n, p) -> np.ndarray | float:
     """The least k with Pr[X > k] <= q (n at q = 0, -1 at q = 1)."""
-    q, n, p, valid = _arrays(q, n, p)
-    inside = valid & (q > 0) & (q < 1)
-    out = np.full(q.shape, np.nan)
-    out[(q == 1) & valid] = -1
-    top = (q == 0) & valid
-    out[top] = n[top]
-    if inside.any():
-        out[inside] = _ufuncs()._binom_isf(q[inside], n[inside], p[inside]) + 0
-    return _result(out)
+    return _quantile(q, n, p, "_binom_isf", lowest_at=1.0)
 
 
 class Binomial:
