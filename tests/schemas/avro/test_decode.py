@@ -233,17 +233,23 @@ def test_record_by_record_walk_ends_where_the_vectorized_one_does() -> None:
         assert decode._skip_record_at(layout, memoryview(buf), start, size) == vectorized
 
 
+def _records_sharing_leading_fields(seed: int) -> tuple[list[dict], bytes]:
+    """800 records whose first four fields are the same in all (short texts), and those
+    fields' 12 encoded bytes: the pattern the decoder looks for."""
+    records = _flat_records(800, seed=seed)
+    names = [field["name"] for field in FLAT_SCHEMA["fields"]][:4]
+    for record in records:
+        record.update({name: records[0][name] for name in names})
+        record["text"] = record["text"][:3]
+    return records, _blocks(_container(records[:1], "null", 10**6))[0][0][:12]
+
+
 def test_a_payload_holding_the_shared_fields_bytes_still_decodes_as_fastavro_does() -> None:
     """One big block (the walk goes record by record) whose records share their first four
     fields, and some blobs that hold those four fields' bytes followed by more record-like
     bytes: candidates inside a record hold the shared pattern, so the quick check that the
     pattern's holders are exactly the records fails and the chain is followed as always."""
-    records = _flat_records(800, seed=7)
-    names = [field["name"] for field in FLAT_SCHEMA["fields"]][:4]
-    for record in records:
-        record.update({name: records[0][name] for name in names})
-        record["text"] = record["text"][:3]
-    shared = _blocks(_container(records[:1], "null", 10**6))[0][0][:12]
+    records, shared = _records_sharing_leading_fields(seed=7)
     for record in records[5::40]:
         record["blob"] = shared + record["blob"][:20] + shared
     blocks = _blocks(_container(records, "null", 10**7))
@@ -266,12 +272,7 @@ def test_stray_candidates_are_dropped_without_following_the_chain() -> None:
     """Blobs that begin with the shared fields' bytes (as a report's random payload bytes now
     and then do) are candidates that hold the pattern; the records are what is left once those
     that nothing ends at are dropped, found without pointer doubling, and decode as fastavro."""
-    records = _flat_records(800, seed=8)
-    names = [field["name"] for field in FLAT_SCHEMA["fields"]][:4]
-    for record in records:
-        record.update({name: records[0][name] for name in names})
-        record["text"] = record["text"][:3]
-    shared = _blocks(_container(records[:1], "null", 10**6))[0][0][:12]
+    records, shared = _records_sharing_leading_fields(seed=8)
     for record in records[5::40]:
         record["blob"] = record["blob"][:3] + shared + record["blob"][:20]
     blocks = _blocks(_container(records, "null", 5000))
