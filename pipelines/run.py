@@ -70,6 +70,7 @@ from pipelines import report_html, withheld_reasons
 from pipelines import shuffle as shuffle_pipeline
 from pipelines import simulate as simulate_pipeline
 from pipelines.commandline import keys as keys_cli
+from pipelines.commandline.flags import multi_process_flags
 from pipelines.commandline.main import UsageError
 from pipelines.commandline.progress import (
     avro_input_records,
@@ -252,6 +253,12 @@ def collect(
     return uploads
 
 
+def names_runner(flags: list[str]) -> bool:
+    """Whether Beam flags choose the runner or its DirectRunner settings (then every stage runs
+    as they say, never spread over processes by this command)."""
+    return any(flag.startswith(("--runner", "--direct_")) for flag in flags)
+
+
 def simulate_options(flags: list[str], values: dict[str, Any]) -> PipelineOptions:
     """The simulate stage's options: ``flags`` and ``values``; when ``flags`` name no runner, a
     simulation of at least ``SIMULATE_PROCESSES_MIN_MESSAGES`` messages on a machine with several
@@ -261,7 +268,7 @@ def simulate_options(flags: list[str], values: dict[str, Any]) -> PipelineOption
     11.6 s and 14.9 s in the workers). Its files and truth are the same kind, one per shard."""
     options = PipelineOptions(flags, **values)
     cpus = os.cpu_count() or 1
-    if cpus < 2 or any(flag.startswith(("--runner", "--direct_")) for flag in flags):
+    if cpus < 2 or names_runner(flags):
         return options
     context = ShardContext(simulate_pipeline.plan_from_options(options))
     per_respondent = context.messages_per_respondent()
@@ -271,11 +278,8 @@ def simulate_options(flags: list[str], values: dict[str, Any]) -> PipelineOption
     workers = min(cpus, SIMULATE_PROCESSES_MAX)
     per_shard = math.ceil(math.ceil(respondents / workers) * per_respondent)
     return PipelineOptions(
-        [*flags, "--runner=FnApiRunner", "--direct_running_mode=multi_processing",
-         f"--direct_num_workers={workers}"],
-        **values,
-        simulate_messages_per_shard=per_shard,
-    )  # fmt: skip
+        [*flags, *multi_process_flags(workers)], **values, simulate_messages_per_shard=per_shard
+    )
 
 
 def shuffle_processes(requested: int | None, simulation: dict[str, Any], instances: int) -> int:
@@ -380,7 +384,7 @@ def _run(
     errors = values.validate()
     if errors:
         raise UsageError(errors[0])
-    given_runner = any(flag.startswith(("--runner", "--direct_")) for flag in flags)
+    given_runner = names_runner(flags)
     # The fork server of a large run's worker processes, started first so that it imports
     # while this process loads the recipe and makes keys; stopped at once if the run is small.
     fork_server = contextlib.ExitStack()
