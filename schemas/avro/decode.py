@@ -157,41 +157,46 @@ def _skip_record(fields: tuple[FlatField, ...], buf: np.ndarray, q: np.ndarray, 
     return q
 
 
+def _varint_at(data: memoryview, last: int, position: int) -> tuple[int, int]:
+    """(uint64 value, position after it) of the varint at ``position`` of ``data``, read to at
+    most 10 bytes; bytes past ``last`` read as ``data[last]``."""
+    current = data[position if position < last else last]
+    if current < 0x80:  # one byte: most lengths and small ints
+        return current, position + 1
+    value, shift = current & 0x7F, 7
+    for index in range(1, _MAX_VARINT_BYTES):
+        at = position + index
+        current = data[at if at < last else last]
+        value |= (current & 0x7F) << shift
+        shift += 7
+        if current < 0x80:
+            return value & _UINT64, at + 1
+    return value & _UINT64, position + _MAX_VARINT_BYTES
+
+
 def _skip_record_at(fields: tuple[FlatField, ...], data: memoryview, q: int, limit: int) -> int:
     """:func:`_skip_record` for one record starting at ``q``, with Python ints (the same
     position: bytes past ``data`` read as its last byte, varints read to at most 10 bytes)."""
     last = len(data) - 1
-
-    def byte(position: int) -> int:
-        return data[min(position, last)]
-
-    def varint(position: int) -> tuple[int, int]:  # (uint64 value, position after it)
-        value = shift = 0
-        for index in range(_MAX_VARINT_BYTES):
-            current = byte(position + index)
-            value |= (current & 0x7F) << shift
-            shift += 7
-            if current < 0x80:
-                return value & _UINT64, position + index + 1
-        return value & _UINT64, position + _MAX_VARINT_BYTES
-
+    cap = limit + 1
     for field in fields:
         if field.value_branch >= 0:
-            branch = byte(q)
+            branch = data[q if q < last else last]
             q += 1
             if branch != 2 * field.value_branch:
-                q = min(q, limit + 1)
+                q = q if q < cap else cap
                 continue
-        if field.kind in _VARINT_KINDS:
-            q = varint(q)[1]
-        elif field.kind in ("string", "bytes"):
-            zigzag, end = varint(q)
+        kind = field.kind
+        if kind in _VARINT_KINDS:
+            q = _varint_at(data, last, q)[1]
+        elif kind in ("string", "bytes"):
+            zigzag, end = _varint_at(data, last, q)
             if end > q + 1:  # as _skip_value: a longer length is capped at the data's size
                 zigzag = min(zigzag, 2 * limit)
-            q = limit + 1 if zigzag & 1 else end + (zigzag >> 1)
+            q = cap if zigzag & 1 else end + (zigzag >> 1)
         else:
-            q += _FIXED_SIZES[field.kind]
-        q = min(q, limit + 1)
+            q += _FIXED_SIZES[kind]
+        q = q if q < cap else cap
     return q
 
 
@@ -295,17 +300,28 @@ def _record_starts(
     The leading fields whose bytes all sampled records share (a release file's crowd key) are
     a pattern: candidates that hold it skip those fields in one step, the others field by
     field (the same positions either way). A pattern of 8 bytes or more is first looked for
-    everywhere (:func:`_pattern_positions`), and where it lies is taken if it is the chain."""
+    everywhere (:func:`_pattern_positions`), and where it lies is taken if it is the chain; if
+    not, so is the pattern of fewer leading fields (records of several recipes share the
+    window, not the recipe), as long as it is 8 bytes or more."""
     records = int(counts.sum())
     sample = np.unique(_sample_beginnings(fields, buf, size, block_starts, counts))
-    shared, pattern = _shared_fields(fields, buf, size, sample)
-    if pattern.size >= 8:  # a release file's crowd key: where it lies are the records, usually
-        holding = _pattern_positions(buf, size, pattern)
+    shared, pattern, field_ends = _shared_fields(fields, buf, size, sample)
+    # A release file's crowd key: where it lies are the records, usually. Records of several
+    # recipes or channels share fewer leading fields than the sampled ones (the first records
+    # of a file grouped by crowd): each shorter pattern of 8 bytes or more is tried in turn,
+    # where it lies at least once per record.
+    for prefix in range(shared, 0, -1):
+        prefix_bytes = field_ends[prefix - 1]
+        if prefix_bytes < 8:
+            break
+        holding = _pattern_positions(buf, size, pattern[:prefix_bytes])
+        if holding.size < records:  # fewer than the records: no chain (_is_chain)
+            continue
         chain, _ = _pattern_chain(
-            fields[shared:], buf, size, block_starts, counts, holding, pattern
+            fields[prefix:], buf, size, block_starts, counts, holding, pattern[:prefix_bytes]
         )
         if chain is not None:
-            return chain, shared, pattern.size
+            return chain, prefix, prefix_bytes
     candidates = _candidates(buf, size, sample, records)
     found = np.minimum(candidates.searchsorted(sample), candidates.size - 1)
     missing = sample[candidates[found] != sample] if candidates.size else sample
@@ -381,21 +397,24 @@ def _reached(positions: np.ndarray, following: np.ndarray, block_starts: np.ndar
 
 def _shared_fields(
     fields: tuple[FlatField, ...], buf: np.ndarray, size: int, sample: np.ndarray
-) -> tuple[int, np.ndarray]:
+) -> tuple[int, np.ndarray, list[int]]:
     """The leading fields (how many, and their bytes in the first sampled record) whose bytes
-    every sampled record shares, at most _CONSTANT_FIELD_BYTES in all; guesses (unchecked)."""
+    every sampled record shares, at most _CONSTANT_FIELD_BYTES in all, and the bytes of the
+    first 1, 2, ... of them; guesses (unchecked)."""
     if sample.size == 0:
-        return 0, np.zeros(0, dtype=np.uint8)
+        return 0, np.zeros(0, dtype=np.uint8), []
     begin = int(sample[0])
-    end, shared = begin, 0
+    end, field_ends = begin, []
+    data = memoryview(buf)
     for field in fields:
-        after = int(_skip_record((field,), buf, np.array([end]), size)[0])
+        after = _skip_record_at((field,), data, end, size)
         if after > size or after - begin > _CONSTANT_FIELD_BYTES:
             break
         if not _holds(buf, sample + (end - begin), buf[end:after]).all():
             break
-        end, shared = after, shared + 1
-    return shared, buf[begin:end].copy()
+        end = after
+        field_ends.append(end - begin)
+    return len(field_ends), buf[begin:end].copy(), field_ends
 
 
 def _pattern_positions(buf: np.ndarray, size: int, pattern: np.ndarray) -> np.ndarray:
