@@ -374,3 +374,33 @@ def test_a_repeated_leading_value_is_what_pa_repeat_gives(value: pa.Array) -> No
     repeated.validate(full=True)
     assert repeated.type == value.type and repeated.equals(pa.repeat(value[0], 1000))
     assert decode._repeated(value, 0).equals(pa.repeat(value[0], 0))
+
+
+def test_a_pattern_of_fewer_fields_is_the_chain_when_the_sampled_records_share_more() -> None:
+    """Records grouped as a release file of two recipes is: the first ones (all sampled) also
+    share a fifth field that later records do not, so the five-field pattern lies at fewer
+    positions than there are records; the four-field one is the chain, taken (and its
+    fields decoded once) without following candidates, and the rows are fastavro's."""
+    records, _ = _records_sharing_leading_fields(seed=10)
+    for index, record in enumerate(records):
+        record["text"] = "same" if index < 100 else f"t{index}"
+    blocks = _blocks(_container(records, "null", 10**7))
+    assert len(blocks) == 1
+    contents = [content for content, _ in blocks]
+    counts = [count for _, count in blocks]
+    size = len(contents[0])
+    buf = np.frombuffer(contents[0] + bytes(16), dtype=np.uint8)
+    layout = flat_layout(strip_logical_types(FLAT_SCHEMA))
+    real_candidates = decode._candidates
+
+    def no_candidates(*args):
+        raise AssertionError("the pattern chain was not found")
+
+    decode._candidates = no_candidates
+    try:
+        found = decode._record_starts(layout, buf, size, np.array([0]), np.array(counts))
+    finally:
+        decode._candidates = real_candidates
+    assert found is not None and found[1] == 4 and found[0].size == len(records)
+    fast = _fast_batch(contents, counts)
+    assert fast is not None and fast.equals(_fastavro_batch(contents))
