@@ -185,6 +185,9 @@ class DecodeReleaseFile(beam.DoFn):
         self._opener: sealed_payloads.ReleaseOpener | None = None
         self._bundle_decoded = False  # whether this bundle decoded records (BUNDLES_DECODING)
         self._unreadable = False  # whether the range being read met an unreadable chunk
+        # (channel, recipe, crowd ID) -> its bucket of ``buckets``: a crowd's messages are in
+        # a file per window, hashed once per worker (bounded: arithmetic.crowd_buckets_known)
+        self._known_buckets: dict[tuple[Any, Any, Any], int] = {}
 
     def setup(self) -> None:
         # Private keys are read here, on the worker; without a ring, sealed payloads are refused.
@@ -255,15 +258,17 @@ class DecodeReleaseFile(beam.DoFn):
                 rejections.append(_Rejections(kept[opened.rejected_rows], opened.rejected_reasons))
                 kept = kept[opened.kept_rows]
             result = arithmetic.aggregate_batch(
-                columns, self._book, self._versions, self._dense_limit
+                columns, self._book, self._versions, self._dense_limit, as_rows=True
             )
             result = dataclasses.replace(result, rejected_rows=kept[result.rejected_rows])
             rejections.append(result)
             for name, value in result.counts.items():
                 _inc(counts, name, value)
-            accumulators = result.accumulators
+            accumulators, rows = result.accumulators, result.rows
             for rejection in rejections:
                 if rejection.rejected_rows.size:
+                    if rows:  # rejections are added to accumulators: every crowd one
+                        accumulators, rows = result.all_accumulators(), []
                     yield from self._dead_letters(item, rejection)
                     found = arithmetic.rejected_accumulators(
                         item.columns,
@@ -272,7 +277,10 @@ class DecodeReleaseFile(beam.DoFn):
                         self._book,
                     )
                     accumulators = _with_rejections(accumulators, found)
-            yield from arithmetic.bucket_accumulators(accumulators, self._buckets).items()
+            buckets = arithmetic.bucket_accumulators(
+                accumulators, self._buckets, rows, self._known_buckets
+            )
+            yield from buckets.items()
         yield beam.pvalue.TaggedOutput(COUNTS_TAG, counts)
 
     @staticmethod

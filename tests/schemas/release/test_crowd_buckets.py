@@ -61,3 +61,20 @@ def test_paths_round_trip() -> None:
 )
 def test_other_paths_are_not_release_files(path: str) -> None:
     assert cb.parse_release_path(path) is None
+
+
+def test_buckets_of_many_crowds_are_each_crowds_bucket() -> None:
+    """``crowd_buckets_of`` hashes plain crowds in one loop and the others (JSON escapes,
+    non-ASCII, non-string values) one by one: the same buckets as ``crowd_bucket`` either way."""
+    plain = [("ch", "r@1", f"c{i}") for i in range(300)] + [("ch", "r@1", None), ("a", "b", "")]
+    odd = [('q"', "r", "x"), ("a", "b\\", None), ("a", "b", "\n"), ("é", "€", "ü"), ("a", "b", 7)]
+    for crowds in (plain, plain + odd, odd, []):
+        for buckets in (1, 16, 1000):
+            expected = [cb.crowd_bucket(*crowd, buckets) for crowd in crowds]
+            assert cb.crowd_buckets_of(crowds, buckets) == expected
+
+
+@pytest.mark.parametrize("buckets", [0, cb.MAX_CROWD_BUCKETS + 1, True])
+def test_bad_bucket_counts_are_refused_for_many_crowds(buckets) -> None:
+    with pytest.raises(ValueError, match="crowd buckets"):
+        cb.crowd_buckets_of([("a", "r", "c")], buckets)

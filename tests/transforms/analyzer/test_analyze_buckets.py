@@ -15,7 +15,17 @@ from schemas.avro.container import encode_container
 from schemas.avro.crc32c import crc32c_many
 from schemas.payloads import encode_payloads
 from schemas.release.crowd_buckets import crowd_bucket
-from tests.transforms.analyzer.analyzer_messages import BOOK, DAY, ONE_HOT, T0, TREE, commit_crowd
+from tests.transforms.analyzer.analyzer_messages import (
+    BOOK,
+    DAY,
+    ONE_HOT,
+    T0,
+    TREE,
+    bucket_payload,
+    commit_crowd,
+    message_batch,
+    recipe_of,
+)
 from transforms.analyzer import arithmetic
 from transforms.analyzer.aggregate import CombineBucket, DecodeReleaseFile
 
@@ -304,3 +314,98 @@ def test_a_combined_bucket_is_densified_as_rows_like_its_accumulators():
         assert mine.counts.dense().tolist() == theirs.counts.dense().tolist()
         assert (mine.respondents, mine.messages) == (theirs.respondents, theirs.messages)
     assert extracted.crowds[_key(0, "n")].counts.is_dense
+
+
+def _state(bucket: arithmetic.CrowdBucket) -> dict:
+    """A bucket's crowds as comparable values: key -> (sums, messages, respondents, rejected)."""
+    return {
+        key: (
+            accumulator.counts.dense().tolist(),
+            accumulator.messages,
+            accumulator.respondents,
+            accumulator.rejected,
+        )
+        for key, accumulator in bucket.items()
+    }
+
+
+def test_a_batch_as_rows_is_bucketed_as_its_accumulators_are():
+    """``aggregate_batch(as_rows=True)`` + ``bucket_accumulators(..., rows)``: the same units
+    and crowds as the accumulators one by one, where a unit holds only rows (a small dense
+    domain) and where it also holds a crowd counted one by one (a domain over the dense limit,
+    here 8), and through a ``known`` map of crowd buckets, filled and then reused."""
+    small = recipe_of("small", "one_hot_rappor", {"domain_size": 4, "epsilon": 2.0})
+    book = arithmetic.RecipeBook([small, ONE_HOT, TREE])
+    rng = seeded_generator(5)
+    rows = [
+        (T0 + day * DAY, recipe.channel, recipe.id, f"c{crowd}", bucket_payload(int(value)))
+        for day in (0, 1)
+        for recipe, domain in ((small, 4), (ONE_HOT, 16))
+        for crowd in range(40)
+        for value in rng.integers(0, domain, size=int(rng.integers(1, 5)))
+    ]
+    batch = message_batch(rows)
+    each = arithmetic.aggregate_batch(batch, book, {1}, dense_limit=8)
+    as_rows = arithmetic.aggregate_batch(batch, book, {1}, dense_limit=8, as_rows=True)
+    assert [part.domain for part in as_rows.rows] == [4] and len(as_rows.rows[0].keys) == 80
+    assert {key: _state(arithmetic.CrowdBucket({key: value}))[key]
+            for key, value in as_rows.all_accumulators().items()} == {
+        key: _state(arithmetic.CrowdBucket({key: value}))[key]
+        for key, value in each.accumulators.items()
+    }  # fmt: skip
+    expected = arithmetic.bucket_accumulators(each.accumulators, 2)
+    known: dict = {}
+    for _ in range(2):
+        found = arithmetic.bucket_accumulators(as_rows.accumulators, 2, as_rows.rows, known)
+        assert found.keys() == expected.keys()
+        assert {unit: _state(b) for unit, b in found.items()} == {
+            unit: _state(b) for unit, b in expected.items()
+        }
+        assert len(known) == 80  # (channel, recipe, crowd): each window's crowds share it
+    mixed = [
+        unit for unit, b in found.items() if {k[4] for k in b.crowds} == {small.id, ONE_HOT.id}
+    ]
+    assert mixed  # a unit with both (P(none) = 2^-79: 40 crowds of each recipe, 2 buckets)
+
+
+def test_a_known_map_of_crowd_buckets_stays_within_its_limit():
+    crowds = [("ch", "r@1", f"c{i}") for i in range(50)]
+    known: dict = {}
+    for start in range(0, 50, 7):
+        part = crowds[start : start + 9]
+        got = arithmetic.crowd_buckets_known(part, 16, known, limit=20)
+        assert got == [crowd_bucket(*crowd, 16) for crowd in part] and len(known) <= 20
+    assert arithmetic.crowd_buckets_known(crowds, 16, known, limit=20) == [
+        crowd_bucket(*crowd, 16) for crowd in crowds
+    ]
+    assert len(known) <= 20
+
+
+def test_a_file_with_rejected_messages_buckets_every_crowd_as_accumulators(tmp_path):
+    """A batch with a rejection (a bad CRC) adds it to its crowd's accumulator: the batch's
+    row crowds become accumulators first, so the crowd is in its bucket once, with its sums
+    and its rejection, as are the batch's other crowds."""
+    rows = [
+        (T0, ONE_HOT.channel, ONE_HOT.id, f"c{crowd}", bucket_payload(value))
+        for crowd in range(20)
+        for value in (crowd % 16, 3)
+    ]
+    rows[4] = (*rows[4], 12345)  # crowd c2's first message: a CRC that is not its payload's
+    batch = message_batch(rows)
+    path = tmp_path / "messages.avro"
+    columns = {name: batch.column(name) for name in batch.schema.names}
+    path.write_bytes(encode_container(schema_json("shuffled_message"), columns, len(rows), "null"))
+    decode = DecodeReleaseFile(BOOK, {1}, buckets=2)
+    decode.setup()
+    outputs = [out for out in decode.process(str(path)) if isinstance(out, tuple)]
+    seen = {}
+    for unit, bucket in outputs:
+        for key, accumulator in bucket.items():
+            assert arithmetic.bucket_key(key, 2) == unit and key not in seen
+            seen[key] = accumulator
+    assert len(seen) == 20
+    for crowd in range(20):
+        accumulator = seen[_key(0, f"c{crowd}")]
+        expected = np.bincount([3] if crowd == 2 else [crowd % 16, 3], minlength=16)
+        np.testing.assert_array_equal(accumulator.counts.dense(), expected)
+        assert accumulator.rejected == ({"crc_mismatch": 1} if crowd == 2 else {})

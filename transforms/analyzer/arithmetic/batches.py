@@ -71,10 +71,34 @@ MESSAGE_COLUMNS = (
 )
 
 
+@dataclass(frozen=True)
+class CrowdRows:
+    """Histogram crowds of one message domain size as rows, not accumulators: their keys, their
+    bucket sums (int64, crowds x ``domain``) and their decoded messages; each row is the
+    accumulator ``CrowdAccumulator(BucketCounts.from_row(domain, row), {}, messages, {})``."""
+
+    domain: int
+    keys: list[CrowdKey]
+    sums: np.ndarray
+    messages: np.ndarray
+
+    def accumulators(self) -> dict[CrowdKey, Accumulator]:
+        """The crowds as accumulators (their sums rows of :attr:`sums`)."""
+        make = BucketCounts.from_row
+        return {
+            key: CrowdAccumulator(make(self.domain, self.sums[row]), {}, messages, {})
+            for row, (key, messages) in enumerate(
+                zip(self.keys, self.messages.tolist(), strict=True)
+            )
+        }
+
+
 @dataclass
 class BatchAggregate:
-    """What one batch of shuffled messages adds: partial accumulators per crowd, the rows to
-    dead-letter (positions in the batch) with their reasons, and counters.
+    """What one batch of shuffled messages adds: partial accumulators per crowd (and, when
+    asked for, the histogram crowds of small dense domains as :class:`CrowdRows` instead:
+    ``rows``), the rows to dead-letter (positions in the batch) with their reasons, and
+    counters.
 
     Counters: ``read`` = ``messages`` + Σ ``rejected:<reason>``.
     """
@@ -83,6 +107,14 @@ class BatchAggregate:
     rejected_rows: np.ndarray
     rejected_reasons: list[str]
     counts: dict[str, int]
+    rows: list[CrowdRows] = dataclasses.field(default_factory=list)
+
+    def all_accumulators(self) -> dict[CrowdKey, Accumulator]:
+        """:attr:`accumulators` with the crowds of :attr:`rows` added as accumulators."""
+        out = dict(self.accumulators)
+        for rows in self.rows:
+            out.update(rows.accumulators())
+        return out
 
 
 # A reason per row as a uint8 code (0: not rejected; an object array of names cost three
@@ -114,6 +146,7 @@ def aggregate_batch(
     book: RecipeBook,
     supported_versions: Iterable[int],
     dense_limit: int = DENSE_LIMIT,
+    as_rows: bool = False,
 ) -> BatchAggregate:
     """Verify, decode and count one batch of ShuffledMessage rows of a release.
 
@@ -124,13 +157,16 @@ def aggregate_batch(
     (payloads decoded once per recipe; histogram crowds of domains up to
     :data:`ROW_DOMAIN_LIMIT` counted as the rows of one matrix); the Python loop over the crowds
     the batch holds only makes their accumulators (longitudinal crowds and larger or sparse
-    domains are counted crowd by crowd).
+    domains are counted crowd by crowd). ``as_rows``: the histogram crowds counted as rows
+    are returned as :class:`CrowdRows` (``rows``, one per domain size, crowds in the order
+    their accumulators would have) instead of accumulators, no Python object made per crowd.
     """
     rows = batch.num_rows
     missing = [name for name in MESSAGE_COLUMNS if name not in batch.schema.names]
     reasons = np.zeros(rows, dtype=np.uint8)
     counts: dict[str, int] = {"read": rows}
     accumulators: dict[CrowdKey, Accumulator] = {}
+    row_parts: dict[int, list[tuple[list[int], np.ndarray, np.ndarray]]] = {}  # by domain
     if missing or rows == 0:
         reasons[:] = _REASON_CODE[MISSING_FIELD]
         return _finish(accumulators, reasons, counts)
@@ -253,6 +289,14 @@ def aggregate_batch(
         crowd_rank = np.searchsorted(np.asarray(groups, dtype=np.int64), crowd_of)
         sums = _bincount(crowd_rank * domain + buckets, signs, len(groups) * domain)
         sums = sums.reshape(len(groups), domain)
+        if as_rows:
+            part = (
+                groups,
+                sums.astype(np.int64, copy=False),
+                np.bincount(crowd_rank, minlength=len(groups)),
+            )
+            row_parts.setdefault(domain, []).append(part)
+            continue
         messages = np.bincount(crowd_rank, minlength=len(groups)).tolist()
         for index, group in enumerate(groups):
             row = BucketCounts.from_row(domain, sums[index])
@@ -269,7 +313,47 @@ def aggregate_batch(
                 mine.merge(accumulator)
         else:
             accumulators[(HISTOGRAM, start, stop, channel, recipe_id, crowd_id)] = accumulator
-    return _finish(accumulators, reasons, counts)
+    found = [
+        _crowd_rows(
+            domain, parts, firsts, window_start, window_end, channels, recipe_ids, crowd_ids
+        )
+        for domain, parts in row_parts.items()
+    ]
+    return _finish(accumulators, reasons, counts, found)
+
+
+def _crowd_rows(
+    domain: int,
+    parts: list[tuple[list[int], np.ndarray, np.ndarray]],
+    firsts: np.ndarray,
+    window_start: np.ndarray,
+    window_end: np.ndarray,
+    channels: list[Any],
+    recipe_ids: list[Any],
+    crowd_ids: list[Any],
+) -> CrowdRows:
+    """The crowds (groups) of ``parts`` (each: groups, sums, messages) as one :class:`CrowdRows`,
+    in group order (the order :func:`aggregate_batch` makes their accumulators in)."""
+    groups = np.concatenate([np.asarray(part[0], dtype=np.int64) for part in parts])
+    sums = np.concatenate([part[1] for part in parts])
+    messages = np.concatenate([part[2] for part in parts]).astype(np.int64, copy=False)
+    if len(parts) > 1:
+        order = np.argsort(groups, kind="stable")
+        groups, sums, messages = groups[order], sums[order], messages[order]
+    first_rows = firsts[groups]
+    group_list = groups.tolist()
+    keys = list(
+        zip(
+            [HISTOGRAM] * len(group_list),
+            window_start[first_rows].tolist(),
+            window_end[first_rows].tolist(),
+            [channels[group] for group in group_list],
+            [recipe_ids[group] for group in group_list],
+            [crowd_ids[group] for group in group_list],
+            strict=True,
+        )
+    )
+    return CrowdRows(domain, keys, sums, messages)
 
 
 # Histogram crowds of message domains up to this size are counted together, as the rows of one
@@ -383,7 +467,10 @@ def payloads_subset(payloads: EncodedPayloads, rows: np.ndarray) -> EncodedPaylo
 
 
 def _finish(
-    accumulators: dict[CrowdKey, Accumulator], reasons: np.ndarray, counts: dict[str, int]
+    accumulators: dict[CrowdKey, Accumulator],
+    reasons: np.ndarray,
+    counts: dict[str, int],
+    rows: list[CrowdRows] | None = None,
 ) -> BatchAggregate:
     rejected = np.flatnonzero(reasons)
     codes = reasons[rejected]
@@ -392,7 +479,7 @@ def _finish(
         if count:
             counts[f"rejected:{_REASON_NAMES[code]}"] = count
     counts["messages"] = int(counts["read"] - rejected.size)
-    return BatchAggregate(accumulators, rejected, rejected_reasons, counts)
+    return BatchAggregate(accumulators, rejected, rejected_reasons, counts, rows or [])
 
 
 # ---------------------------------------------------------------------------------------------

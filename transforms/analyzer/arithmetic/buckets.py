@@ -21,7 +21,12 @@ from typing import Any
 
 import numpy as np
 
-from schemas.release.crowd_buckets import DEFAULT_CROWD_BUCKETS, MAX_CROWD_BUCKETS, crowd_bucket
+from schemas.release.crowd_buckets import (
+    DEFAULT_CROWD_BUCKETS,
+    MAX_CROWD_BUCKETS,
+    crowd_bucket,
+    crowd_buckets_of,
+)
 from transforms.analyzer.arithmetic.accumulate import (
     HISTOGRAM,
     Accumulator,
@@ -34,7 +39,11 @@ from transforms.analyzer.arithmetic.accumulate import (
     is_longitudinal,
     merge_into,
 )
-from transforms.analyzer.arithmetic.batches import crowd_key, respondent_accumulators
+from transforms.analyzer.arithmetic.batches import (
+    CrowdRows,
+    crowd_key,
+    respondent_accumulators,
+)
 
 # The analyzer's own number of crowd buckets (independent of any shuffler's): at least this many,
 # more when there are many crowds (:func:`analyzer_buckets`).
@@ -476,17 +485,101 @@ def _unpack(blob: bytes | None) -> _Content:
 
 
 def bucket_accumulators(
-    accumulators: Mapping[CrowdKey, Accumulator], buckets: int = ANALYZER_BUCKETS
+    accumulators: Mapping[CrowdKey, Accumulator],
+    buckets: int = ANALYZER_BUCKETS,
+    rows: Sequence[CrowdRows] = (),
+    known: dict[tuple[Any, Any, Any], int] | None = None,
 ) -> dict[AnalysisBucketKey, CrowdBucket]:
-    """Partial accumulators per crowd (one batch's) as partial buckets."""
+    """Partial accumulators per crowd (one batch's) as partial buckets; ``rows``: more of the
+    batch's crowds as :class:`CrowdRows` (``aggregate_batch(as_rows=True)``), put into their
+    buckets' rows with numpy (no accumulator per crowd), the crowds of a bucket that also
+    holds accumulators made accumulators. ``known``: ``(channel, recipe_id, crowd_id)`` ->
+    bucket of earlier calls with the same ``buckets`` (:func:`crowd_buckets_known`)."""
     out: dict[AnalysisBucketKey, CrowdBucket] = {}
-    for key, accumulator in accumulators.items():
-        unit = bucket_key(key, buckets)
-        bucket = out.get(unit)
-        if bucket is None:
-            bucket = out[unit] = CrowdBucket()
-        bucket.crowds[key] = accumulator
+    keys = list(accumulators)
+    for key, bucket in zip(keys, _buckets_of(keys, buckets, known), strict=True):
+        unit = (key[0], int(key[1]), int(key[2]), bucket)
+        partial = out.get(unit)
+        if partial is None:
+            partial = out[unit] = CrowdBucket()
+        partial.crowds[key] = accumulators[key]
+    contents: dict[AnalysisBucketKey, _Content] = {}  # units of rows only
+    for part in rows:
+        if not part.keys:
+            continue
+        units = [
+            (key[0], int(key[1]), int(key[2]), bucket)
+            for key, bucket in zip(part.keys, _buckets_of(part.keys, buckets, known), strict=True)
+        ]
+        index: dict[AnalysisBucketKey, int] = {}
+        codes = np.fromiter(
+            (index.setdefault(unit, len(index)) for unit in units), dtype=np.int64, count=len(units)
+        )
+        order = np.argsort(codes, kind="stable")  # each unit's crowds in the batch's order
+        bounds = np.searchsorted(codes[order], np.arange(len(index) + 1)).tolist()
+        for code, unit in enumerate(index):
+            chosen = order[bounds[code] : bounds[code + 1]]
+            unit_keys = [part.keys[row] for row in chosen.tolist()]
+            partial = out.get(unit)
+            if partial is not None or part.domain > ROW_DOMAIN_LIMIT:
+                if partial is None:
+                    partial = out[unit] = CrowdBucket()
+                picked = CrowdRows(part.domain, unit_keys, part.sums[chosen], part.messages[chosen])
+                partial.crowds.update(picked.accumulators())
+                continue
+            crowds_in = len(unit_keys)
+            content = contents.get(unit)
+            if content is None:
+                content = contents[unit] = _Content({}, {}, [])
+            found = _Rows(
+                part.domain,
+                unit_keys,
+                np.ones(crowds_in, dtype=bool),
+                part.sums[chosen],
+                part.messages[chosen],
+                [{} for _ in range(crowds_in)],
+                [{} for _ in range(crowds_in)],
+            )
+            held = content.rows.get(part.domain)  # aggregate_batch gives one part per domain
+            content.rows[part.domain] = found if held is None else _add_rows([held, found])
+    for unit, content in contents.items():
+        out[unit] = CrowdBucket.of_content(content)
     return out
+
+
+# Most crowds a ``known`` map of :func:`bucket_accumulators` holds (it is emptied when full).
+KNOWN_BUCKETS_LIMIT = 1 << 16
+
+
+def crowd_buckets_known(
+    crowds: Sequence[tuple[Any, Any, Any]],
+    buckets: int,
+    known: dict[tuple[Any, Any, Any], int],
+    limit: int = KNOWN_BUCKETS_LIMIT,
+) -> list[int]:
+    """``crowd_buckets_of(crowds, buckets)``, hashing only the crowds ``known`` (a map of
+    earlier calls with the same ``buckets``) lacks, and adding them to it; a map that would
+    pass ``limit`` crowds is emptied first (memory stays flat whatever the crowds)."""
+    missing = [crowd for crowd in crowds if crowd not in known]
+    if not missing:
+        return [known[crowd] for crowd in crowds]
+    found = dict(zip(missing, crowd_buckets_of(missing, buckets), strict=True))
+    out = [known[crowd] if crowd in known else found[crowd] for crowd in crowds]
+    if len(known) + len(found) > limit:
+        known.clear()
+    if len(found) <= limit:
+        known.update(found)
+    return out
+
+
+def _buckets_of(
+    keys: Sequence[CrowdKey], buckets: int, known: dict[tuple[Any, Any, Any], int] | None
+) -> list[int]:
+    """The crowd bucket of each crowd key (:func:`bucket_key`'s last field)."""
+    crowds = [key[3:] for key in keys]
+    if known is None:
+        return crowd_buckets_of(crowds, buckets)
+    return crowd_buckets_known(crowds, buckets, known)
 
 
 def commit_buckets(
@@ -609,6 +702,7 @@ __all__ = [
     "bucket_accumulators",
     "bucket_key",
     "commit_buckets",
+    "crowd_buckets_known",
     "crowd_sort_key",
     "withheld_records",
 ]
