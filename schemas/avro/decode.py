@@ -309,13 +309,17 @@ def _record_starts(
     # A release file's crowd key: where it lies are the records, usually. Records of several
     # recipes or channels share fewer leading fields than the sampled ones (the first records
     # of a file grouped by crowd): each shorter pattern of 8 bytes or more is tried in turn,
-    # where it lies at least once per record.
-    for prefix in range(shared, 0, -1):
+    # where it lies at least once per record. The shortest is looked for everywhere (one
+    # pass), each longer one among the positions of the shortest.
+    tried = [prefix for prefix in range(shared, 0, -1) if field_ends[prefix - 1] >= 8]
+    shortest = field_ends[tried[-1] - 1] if tried else 0
+    lying = _pattern_positions(buf, size, pattern[:shortest]) if tried else sample[:0]
+    for prefix in tried if lying.size >= records else ():  # fewer: no chain (_is_chain)
         prefix_bytes = field_ends[prefix - 1]
-        if prefix_bytes < 8:
-            break
-        holding = _pattern_positions(buf, size, pattern[:prefix_bytes])
-        if holding.size < records:  # fewer than the records: no chain (_is_chain)
+        holding = lying
+        if prefix_bytes > shortest:
+            holding = lying[_holds(buf, lying + shortest, pattern[shortest:prefix_bytes])]
+        if holding.size < records:
             continue
         chain, _ = _pattern_chain(
             fields[prefix:], buf, size, block_starts, counts, holding, pattern[:prefix_bytes]
