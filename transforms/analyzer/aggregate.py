@@ -327,12 +327,15 @@ def crowd_record_table(batch: pa.RecordBatch) -> pa.Table:
         if pa.types.is_timestamp(column.type):
             column = column.cast(pa.timestamp("ms")).cast(pa.int64())
         columns.append(column.cast(field.type))
-    if all(arithmetic.is_constant(column) for column in columns):  # one crowd: no hashing
+    # One crowd: no hashing (the crowd ID, likeliest to vary, is looked at first).
+    if all(arithmetic.is_constant(column) for column in reversed(columns)):
         keys = [column.slice(0, 1) for column in columns]
         return pa.Table.from_arrays([*keys, pa.array([batch.num_rows], pa.int64())],
                                     schema=CROWD_RECORD_SCHEMA)  # fmt: skip
     names = list(CROWD_KEY_COLUMNS)
-    grouped = pa.Table.from_arrays(columns, names).group_by(names).aggregate([([], "count_all")])
+    # One thread: a batch is small, and a thread pool's hand-offs cost more than its grouping.
+    table = pa.Table.from_arrays(columns, names)
+    grouped = table.group_by(names, use_threads=False).aggregate([([], "count_all")])
     arrays = [grouped.column(name) for name in names] + [grouped.column("count_all")]
     return pa.Table.from_arrays(arrays, schema=CROWD_RECORD_SCHEMA)
 

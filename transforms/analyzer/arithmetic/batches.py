@@ -451,7 +451,7 @@ def crowd_groups(key_columns: list[pa.Array]) -> tuple[np.ndarray, np.ndarray]:
     crowd (every key column constant: a release file's common case) without the sort, with
     the same result (``order`` the rows in turn, one group)."""
     rows = len(key_columns[0]) if key_columns else 0
-    if rows and all(is_constant(column) for column in key_columns):
+    if rows and all(is_constant(column) for column in reversed(key_columns)):  # last: the ID
         return np.arange(rows), np.array([0, rows], dtype=np.int64)
     return group_rows(key_columns)
 
