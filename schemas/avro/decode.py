@@ -410,15 +410,20 @@ def _shared_fields(
     begin = int(sample[0])
     end, field_ends = begin, []
     data = memoryview(buf)
-    for field in fields:
-        after = _skip_record_at((field,), data, end, size)
-        if after > size or after - begin > _CONSTANT_FIELD_BYTES:
+    for field in fields:  # the first record's leading fields, where each one ends
+        end = _skip_record_at((field,), data, end, size)
+        if end > size or end - begin > _CONSTANT_FIELD_BYTES:
             break
-        if not _holds(buf, sample + (end - begin), buf[end:after]).all():
-            break
-        end = after
         field_ends.append(end - begin)
-    return len(field_ends), buf[begin:end].copy(), field_ends
+    first = bytes(data[begin : begin + (field_ends[-1] if field_ends else 0)])
+    for position in sample[1:].tolist():  # (a few dozen: bytes compared, no numpy per field)
+        other = bytes(data[position : position + len(first)])
+        while field_ends and other[: field_ends[-1]] != first[: field_ends[-1]]:
+            field_ends.pop()
+        if not field_ends:
+            break
+    shared_bytes = field_ends[-1] if field_ends else 0
+    return len(field_ends), buf[begin : begin + shared_bytes].copy(), field_ends
 
 
 def _pattern_positions(buf: np.ndarray, size: int, pattern: np.ndarray) -> np.ndarray:
