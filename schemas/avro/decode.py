@@ -292,10 +292,11 @@ def _record_starts(
     size: int,
     block_starts: np.ndarray,
     counts: np.ndarray,
-) -> tuple[np.ndarray, int, int] | None:
+) -> tuple[np.ndarray, int, int, int] | None:
     """Start of every record (blocks with records only), or None where the candidates do not
     hold a chain of ``count`` records from some block's start; with the number of leading
-    fields and of their bytes that are the same in every record (0, 0 when none is known).
+    fields and of their bytes that are the same in every record (0, 0 when none is known), and
+    the most leading fields that can be (all, unless a longer pattern proved one differs).
 
     The leading fields whose bytes all sampled records share (a release file's crowd key) are
     a pattern: candidates that hold it skip those fields in one step, the others field by
@@ -314,18 +315,20 @@ def _record_starts(
     tried = [prefix for prefix in range(shared, 0, -1) if field_ends[prefix - 1] >= 8]
     shortest = field_ends[tried[-1] - 1] if tried else 0
     lying = _pattern_positions(buf, size, pattern[:shortest]) if tried else sample[:0]
+    most = len(fields)
     for prefix in tried if lying.size >= records else ():  # fewer: no chain (_is_chain)
         prefix_bytes = field_ends[prefix - 1]
         holding = lying
         if prefix_bytes > shortest:
             holding = lying[_holds(buf, lying + shortest, pattern[shortest:prefix_bytes])]
-        if holding.size < records:
+        if holding.size < records:  # some record lacks these bytes: they are not all shared
+            most = prefix - 1
             continue
         chain, _ = _pattern_chain(
             fields[prefix:], buf, size, block_starts, counts, holding, pattern[:prefix_bytes]
         )
-        if chain is not None:
-            return chain, prefix, prefix_bytes
+        if chain is not None:  # every record holds the pattern of ``prefix`` fields
+            return chain, prefix, prefix_bytes, most if most == prefix else len(fields)
     candidates = _candidates(buf, size, sample, records)
     found = np.minimum(candidates.searchsorted(sample), candidates.size - 1)
     missing = sample[candidates[found] != sample] if candidates.size else sample
@@ -339,7 +342,7 @@ def _record_starts(
             fields[shared:], buf, size, block_starts, counts, holding, pattern
         )
         if chain is not None:
-            return chain, shared, pattern.size
+            return chain, shared, pattern.size, len(fields)
         following = np.empty(candidates.size, dtype=np.int64)
         following[matched] = after
         following[~matched] = _skip_record(fields, buf, candidates[~matched], size)
@@ -347,7 +350,7 @@ def _record_starts(
         following = _skip_record(fields, buf, candidates, size)
         reached = _reached(candidates, following, block_starts)
         if _is_chain(candidates[reached], following[reached], block_starts, counts, size):
-            return candidates[reached], 0, 0
+            return candidates[reached], 0, 0, len(fields)
     index = np.minimum(candidates.searchsorted(following), candidates.size - 1)
     missing = candidates.size  # the chain leaves the candidates: a node that maps to itself
     jump = np.append(np.where(candidates[index] == following, index, missing), missing)
@@ -364,8 +367,8 @@ def _record_starts(
     if np.any(node == missing):
         return None
     if shared and matched[node].all():
-        return candidates[node], shared, pattern.size
-    return candidates[node], 0, 0
+        return candidates[node], shared, pattern.size, len(fields)
+    return candidates[node], 0, 0, len(fields)
 
 
 def _is_chain(
@@ -653,9 +656,9 @@ def decode_flat_blocks(
     found = _record_starts(fields, buf, size, block_starts, count_array)
     if found is None:
         return None
-    starts, shared, shared_bytes = found
+    starts, shared, shared_bytes, most = found
     limit = np.repeat(block_ends, count_array)
-    columns, prefix = _constant_fields(fields, buf, starts, limit, (shared, shared_bytes))
+    columns, prefix = _constant_fields(fields[:most], buf, starts, limit, (shared, shared_bytes))
     if len(columns) < shared:  # the first record's shared fields do not decode
         return None
     q = starts + prefix
