@@ -292,11 +292,15 @@ def _record_starts(
     size: int,
     block_starts: np.ndarray,
     counts: np.ndarray,
-) -> tuple[np.ndarray, int, int, int] | None:
+    unproven: bool = False,
+) -> tuple[np.ndarray, int, int, int, bool] | None:
     """Start of every record (blocks with records only), or None where the candidates do not
     hold a chain of ``count`` records from some block's start; with the number of leading
-    fields and of their bytes that are the same in every record (0, 0 when none is known), and
-    the most leading fields that can be (all, unless a longer pattern proved one differs).
+    fields and of their bytes that are the same in every record (0, 0 when none is known), the
+    most leading fields that can be (all, unless a longer pattern proved one differs), and
+    whether the starts are a guess: with ``unproven``, positions of a shared pattern as many
+    as the records, one at each block's start, are taken without following them (decoding
+    them proves or refutes them; see :func:`decode_flat_blocks`).
 
     The leading fields whose bytes all sampled records share (a release file's crowd key) are
     a pattern: candidates that hold it skip those fields in one step, the others field by
@@ -324,11 +328,15 @@ def _record_starts(
         if holding.size < records:  # some record lacks these bytes: they are not all shared
             most = prefix - 1
             continue
+        bound = most if most == prefix else len(fields)
+        if unproven and holding.size == records:
+            if np.array_equal(holding[np.cumsum(counts) - counts], block_starts):
+                return holding, prefix, prefix_bytes, bound, True
         chain, _ = _pattern_chain(
             fields[prefix:], buf, size, block_starts, counts, holding, pattern[:prefix_bytes]
         )
         if chain is not None:  # every record holds the pattern of ``prefix`` fields
-            return chain, prefix, prefix_bytes, most if most == prefix else len(fields)
+            return chain, prefix, prefix_bytes, bound, False
     candidates = _candidates(buf, size, sample, records)
     found = np.minimum(candidates.searchsorted(sample), candidates.size - 1)
     missing = sample[candidates[found] != sample] if candidates.size else sample
@@ -342,7 +350,7 @@ def _record_starts(
             fields[shared:], buf, size, block_starts, counts, holding, pattern
         )
         if chain is not None:
-            return chain, shared, pattern.size, len(fields)
+            return chain, shared, pattern.size, len(fields), False
         following = np.empty(candidates.size, dtype=np.int64)
         following[matched] = after
         following[~matched] = _skip_record(fields, buf, candidates[~matched], size)
@@ -350,7 +358,7 @@ def _record_starts(
         following = _skip_record(fields, buf, candidates, size)
         reached = _reached(candidates, following, block_starts)
         if _is_chain(candidates[reached], following[reached], block_starts, counts, size):
-            return candidates[reached], 0, 0, len(fields)
+            return candidates[reached], 0, 0, len(fields), False
     index = np.minimum(candidates.searchsorted(following), candidates.size - 1)
     missing = candidates.size  # the chain leaves the candidates: a node that maps to itself
     jump = np.append(np.where(candidates[index] == following, index, missing), missing)
@@ -367,8 +375,8 @@ def _record_starts(
     if np.any(node == missing):
         return None
     if shared and matched[node].all():
-        return candidates[node], shared, pattern.size, len(fields)
-    return candidates[node], 0, 0, len(fields)
+        return candidates[node], shared, pattern.size, len(fields), False
+    return candidates[node], 0, 0, len(fields), False
 
 
 def _is_chain(
@@ -653,11 +661,30 @@ def decode_flat_blocks(
     block_starts = (block_ends - sizes)[nonempty]
     block_ends = block_ends[nonempty]
     count_array = count_array[nonempty]
-    found = _record_starts(fields, buf, size, block_starts, count_array)
-    if found is None:
-        return None
-    starts, shared, shared_bytes, most = found
-    limit = np.repeat(block_ends, count_array)
+    # The likely starts (a shared pattern's positions) are decoded without following them
+    # first: decoding checks every record's end, so if they decode they are the records; if
+    # not, the starts are found as always and decoded again.
+    found = _record_starts(fields, buf, size, block_starts, count_array, unproven=True)
+    batch = None if found is None else _decode_records(fields, buf, found, block_ends, count_array)
+    if batch is None and found is not None and found[4]:
+        found = _record_starts(fields, buf, size, block_starts, count_array)
+        if found is not None:
+            batch = _decode_records(fields, buf, found, block_ends, count_array)
+    return batch
+
+
+def _decode_records(
+    fields: tuple[FlatField, ...],
+    buf: np.ndarray,
+    found: tuple[np.ndarray, int, int, int, bool],
+    block_ends: np.ndarray,
+    counts: np.ndarray,
+) -> pa.RecordBatch | None:
+    """The records starting at ``found`` (:func:`_record_starts`) as a batch, or None unless
+    every field decodes and each record ends where the next one starts (the last one of each
+    block at the block's end): then the starts are the records, whether proven before or not."""
+    starts, shared, shared_bytes, most, _ = found
+    limit = np.repeat(block_ends, counts)
     columns, prefix = _constant_fields(fields[:most], buf, starts, limit, (shared, shared_bytes))
     if len(columns) < shared:  # the first record's shared fields do not decode
         return None
@@ -668,10 +695,9 @@ def decode_flat_blocks(
             return None
         column, q = decoded
         columns.append(column)
-    # Each record ends where the next one starts, the last one of each block at the block's end.
-    following = np.empty(records, dtype=np.int64)
+    following = np.empty(starts.size, dtype=np.int64)
     following[:-1] = starts[1:]
-    following[np.cumsum(count_array) - 1] = block_ends
+    following[np.cumsum(counts) - 1] = block_ends
     if not np.array_equal(q, following):
         return None
     return pa.RecordBatch.from_arrays(columns, names=[field.name for field in fields])

@@ -406,3 +406,33 @@ def test_a_pattern_of_fewer_fields_is_the_chain_when_the_sampled_records_share_m
     assert found[1] == 4 and found[3] == 4  # four fields shared; the fifth is proven not to be
     fast = _fast_batch(contents, counts)
     assert fast is not None and fast.equals(_fastavro_batch(contents))
+
+
+def test_a_wrong_guess_of_record_starts_is_refuted_by_decoding_and_the_starts_are_followed() -> (
+    None
+):
+    """One record lacks the four shared leading fields (its timestamp differs) and one blob
+    holds their bytes: the pattern lies at exactly as many positions as there are records, one
+    at the block's start, so they are decoded as a guess; decoding refutes them (a record does
+    not end where the next guessed one starts), the chain is then followed as always, and the
+    rows are fastavro's."""
+    records, shared = _records_sharing_leading_fields(seed=11)
+    records[300]["when"] += 1
+    records[500]["blob"] = shared + records[500]["blob"][:20]
+    blocks = _blocks(_container(records, "null", 10**7))
+    assert len(blocks) == 1
+    contents = [content for content, _ in blocks]
+    decoded = []
+    real_decode_records = decode._decode_records
+
+    def decode_records(fields, buf, found, *rest):
+        decoded.append(found[4])  # whether the starts were a guess
+        return real_decode_records(fields, buf, found, *rest)
+
+    decode._decode_records = decode_records
+    try:
+        fast = _fast_batch(contents, [count for _, count in blocks])
+    finally:
+        decode._decode_records = real_decode_records
+    assert decoded == [True, False]
+    assert fast is not None and fast.equals(_fastavro_batch(contents))
