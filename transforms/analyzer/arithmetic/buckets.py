@@ -704,7 +704,7 @@ def _add_row_crowds(
 ) -> None:
     """The row crowds ``picked`` (positions in ``crowds``) into their units' rows, a group of
     one unit and domain at a time, groups in the order of their first crowd."""
-    table = crowds.table.take(pa.array(picked))
+    table = crowds.table if len(picked) == len(crowds) else crowds.table.take(pa.array(picked))
     lists = [table.column(name).to_pylist() for name in
              ("window_start_ms", "window_end_ms", "channel", "recipe_id", "crowd_id")]  # fmt: skip
     keys = list(zip(itertools.repeat(HISTOGRAM), *lists, strict=False))
