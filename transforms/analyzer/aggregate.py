@@ -627,8 +627,9 @@ class CrowdBuckets(beam.DoFn):
             if self._part_bucket is not None:
                 known = self._part_bucket(part, self._buckets)
             gathered.append((part_crowds, known))
-        if gathered and all(isinstance(crowds, TableCrowds) for crowds, _ in gathered):
-            tables = [(crowds.instance, crowds.crowds, known) for crowds, known in gathered]  # type: ignore[union-attr]
+        tables = [(crowds.instance, crowds.crowds, known)
+                  for crowds, known in gathered if isinstance(crowds, TableCrowds)]  # fmt: skip
+        if gathered and len(tables) == len(gathered):  # all as columns: no dict per crowd
             yield from arithmetic.commit_table_buckets(tables, self._book, self._buckets).items()
             return
         pairs = [pair for crowds, _ in gathered for pair in crowds]
