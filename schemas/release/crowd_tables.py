@@ -210,7 +210,9 @@ class CrowdColumns(Sequence[dict[str, Any]]):
     def column(self, name: str) -> pa.Array:
         """The column ``name`` (one of :data:`CROWD_FIELDS`) as one Arrow array."""
         column = self.table.column(name)
-        return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        if isinstance(column, pa.ChunkedArray):
+            return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+        return column
 
     def values(self, name: str) -> list[Any]:
         """The column ``name`` as Python values (what the row dicts hold)."""
@@ -218,30 +220,8 @@ class CrowdColumns(Sequence[dict[str, Any]]):
 
     def count_by(self, names: Sequence[str]) -> dict[tuple, int]:
         """Rows per distinct values of the columns ``names`` (Python values, as in the rows):
-        each column dictionary-encoded, the codes joined into one number per row and counted."""
-        if len(self) == 0:
-            return {}
-        joined = np.zeros(len(self), dtype=np.int64)
-        dictionaries: list[list[Any]] = []
-        radix = 1
-        for name in names:
-            encoded = self.column(name).dictionary_encode()
-            dictionary = [*encoded.dictionary.to_pylist(), None]  # code -1: null
-            radix *= len(dictionary)
-            if radix >= 1 << 62:
-                return dict(Counter(tuple(row[name] for name in names) for row in self.rows()))
-            codes = pc.fill_null(encoded.indices, -1).to_numpy(zero_copy_only=False)
-            joined = joined * len(dictionary) + codes.astype(np.int64) % len(dictionary)
-            dictionaries.append(dictionary)
-        found, counts = np.unique(joined, return_counts=True)
-        out: dict[tuple, int] = {}
-        for number, count in zip(found.tolist(), counts.tolist(), strict=True):
-            key = []
-            for dictionary in reversed(dictionaries):
-                number, code = divmod(number, len(dictionary))
-                key.append(dictionary[code])
-            out[tuple(reversed(key))] = count
-        return out
+        the columns' values zipped and counted, no dict per row."""
+        return dict(Counter(zip(*(self.values(name) for name in names), strict=True)))
 
     def rows(self) -> list[dict[str, Any]]:
         """The crowd dicts (made once)."""
@@ -539,9 +519,11 @@ def crowd_table_totals(
         return [CrowdTotals() for _ in tables]
     batches = [t.table for t in tables if isinstance(t.table, pa.RecordBatch)]
     if len(batches) == len(tables):
-        crowds = CrowdColumns(pa.Table.from_batches(batches))
+        crowds = CrowdColumns(pa.Table.from_batches(batches).combine_chunks())
     else:
-        crowds = CrowdColumns(pa.concat_tables([pa.table(t.table) for t in tables]))
+        crowds = CrowdColumns(
+            pa.concat_tables([pa.table(t.table) for t in tables]).combine_chunks()
+        )
     numeric = ("window_start_ms", "window_end_ms", "instance", "messages_released")
     if any(crowds.column(name).null_count for name in numeric):
         return [None] * len(tables)

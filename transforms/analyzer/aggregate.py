@@ -560,13 +560,18 @@ def stated_record_table(crowds: CrowdColumns) -> pa.Table:
     """:func:`stated_records` of a crowd table's columns as its :data:`CROWD_RECORD_SCHEMA`
     table (what :func:`pack_crowd_records` makes of the dict), one row per crowd in the table's
     order (a verified table lists each crowd once: ``check_crowd_table``)."""
-    released = pc.fill_null(pc.equal(crowds.column("status"), "released"), False)
-    messages = pc.fill_null(crowds.column("messages_released"), 0)
+    released = pc.equal(crowds.column("status"), "released")
+    if released.null_count:
+        released = pc.fill_null(released, False)
+    messages = crowds.column("messages_released")
+    if messages.null_count:
+        messages = pc.fill_null(messages, 0)
     records = pc.if_else(released, messages, pa.scalar(-1, pa.int64()))
     names = ("window_start_ms", "window_end_ms", "channel", "recipe_id", "crowd_id")
+    columns = [crowds.column(name) for name in names]
     columns = [
-        crowds.column(name).cast(field.type)
-        for name, field in zip(names, CROWD_RECORD_SCHEMA, strict=False)
+        column if column.type == field.type else column.cast(field.type)
+        for column, field in zip(columns, CROWD_RECORD_SCHEMA, strict=False)
     ]
     return pa.Table.from_arrays([*columns, records.cast(pa.int64())], schema=CROWD_RECORD_SCHEMA)
 

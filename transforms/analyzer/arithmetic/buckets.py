@@ -650,7 +650,9 @@ def commit_table_buckets(
     )
     if not plain:
         return by_rows()
-    crowds = CrowdColumns(pa.concat_tables([pa.table(table.table) for _, table, _ in tables]))
+    crowds = CrowdColumns(
+        pa.concat_tables([pa.table(table.table) for _, table, _ in tables]).combine_chunks()
+    )
     bucket = np.concatenate([
         np.full(len(table), known, dtype=np.int64) if type(known) is int
         else crowd_table_buckets(table, buckets)
@@ -709,22 +711,23 @@ def _add_row_crowds(
              ("window_start_ms", "window_end_ms", "channel", "recipe_id", "crowd_id")]  # fmt: skip
     keys = list(zip(itertools.repeat(HISTOGRAM), *lists, strict=False))
     respondents = table.column("respondents_released").to_pylist()
-    group_of = np.stack([start[picked], stop[picked], bucket[picked], domains[picked]], axis=1)
-    groups, first, inverse = np.unique(group_of, axis=0, return_index=True, return_inverse=True)
-    order = np.argsort(inverse.reshape(-1), kind="stable")
-    ends = np.cumsum(np.bincount(inverse.reshape(-1), minlength=len(groups)))
-    begins = ends - np.bincount(inverse.reshape(-1), minlength=len(groups))
-    for group in np.argsort(first, kind="stable").tolist():
-        members = order[begins[group] : ends[group]]
-        group_start, group_stop, group_bucket, domain = groups[group].tolist()
+    # runs of rows of one unit and domain (a table's, mostly), gathered per group in the order
+    # of their first row
+    columns = np.stack([start[picked], stop[picked], bucket[picked], domains[picked]])
+    edges = np.flatnonzero((columns[:, 1:] != columns[:, :-1]).any(axis=0)) + 1
+    bounds = [0, *edges.tolist(), len(picked)]
+    groups: dict[tuple, list[tuple[int, int]]] = {}
+    for low, high in itertools.pairwise(bounds):
+        groups.setdefault(tuple(columns[:, low].tolist()), []).append((low, high))
+    for (group_start, group_stop, group_bucket, domain), runs in groups.items():
         unit = (HISTOGRAM, group_start, group_stop, group_bucket)
-        by_domain = units.parts(unit, int(picked[first[group]]))[0]
-        low, high = int(members[0]), int(members[-1]) + 1
-        if high - low == len(members):  # a run of rows (a table's, mostly): sliced
+        by_domain = units.parts(unit, int(picked[runs[0][0]]))[0]
+        if len(runs) == 1:
+            low, high = runs[0]
             group_keys, counts = keys[low:high], respondents[low:high]
         else:
-            group_keys = [keys[i] for i in members.tolist()]
-            counts = [respondents[i] for i in members.tolist()]
+            group_keys = [key for low, high in runs for key in keys[low:high]]
+            counts = [count for low, high in runs for count in respondents[low:high]]
         by_domain[domain] = (group_keys, [{instance: count} for count in counts])
 
 
