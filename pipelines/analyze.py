@@ -104,6 +104,7 @@ from schemas.recipes import load_recipe, shipped_recipes
 from schemas.regular_files import kind_of
 from schemas.release import commit as release
 from schemas.release.crowd_buckets import CROWDS_DIR
+from schemas.release.crowd_tables import CrowdColumns
 from transforms.analyzer import arithmetic
 from transforms.analyzer.aggregate import (
     AggregateReleases,
@@ -274,10 +275,21 @@ class ReleaseSelection:
         status (a table holds a few of those), then added per group; the pictured crowd keys
         alone are looked at crowd by crowd."""
         self._crowds[instance] = self._crowds.get(instance, 0) + len(crowds)
-        groups = Counter(
-            (c["recipe_id"], c["window_start_ms"], c["window_end_ms"], c["status"] == "released")
-            for c in crowds
-        )
+        if isinstance(crowds, CrowdColumns):  # counted by Arrow, no dict per crowd
+            groups: Counter = Counter()
+            names = ("recipe_id", "window_start_ms", "window_end_ms", "status")
+            for (recipe_id, start, stop, status), count in crowds.count_by(names).items():
+                groups[(recipe_id, start, stop, status == "released")] += count
+        else:
+            groups = Counter(
+                (
+                    c["recipe_id"],
+                    c["window_start_ms"],
+                    c["window_end_ms"],
+                    c["status"] == "released",
+                )
+                for c in crowds
+            )
         units = self._units
         for (recipe_id, start, stop, released), count in groups.items():
             recipe = self.book.get(recipe_id)

@@ -60,6 +60,7 @@ from transforms.analyzer.arithmetic.buckets import (
     bucket_accumulators,
     bucket_key,
     commit_buckets,
+    commit_table_buckets,
     crowd_sort_key,
     withheld_records,
 )
@@ -116,6 +117,7 @@ __all__ = [
     "bucket_accumulators",
     "bucket_key",
     "commit_buckets",
+    "commit_table_buckets",
     "crowd_sort_key",
     "withheld_records",
     "Accumulator",
