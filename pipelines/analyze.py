@@ -91,6 +91,7 @@ from pipelines.commandline import analyzer_key_flags
 from pipelines.commandline.analyze_options import AnalyzeOptions
 from pipelines.commandline.main import UsageError
 from pipelines.commandline.options import temp_location_root, with_default_runner
+from pipelines.engines.option_views import views_once
 from pipelines.release_counts import (
     CheckCrowdCounts,
     check_crowd_counts,
@@ -103,6 +104,7 @@ from schemas.recipes import load_recipe, shipped_recipes
 from schemas.regular_files import kind_of
 from schemas.release import commit as release
 from schemas.release.crowd_buckets import CROWDS_DIR
+from schemas.release.crowd_tables import CrowdColumns
 from transforms.analyzer import arithmetic
 from transforms.analyzer.aggregate import (
     AggregateReleases,
@@ -273,10 +275,21 @@ class ReleaseSelection:
         status (a table holds a few of those), then added per group; the pictured crowd keys
         alone are looked at crowd by crowd."""
         self._crowds[instance] = self._crowds.get(instance, 0) + len(crowds)
-        groups = Counter(
-            (c["recipe_id"], c["window_start_ms"], c["window_end_ms"], c["status"] == "released")
-            for c in crowds
-        )
+        if isinstance(crowds, CrowdColumns):  # counted by Arrow, no dict per crowd
+            groups: Counter = Counter()
+            names = ("recipe_id", "window_start_ms", "window_end_ms", "status")
+            for (recipe_id, start, stop, status), count in crowds.count_by(names).items():
+                groups[(recipe_id, start, stop, status == "released")] += count
+        else:
+            groups = Counter(
+                (
+                    c["recipe_id"],
+                    c["window_start_ms"],
+                    c["window_end_ms"],
+                    c["status"] == "released",
+                )
+                for c in crowds
+            )
         units = self._units
         for (recipe_id, start, stop, released), count in groups.items():
             recipe = self.book.get(recipe_id)
@@ -594,7 +607,7 @@ def run(
         share = math.ceil(messages / (direct.direct_num_workers * RANGES_PER_WORKER))
         range_records = max(1, min(range_records, share))
     started = time.monotonic()
-    pipeline = beam.Pipeline(options=options)
+    pipeline = beam.Pipeline(options=views_once(options))
     # Workers read the committed message files and crowd tables from each commit record, pinned
     # to the SHA-256 the driver verified: nothing per file or crowd is pickled into the job.
     commits = pipeline | "CommitRecords" >> beam.Create(

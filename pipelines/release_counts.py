@@ -158,15 +158,28 @@ def _sum_records(tables: list[pa.Table]) -> pa.Table:
 
 class _Records:
     """A bucket's records per crowd key while they are added: the added-up part as one packed
-    blob and the tables added since (folded in once they weigh as much)."""
+    blob and the tables added since (folded in once they weigh as much). A bucket given one
+    blob only (the common case: its crowds were read in one batch, or were added up upstream)
+    passes it on as it is, unopened: every blob here has one row per crowd key already (a
+    batch's :func:`crowd_record_table` is grouped by key, and so is every sum made here)."""
 
-    __slots__ = ("packed", "packed_rows", "pending", "pending_rows")
+    __slots__ = ("alone", "packed", "packed_rows", "pending", "pending_rows")
 
     def __init__(self) -> None:
+        self.alone: bytes | None = None
         self.packed: bytes | None = None
         self.packed_rows = 0
         self.pending: list[pa.Table] = []
         self.pending_rows = 0
+
+    def add_blob(self, blob: bytes) -> None:
+        if self.alone is None and self.packed is None and not self.pending:
+            self.alone = blob
+            return
+        if self.alone is not None:
+            self.add(unpack_crowd_record_table(self.alone))
+            self.alone = None
+        self.add(unpack_crowd_record_table(blob))
 
     def add(self, table: pa.Table) -> None:
         self.pending.append(table)
@@ -185,6 +198,8 @@ class _Records:
         self.pending, self.pending_rows = [], 0
 
     def blob(self) -> bytes:
+        if self.alone is not None:
+            return self.alone
         self.fold()
         return self.packed if self.packed is not None else pack_crowd_records({})
 
@@ -200,14 +215,13 @@ class _AddCrowdRecords(beam.CombineFn):
 
     def add_input(self, total: _Records | bytes, records: bytes) -> _Records:
         total = self._open(total)
-        total.add(unpack_crowd_record_table(records))
+        total.add_blob(records)
         return total
 
     def merge_accumulators(self, accumulators: Iterable[_Records | bytes]) -> _Records:
         total = _Records()
         for accumulator in accumulators:
-            blob = accumulator if isinstance(accumulator, bytes) else accumulator.blob()
-            total.add(unpack_crowd_record_table(blob))
+            total.add_blob(accumulator if isinstance(accumulator, bytes) else accumulator.blob())
         return total
 
     def compact(self, total: _Records | bytes) -> bytes:
@@ -220,7 +234,7 @@ class _AddCrowdRecords(beam.CombineFn):
     def _open(total: _Records | bytes) -> _Records:
         if isinstance(total, bytes):
             opened = _Records()
-            opened.add(unpack_crowd_record_table(total))
+            opened.add_blob(total)
             return opened
         return total
 

@@ -84,6 +84,7 @@ from pipelines.commandline.options import (
     with_default_runner,
 )
 from pipelines.commandline.shuffle_options import ShuffleOptions
+from pipelines.engines.option_views import views_once
 from schemas import SUPPORTED_SCHEMA_VERSIONS
 from schemas.regular_files import kind_of
 from schemas.release import commit as release_format
@@ -437,7 +438,7 @@ def run(
 
     started = time.monotonic()
     try:
-        pipeline = beam.Pipeline(options=options)
+        pipeline = beam.Pipeline(options=views_once(options))
         input_paths = (
             pipeline | "InputPaths" >> beam.Create(paths) | "SpreadFiles" >> beam.Reshuffle()
         )

@@ -49,6 +49,7 @@ from pipelines.commandline.flags import parse_lateness_ms
 from pipelines.commandline.main import UsageError
 from pipelines.commandline.shuffle_options import ShuffleOptions
 from pipelines.engines import runners as engines
+from pipelines.engines.option_views import views_once
 from schemas.release import commit as release_format
 from transforms.shuffler import report_rows, stream
 from transforms.shuffler.config import REJECTED_PREFIX, UNKNOWN_PREFIX, ShuffleConfig
@@ -341,7 +342,7 @@ def run(
     if shuffle_options.watch_for is not None:
         match["stop_timestamp"] = Timestamp.now() + shuffle_options.watch_for
     started = time.monotonic()
-    pipeline = beam.Pipeline(options=streaming_options)
+    pipeline = beam.Pipeline(options=views_once(streaming_options))
     _ = (
         pipeline
         | "WatchInput" >> fileio.MatchContinuously(shuffle_options.input, **match)

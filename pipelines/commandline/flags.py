@@ -86,15 +86,18 @@ def multi_process_flags(workers: int) -> list[str]:
 def with_default_runner(options: PipelineOptions, worker_processes: int = 1) -> PipelineOptions:
     """``options`` with a runner when none was given: FnApiRunner for batch, DirectRunner (the
     one that runs TestStream and unbounded sources) for ``--streaming``. FnApiRunner's workers
-    are closed together at the end (``pipelines/engines/worker_shutdown.py``).
+    are closed together at the end (``pipelines/engines/worker_shutdown.py``); Beam's DoFn
+    specs are found once per DoFn (``pipelines/engines/dofn_specs.py``).
 
     ``worker_processes`` > 1: the caller's work is large enough to spread over processes; then a
     batch pipeline given no runner and no ``--direct_*`` setting runs on the multi-process
     DirectRunner with that many workers, at most one per CPU (one CPU: in this process), forked
     by the fork server of ``esa run`` when one is running (``pipelines/engines/forked_workers.py``)."""
+    from pipelines.engines.dofn_specs import remember_dofn_specs
     from pipelines.engines.worker_shutdown import close_workers_together
 
     close_workers_together()
+    remember_dofn_specs()
     standard = options.view_as(StandardOptions)
     workers = min(worker_processes, os.cpu_count() or 1)
     if workers > 1 and not standard.streaming and not runner_chosen(options):

@@ -66,9 +66,10 @@ from schemas.release.crowd_tables import (
     ReleaseError,
     check_crowd_table,
     crowd_table_paths,
+    crowd_table_totals,
     iter_crowds,
     parse_crowd_table,
-    parse_crowd_tables,
+    parse_crowd_table_columns,
     read_crowd_table,
 )
 
@@ -466,11 +467,11 @@ def verify_release(
     file whose SHA-256 matches holds what its writer committed; the count catches a record that
     states a wrong number). A shuffler release's crowd tables are always read (after every
     message file is checked), a few at a time (at most :data:`TABLES_PER_READ`, decoded
-    together), and each checked row by row
-    (``schemas.release.crowd_tables.check_crowd_table``) and against the record's totals.
+    together as columns), and each checked column by column, row by row only to say what is
+    wrong (``schemas.release.crowd_tables.check_crowd_table``), and against the record's totals.
     ``shuffler_keys``: require a release's record to carry a valid signature by one of them.
     ``on_crowd_table(commit, table_path, rows, message_paths)``: called with each crowd table's
-    rows once they are checked, and the (already checked) message files of its bucket, so that a
+    rows (crowd dicts, or ``CrowdColumns`` whose rows they are) once they are checked, and the (already checked) message files of its bucket, so that a
     reader counts, selects and cross-checks in this one pass over the release instead of reading
     its tables again.
     """
@@ -545,16 +546,21 @@ def verify_release(
             if data is None:
                 break
             read.append((data, path))
-        parsed = parse_crowd_tables(read) if len(read) > 1 else None
+        parsed = parse_crowd_table_columns(read) if len(read) > 1 else None
+        checked: list[CrowdTotals | None] = []
+        if parsed is not None:  # column by column, all the tables read at once
+            stems = [parse_release_path(entry.path)[1] for entry in group[: len(parsed)]]  # type: ignore[index]
+            checked = crowd_table_totals(parsed, stems, commit["parameters"], commit["instance"])
         for index, entry in enumerate(group):
             path = os.path.join(directory, *entry.path.split("/"))
             if parsed is not None and index < len(parsed):
-                rows = parsed[index]
+                rows: Sequence[Mapping[str, Any]] = parsed[index]
             else:
                 if not os.path.isfile(path):
                     raise ReleaseError(f"{path}: listed in {COMMIT_FILE} but missing")
                 rows = _table_rows(path, entry)
-            totals.add(_check_table(path, entry, commit, stem_records, rows))
+            column_totals = checked[index] if index < len(checked) else None
+            totals.add(_check_table(path, entry, commit, stem_records, rows, column_totals))
             if on_crowd_table is not None:
                 key = parse_release_path(entry.path)[1]  # type: ignore[index]
                 on_crowd_table(commit, path, rows, stem_files.get(key, []))
@@ -580,7 +586,7 @@ def _stem_records(entries: Sequence[FileEntry]) -> dict[BucketKey, int]:
     return records
 
 
-# Crowd tables the verifying pass decodes together (parse_crowd_tables: numpy's cost is per
+# Crowd tables the verifying pass decodes together (parse_crowd_table_columns: numpy's cost is per
 # call): at most this many, of at most this many bytes in all.
 TABLES_PER_READ = 32
 TABLE_BYTES_PER_READ = 8 << 20
@@ -632,11 +638,19 @@ def _check_table(
     commit: Mapping[str, Any],
     stem_records: Mapping[BucketKey, int],
     rows: Sequence[Mapping[str, Any]],
+    checked: CrowdTotals | None = None,
 ) -> CrowdTotals:
-    """Check a committed crowd table's rows (schemas/release/crowd_tables.py); its totals."""
+    """Check a committed crowd table's rows (schemas/release/crowd_tables.py; ``checked``: what
+    ``crowd_table_totals`` gave for them); its totals."""
     if len(rows) != entry.records:
         raise ReleaseError(f"{path}: {len(rows)} records, committed {entry.records}")
     key = parse_release_path(entry.path)[1]  # type: ignore[index]  # checked by the fields
     return check_crowd_table(
-        path, key, rows, commit["parameters"], commit["instance"], stem_records.get(key, 0)
+        path,
+        key,
+        rows,
+        commit["parameters"],
+        commit["instance"],
+        stem_records.get(key, 0),
+        checked,
     )

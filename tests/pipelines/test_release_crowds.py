@@ -194,23 +194,32 @@ def test_the_driver_reads_each_crowd_table_and_message_file_at_most_once(
     assert counted == [] and selection.result()[2] == 2
 
 
-def test_the_analyzer_sizes_its_buckets_by_the_largest_unit_not_by_all_crowds() -> None:
+@pytest.mark.parametrize("as_columns", [False, True])
+def test_the_analyzer_sizes_its_buckets_by_the_largest_unit_not_by_all_crowds(
+    as_columns: bool,
+) -> None:
     """ReleaseSelection.unit_crowds: the most crowds one instance holds in one kind and window
     (longitudinal crowds: every window of one length together, as their rounds span windows),
-    so crowds spread over many windows get no more buckets than one window's need."""
+    so crowds spread over many windows get no more buckets than one window's need; the same
+    for tables given as crowd dicts and as the verifying pass's columns (counted by Arrow)."""
+    import pyarrow as pa
+
     from pipelines.analyze import ReleaseSelection
     from schemas.recipes import load_recipe
+    from schemas.release.crowd_tables import CrowdColumns
     from transforms.analyzer import arithmetic
 
     one_hot, tree = load_recipe("small_one_hot_rappor"), load_recipe("small_longitudinal")
     selection = ReleaseSelection(arithmetic.RecipeBook([one_hot, tree]), pictures_wanted=False)
     day = 86_400_000
 
-    def table(recipe, window: int, crowds: int, status: str = "released") -> list[dict]:
+    def table(recipe, window: int, crowds: int, status: str = "released") -> object:
         start = rf.T0 + window * day
-        return [{"window_start_ms": start, "window_end_ms": start + day, "channel": recipe.channel,
-                 "recipe_id": recipe.id, "crowd_id": f"c{i}", "status": status,
-                 "respondents_released": 9, "messages_released": 9} for i in range(crowds)]  # fmt: skip
+        rows = [{"window_start_ms": start, "window_end_ms": start + day, "instance": 0,
+                 "channel": recipe.channel, "recipe_id": recipe.id, "crowd_id": f"c{i}",
+                 "status": status, "respondents_released": 9, "messages_released": 9}
+                for i in range(crowds)]  # fmt: skip
+        return CrowdColumns(pa.Table.from_pylist(rows)) if as_columns else rows
 
     for window in range(30):  # 30 windows of 1,500 histogram crowds: one window's worth
         selection.add(0, table(one_hot, window, 1_000))

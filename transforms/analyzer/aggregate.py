@@ -34,20 +34,25 @@ import json
 import os
 import typing
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from apache_beam.io.filesystems import FileSystems
 
 from schemas import schema_json
 from schemas.dead_letters import dead_letter
 from schemas.release.commit import COMMIT_FILE
 from schemas.release.crowd_buckets import CROWDS_DIR, BucketKey, parse_release_path
-from schemas.release.crowd_tables import parse_crowd_table, parse_crowd_tables
+from schemas.release.crowd_tables import (
+    CrowdColumns,
+    parse_crowd_table,
+    parse_crowd_table_columns,
+)
 from schemas.replays import DUPLICATE_PAYLOAD
 from transforms.analyzer import arithmetic
 from transforms.analyzer import opening as sealed_payloads
@@ -487,13 +492,43 @@ def table_analyzer_bucket(table: CrowdTable, buckets: int) -> int | None:
     return None if found is None else found[1].bucket % buckets
 
 
+class TableCrowds(Sequence[tuple[int, Mapping[str, Any]]]):
+    """A crowd table's ``(instance, crowd)`` pairs (what :func:`pinned_crowd_table_records`
+    yields) held as the table's columns (``crowds``, a ``CrowdColumns``): :class:`CrowdBuckets`
+    counts and buckets them without a dict per crowd."""
+
+    __slots__ = ("instance", "crowds")
+
+    def __init__(self, instance: int, crowds: CrowdColumns) -> None:
+        self.instance, self.crowds = instance, crowds
+
+    def __len__(self) -> int:
+        return len(self.crowds)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [(self.instance, crowd) for crowd in self.crowds.rows()[index]]
+        return self.instance, self.crowds[index]
+
+    def __iter__(self) -> Iterator[tuple[int, Mapping[str, Any]]]:
+        instance = self.instance
+        return ((instance, crowd) for crowd in self.crowds.rows())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, str | bytes):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 def pinned_crowd_table_group_records(
     group: list[CrowdTable],
-) -> list[tuple[CrowdTable, list[tuple[int, dict[str, Any]]]]]:
+) -> list[tuple[CrowdTable, Sequence[tuple[int, Mapping[str, Any]]]]]:
     """Each table of ``group`` with its ``(instance, crowd)`` pairs, as
     :func:`pinned_crowd_table_records` gives them (ValueError on a SHA-256 that is not the
-    committed one), the tables decoded together (``parse_crowd_tables``: numpy's cost is per
-    call) where they can be, else one by one."""
+    committed one), the tables decoded together as columns (``parse_crowd_table_columns``:
+    numpy's cost is per call; :class:`TableCrowds`) where they can be, else one by one."""
     read = []
     for _, path, sha256, _ in group:
         with avro_io.open_input(path) as handle:
@@ -501,12 +536,15 @@ def pinned_crowd_table_group_records(
         if hashlib.sha256(data).hexdigest() != sha256:
             raise ValueError(f"{path} is not the crowd table that was verified (SHA-256 differs)")
         read.append((data, path))
-    parsed = parse_crowd_tables(read) if len(read) > 1 else None
-    if parsed is None:
-        parsed = [parse_crowd_table(data, path) for data, path in read]
+    parsed = parse_crowd_table_columns(read) if len(read) > 1 else None
+    if parsed is not None:
+        return [
+            (table, TableCrowds(table[0], crowds))
+            for table, crowds in zip(group, parsed, strict=True)
+        ]
     return [
-        (table, [(table[0], crowd) for crowd in crowds])
-        for table, crowds in zip(group, parsed, strict=True)
+        (table, [(table[0], crowd) for crowd in parse_crowd_table(data, path)])
+        for table, (data, path) in zip(group, read, strict=True)
     ]
 
 
@@ -527,6 +565,26 @@ def stated_records(crowds: Iterable[Mapping[str, Any]]) -> dict[tuple, int]:
             int(crowd.get("messages_released") or 0) if crowd.get("status") == "released" else -1
         )
     return stated
+
+
+def stated_record_table(crowds: CrowdColumns) -> pa.Table:
+    """:func:`stated_records` of a crowd table's columns as its :data:`CROWD_RECORD_SCHEMA`
+    table (what :func:`pack_crowd_records` makes of the dict), one row per crowd in the table's
+    order (a verified table lists each crowd once: ``check_crowd_table``)."""
+    released = pc.equal(crowds.column("status"), "released")
+    if released.null_count:
+        released = pc.fill_null(released, False)
+    messages = crowds.column("messages_released")
+    if messages.null_count:
+        messages = pc.fill_null(messages, 0)
+    records = pc.if_else(released, messages, pa.scalar(-1, pa.int64()))
+    names = ("window_start_ms", "window_end_ms", "channel", "recipe_id", "crowd_id")
+    columns = [crowds.column(name) for name in names]
+    columns = [
+        column if column.type == field.type else column.cast(field.type)
+        for column, field in zip(columns, CROWD_RECORD_SCHEMA, strict=False)
+    ]
+    return pa.Table.from_arrays([*columns, records.cast(pa.int64())], schema=CROWD_RECORD_SCHEMA)
 
 
 def crowd_table_bucket(table: tuple[int, str, str]) -> tuple[str, BucketKey] | None:
@@ -567,20 +625,33 @@ class CrowdBuckets(beam.DoFn):
             parts = self._read_crowds(source)
         else:
             parts = [(source, self._read_crowds(source))]
-        crowds: list[tuple[int, Mapping[str, Any]]] = []
-        known: list[int | None] = []
+        gathered: list[tuple[Sequence[tuple[int, Mapping[str, Any]]], int | None]] = []
         for part, part_crowds in parts:
-            part_crowds = list(part_crowds)
+            if not isinstance(part_crowds, TableCrowds):
+                part_crowds = list(part_crowds)
             if self._stated_bucket is not None:
                 bucket = self._stated_bucket(part)
                 if bucket is not None:
-                    stated = pack_crowd_records(stated_records(crowd for _, crowd in part_crowds))
+                    if isinstance(part_crowds, TableCrowds):
+                        stated = pack_crowd_records(stated_record_table(part_crowds.crowds))
+                    else:
+                        stated = pack_crowd_records(
+                            stated_records(crowd for _, crowd in part_crowds)
+                        )
                     yield beam.pvalue.TaggedOutput(STATED_TAG, (bucket, stated))
-            crowds += part_crowds
+            known = None
             if self._part_bucket is not None:
-                known += [self._part_bucket(part, self._buckets)] * len(part_crowds)
+                known = self._part_bucket(part, self._buckets)
+            gathered.append((part_crowds, known))
+        tables = [(crowds.instance, crowds.crowds, known)
+                  for crowds, known in gathered if isinstance(crowds, TableCrowds)]  # fmt: skip
+        if gathered and len(tables) == len(gathered):  # all as columns: no dict per crowd
+            yield from arithmetic.commit_table_buckets(tables, self._book, self._buckets).items()
+            return
+        pairs = [pair for crowds, _ in gathered for pair in crowds]
+        buckets = [known for crowds, known in gathered for _ in range(len(crowds))]
         yield from arithmetic.commit_buckets(
-            crowds, self._book, self._buckets, known if self._part_bucket else None
+            pairs, self._book, self._buckets, buckets if self._part_bucket else None
         ).items()
 
 

@@ -397,3 +397,165 @@ def test_tables_read_in_groups_are_refused_for_the_first_problem_in_order(
     _refused(made, tables[1].name, "truncated or grown", recommit=False)
     tables[1].unlink()
     _refused(made, tables[1].name, "missing", recommit=False)
+
+
+# Crowd keys with what JSON escapes, non-ASCII, empty strings and null crowd IDs.
+_ODD = ["a", "", 'q"uote', "back\\slash", "line\nfeed", "\x00", "ç\u00e9", "\u2603", "z"]
+
+
+def test_a_table_s_buckets_are_crowd_bucket_of_every_crowd() -> None:
+    """crowd_table_buckets (Arrow-joined keys, each distinct key hashed once) gives exactly
+    crowd_bucket per crowd: plain keys, keys JSON escapes, null crowd IDs, repeated keys."""
+    import random
+
+    import pyarrow as pa
+
+    rng = random.Random(7)
+    for trial in range(40):
+        plain = trial % 2 == 0  # half the tables without a character JSON escapes
+        words = [w for w in _ODD if not plain or w.isprintable() and '"' not in w and "\\" not in w]
+        keys = [
+            (
+                rng.choice(words),
+                rng.choice(words),
+                None if rng.random() < 0.2 else rng.choice(words),
+            )
+            for _ in range(rng.randrange(0, 60))
+        ]
+        keys += keys[: rng.randrange(len(keys) + 1)]  # repeated keys
+        table = pa.table({name: pa.array([k[i] for k in keys], pa.string())
+                          for i, name in enumerate(rc.CROWD_KEY_FIELDS)})  # fmt: skip
+        buckets = rng.choice([1, 3, 16, 1 << 16])
+        got = rc.crowd_table_buckets(rc.CrowdColumns(table), buckets).tolist()
+        assert got == [crowd_bucket(*key, buckets) for key in keys]
+
+
+def _stem_table(rng, key: BucketKey, buckets: int, threshold: int, count: int) -> list[dict]:
+    """A valid crowd table of stem ``key``: crowds that hash to its bucket, in crowd order."""
+    from schemas.release.crowd_buckets import crowd_order
+
+    crowds: dict[tuple, dict] = {}
+    while len(crowds) < count:
+        channel, recipe_id = rng.choice(_ODD), rng.choice(_ODD)
+        crowd_id = None if rng.random() < 0.1 else rng.choice(_ODD) + str(rng.randrange(50))
+        if crowd_bucket(channel, recipe_id, crowd_id, buckets) != key.bucket:
+            continue
+        released = rng.random() < 0.8
+        crowds[crowd_order(channel, recipe_id, crowd_id)] = {
+            "window_start_ms": key.window_start,
+            "window_end_ms": key.window_start + rng.choice([1, fx.DAY_MS]),
+            "instance": key.instance,
+            "channel": channel,
+            "recipe_id": recipe_id,
+            "crowd_id": crowd_id,
+            "status": "released" if released else "withheld",
+            "respondents_released": rng.randrange(threshold, 10**10 + 1) if released else None,
+            "messages_released": rng.randrange(2**40) if released else 0,
+        }
+    return [crowds[order] for order in sorted(crowds)]
+
+
+def _spoil(
+    rng, rows: list[dict], key: BucketKey, buckets: int, threshold: int, kind: int
+) -> list[dict]:
+    """One row (or the order) of a valid table made wrong in way ``kind`` (of 11) of those a
+    check refuses."""
+    index = rng.randrange(len(rows))
+    row = rows[index] = dict(rows[index])
+    released = row["status"] == "released"
+    if kind == 0:
+        row["window_start_ms"] += rng.choice([-1, 1])
+    elif kind == 1:
+        row["window_end_ms"] = row["window_start_ms"] - rng.randrange(2)
+    elif kind == 2:
+        row["instance"] += 1
+    elif kind == 3 and buckets > 1:  # moved in from another bucket
+        while (
+            crowd_bucket(row["channel"], row["recipe_id"], row["crowd_id"], buckets) == key.bucket
+        ):
+            row["crowd_id"] = (row["crowd_id"] or "") + "x"
+    elif kind == 4 and released:
+        row["respondents_released"] = rng.choice([None, -1, 10**10 + 1, threshold - 1])
+    elif kind == 5:
+        row["messages_released"] = -1 if released else 1
+    elif kind == 6 and not released:
+        row["respondents_released"] = 0
+    elif kind == 7 and len(rows) > 1:
+        other = rng.randrange(len(rows))
+        if other != index:
+            rows[index], rows[other] = rows[other], rows[index]
+    elif kind == 8:
+        rows.insert(index, dict(row))  # listed twice
+    elif kind == 9:
+        row["status"] = "withheld" if released else "released"
+    else:
+        row["crowd_id"] = None if row["crowd_id"] else ""
+    return rows
+
+
+def test_tables_checked_by_columns_are_refused_and_summed_as_row_by_row() -> None:
+    """crowd_table_totals (the verifying pass's check, column by column over many tables)
+    accepts every valid table with the totals the row-by-row check gives, and accepts no table
+    the row-by-row check refuses (each of those is then checked row by row, which says why):
+    random valid tables and tables spoiled in each way a check refuses, in groups."""
+    import io
+    import random
+
+    import fastavro
+
+    from schemas import parsed_schema
+
+    rng = random.Random(11)
+    refused = accepted = spoiled_tables = 0
+    for _ in range(150):
+        buckets, threshold = rng.choice([1, 2, 4]), rng.choice([0, 2, 5])
+        instance = rng.choice([0, 3])
+        parameters = {"crowd_buckets": buckets, "crowd_threshold": threshold}
+        keys, tables, valid = [], [], []
+        for table in range(rng.randrange(2, 6)):
+            key = BucketKey(fx.T0 + table * fx.DAY_MS, instance, rng.randrange(buckets))
+            rows = _stem_table(rng, key, buckets, threshold, rng.randrange(0, 12))
+            spoiled = rows and rng.random() < 0.5
+            if spoiled:
+                rows = _spoil(rng, rows, key, buckets, threshold, spoiled_tables % 11)
+                spoiled_tables += 1
+            keys.append(key)
+            tables.append(rows)
+            valid.append(not spoiled)
+        sources = []
+        for index, rows in enumerate(tables):
+            sink = io.BytesIO()
+            fastavro.writer(sink, parsed_schema("released_crowd"), fx.table_rows(rows))
+            sources.append((sink.getvalue(), f"t{index}"))
+        columns = rc.parse_crowd_table_columns(sources)
+        assert columns is not None and columns == tables
+        stated = rng.choice([None, instance])  # the commit's instance, when it states one
+        checked = rc.crowd_table_totals(columns, keys, parameters, stated)
+        for key, rows, is_valid, totals in zip(keys, tables, valid, checked, strict=True):
+            try:
+                expected = rc._row_totals("t", key, rows, buckets, threshold, stated)
+            except rel.ReleaseError:
+                assert totals is None
+                refused += 1
+                continue
+            assert totals == expected and (totals is not None or not is_valid)
+            accepted += 1
+    assert refused > 100 and accepted > 300
+
+
+def test_a_table_s_columns_count_rows_as_its_crowd_dicts_do() -> None:
+    """CrowdColumns.count_by: rows per distinct values, nulls included, as a Counter of the rows."""
+    import random
+    from collections import Counter
+
+    import pyarrow as pa
+
+    rng = random.Random(3)
+    rows = _stem_table(rng, BucketKey(fx.T0, 0, 0), 1, 0, 40)
+    names = ("recipe_id", "window_start_ms", "window_end_ms", "status", "crowd_id")
+    table = pa.table({name: [row[name] for row in rows] for name in rc.CROWD_FIELDS})
+    crowds = rc.CrowdColumns(table)
+    for width in range(1, len(names) + 1):
+        expected = Counter(tuple(row[name] for name in names[:width]) for row in rows)
+        assert crowds.count_by(names[:width]) == dict(expected)
+    assert crowds.rows() == rows and crowds == rows and list(crowds) == rows

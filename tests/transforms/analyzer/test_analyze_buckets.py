@@ -409,3 +409,97 @@ def test_a_file_with_rejected_messages_buckets_every_crowd_as_accumulators(tmp_p
         expected = np.bincount([3] if crowd == 2 else [crowd % 16, 3], minlength=16)
         np.testing.assert_array_equal(accumulator.counts.dense(), expected)
         assert accumulator.rejected == ({"crc_mismatch": 1} if crowd == 2 else {})
+
+
+def _columns(rows: list[dict]):
+    """Crowd dicts as the CrowdColumns the verifying pass decodes (its column types)."""
+    from schemas.release.crowd_tables import CROWD_FIELDS, CrowdColumns
+
+    types = [pa.int64(), pa.int64(), pa.int32(), pa.string(), pa.string(), pa.string(),
+             pa.string(), pa.int64(), pa.int64()]  # fmt: skip
+    schema = pa.schema(list(zip(CROWD_FIELDS, types, strict=True)))
+    return CrowdColumns(pa.RecordBatch.from_pylist(rows, schema=schema))
+
+
+def _random_tables(rng, instance: int) -> list[tuple[int, object, int | None]]:
+    """Tables of one instance as a verified release has them (each crowd key in one table):
+    crowds of small and longitudinal domains, of a recipe not in the book, withheld ones."""
+    tables = []
+    for table in range(rng.integers(1, 6)):
+        start = T0 + int(rng.integers(0, 3)) * DAY
+        rows = []
+        for index in range(rng.integers(0, 30)):
+            recipe = ["onehot", "tree", "small", "unknown"][rng.integers(0, 4)]
+            released = rng.random() < 0.8
+            crowd = commit_crowd(start, recipe, int(rng.integers(0, 50)) if released else None,
+                                 None if index == 0 and table == 0 else f"t{table}-{index}")  # fmt: skip
+            crowd["window_end_ms"] = start + DAY * int(rng.integers(1, 3))
+            crowd["messages_released"] = int(rng.integers(0, 9)) if released else 0
+            rows.append({**crowd, "instance": instance, "recipe_id": f"{recipe}@1"})
+        known = None if rng.random() < 0.5 else int(rng.integers(0, 4))
+        tables.append((instance, _columns(rows), known))
+    return tables
+
+
+def _plain(value):
+    """A bucket's state as lists, dicts and numbers (accumulators by their fields)."""
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(item) for item in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if hasattr(value, "__dict__") or hasattr(value, "__slots__"):
+        fields = getattr(value, "__dict__", None) or {
+            name: getattr(value, name) for name in value.__slots__ if hasattr(value, name)
+        }
+        return (type(value).__name__, _plain(fields))
+    return value
+
+
+def _states(buckets: dict) -> list:
+    """Each unit and its packed content, in order."""
+    import zlib
+
+    return [(unit, _plain(pickle.loads(zlib.decompress(bucket.__getstate__()))))
+            for unit, bucket in buckets.items()]  # fmt: skip
+
+
+def test_buckets_from_a_tables_columns_are_those_of_its_crowds_one_by_one():
+    """commit_table_buckets (crowd tables' columns, row crowds grouped by numpy) makes exactly
+    the buckets, in the same order with the same content, that commit_buckets makes of the same
+    crowds one by one, for known and hashed buckets, and the count check's stated records of a
+    table's columns are those of its rows; crowds commit_buckets refuses, or tables of several
+    instances, are left to commit_buckets (the same error)."""
+    from tests.transforms.analyzer.analyzer_messages import recipe_of
+    from transforms.analyzer.aggregate import (
+        crowd_records_table,
+        stated_record_table,
+        stated_records,
+    )
+
+    small = recipe_of("small", "one_hot_rappor", {"domain_size": 4, "epsilon": 1.0})
+    book = arithmetic.RecipeBook([ONE_HOT, TREE, small])
+    rng = seeded_generator(5)
+    for _ in range(40):
+        tables = _random_tables(rng, int(rng.integers(0, 3)))
+        if rng.random() < 0.2:  # another instance's table among them
+            tables += _random_tables(rng, 7)[:1]
+        pairs = [(instance, crowd) for instance, crowds, _ in tables for crowd in crowds]
+        known = [bucket for _, crowds, bucket in tables for _ in range(len(crowds))]
+        expected = arithmetic.commit_buckets(pairs, book, 4, known)
+        assert _states(arithmetic.commit_table_buckets(tables, book, 4)) == _states(expected)
+        for _, crowds, _ in tables:
+            assert stated_record_table(crowds).to_pylist() == (
+                crowd_records_table(stated_records(crowds.rows())).to_pylist()
+            )
+    onehot = {**commit_crowd(T0, "onehot", 3, "a"), "instance": 0}
+    for wrong, words in [
+        ({"respondents_released": None}, "respondents_released"),
+        ({"window_end_ms": T0}, "start < end"),
+    ]:
+        with pytest.raises(ValueError, match=words):
+            arithmetic.commit_table_buckets([(0, _columns([onehot, {**onehot, **wrong}]), 1)],
+                                            book, 4)  # fmt: skip
+    with pytest.raises(ValueError, match="respondents need instance >= 0"):
+        arithmetic.commit_table_buckets([(-1, _columns([onehot]), 1)], book, 4)

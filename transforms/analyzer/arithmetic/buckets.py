@@ -8,11 +8,12 @@ and the unit key adds the crowd key's kind and window (:func:`bucket_key`). A
 of their commit records; it crosses a pipeline's groupings as one compressed blob
 (:meth:`CrowdBucket.pack`), never as one element or one Python object per crowd.
 
-Pure: numpy, pickle and zlib; no Beam.
+Pure: numpy, Arrow (a verified crowd table's columns), pickle and zlib; no Beam.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import pickle
 import zlib
@@ -20,6 +21,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from schemas.release.crowd_buckets import (
     DEFAULT_CROWD_BUCKETS,
@@ -27,6 +30,7 @@ from schemas.release.crowd_buckets import (
     crowd_bucket,
     crowd_buckets_of,
 )
+from schemas.release.crowd_tables import CrowdColumns, crowd_table_buckets
 from transforms.analyzer.arithmetic.accumulate import (
     HISTOGRAM,
     Accumulator,
@@ -582,52 +586,55 @@ def _buckets_of(
     return crowd_buckets_known(crowds, buckets, known)
 
 
-def commit_buckets(
-    crowds: Iterable[tuple[int, Mapping[str, Any]]],
-    book: RecipeBook,
-    buckets: int = ANALYZER_BUCKETS,
-    known_buckets: Sequence[int | None] | None = None,
-) -> dict[AnalysisBucketKey, CrowdBucket]:
-    """``(instance, commit crowd record)`` pairs as partial buckets: each released crowd of a
-    known recipe as an accumulator holding only n_u (``respondent_accumulators``; counts kept
-    empty and sparse until :meth:`CrowdBucket.densify`), each withheld crowd as a
-    :data:`WithheldRecord` in the bucket its estimate would be in (a histogram bucket when
-    its recipe is unknown). ValueError on a malformed released record. Histogram crowds of
-    domains up to :data:`ROW_DOMAIN_LIMIT` go straight into the bucket's rows (no accumulator
-    per crowd). ``known_buckets``: per pair, its bucket when the caller knows it without
-    hashing the crowd (:func:`bucket_key`'s last field; None: hashed here)."""
-    units: dict[AnalysisBucketKey, tuple[dict, dict, list]] = {}
-    domains: dict[str, int | None] = {}  # recipe id -> its rows' domain (None: an object each)
+class _CommitUnits:
+    """What :func:`commit_buckets` gathers per analysis unit, in the order each unit is first
+    touched: rows by domain (the crowd keys in order with their respondents), other
+    accumulators by key, withheld records."""
 
-    known: int | None = None
+    def __init__(self, book: RecipeBook) -> None:
+        self.book = book
+        self.units: dict[AnalysisBucketKey, tuple[dict, dict, list]] = {}
+        self.first: dict[AnalysisBucketKey, int] = {}  # index of the first crowd in a unit
+        self.domains: dict[str, int | None] = {}  # recipe id -> its rows' domain (None: objects)
 
-    def unit_of(key: CrowdKey) -> tuple[dict, dict, list]:
-        if known is None:
-            unit = bucket_key(key, buckets)
-        else:
-            unit = (key[0], int(key[1]), int(key[2]), known)
-        parts = units.get(unit)
+    def parts(self, unit: AnalysisBucketKey, index: int) -> tuple[dict, dict, list]:
+        parts = self.units.get(unit)
         if parts is None:
-            parts = units[unit] = ({}, {}, [])  # rows by domain, other accumulators, withheld
+            parts = self.units[unit] = ({}, {}, [])  # rows by domain, other accumulators, withheld
+            self.first[unit] = index
+        elif index < self.first[unit]:
+            self.first[unit] = index
         return parts
 
-    for index, (instance, crowd) in enumerate(crowds):
-        if known_buckets is not None:
-            known = known_buckets[index]
+    def domain(self, recipe_id: Any) -> int | None:
+        """The message domain of a recipe's row crowds; None for a longitudinal or large
+        domain, or an unknown recipe."""
+        if recipe_id not in self.domains:
+            recipe = self.book.get(recipe_id)
+            domain = None
+            if recipe is not None and not is_longitudinal(recipe):
+                size = recipe.build_randomizer().message_domain_size
+                domain = size if size <= ROW_DOMAIN_LIMIT else None
+            self.domains[recipe_id] = domain
+        return self.domains[recipe_id]
+
+    def add(self, index: int, instance: int, crowd: Mapping[str, Any], bucket: Any) -> None:
+        """Crowd number ``index`` (``bucket``: its :func:`bucket_key` bucket when known, else a
+        callable giving a crowd key's unit)."""
+
+        def unit_of(key: CrowdKey) -> tuple[dict, dict, list]:
+            if callable(bucket):
+                return self.parts(bucket(key), index)
+            return self.parts((key[0], int(key[1]), int(key[2]), bucket), index)
+
+        book = self.book
         if crowd.get("status") == "released":
             recipe_id = crowd.get("recipe_id")
-            if recipe_id not in domains:
-                recipe = book.get(recipe_id)
-                domain = None
-                if recipe is not None and not is_longitudinal(recipe):
-                    size = recipe.build_randomizer().message_domain_size
-                    domain = size if size <= ROW_DOMAIN_LIMIT else None
-                domains[recipe_id] = domain
-            domain = domains[recipe_id]
+            domain = self.domain(recipe_id)
             if domain is None:  # a longitudinal or large domain, or an unknown recipe (none)
                 for key, accumulator in respondent_accumulators([crowd], instance, book, 0):
                     merge_into(unit_of(key)[1], [(key, accumulator)])
-                continue
+                return
             count = crowd.get("respondents_released")
             if type(count) is not int or count < 0:  # bool is no count either
                 raise ValueError(f"released crowd without respondents_released >= 0: {dict(crowd)}")
@@ -647,7 +654,7 @@ def commit_buckets(
                 respondents.append({int(instance): int(count)})
             else:
                 _merge_respondents(respondents[position], {int(instance): int(count)}, "instance")
-            continue
+            return
         recipe = book.get(crowd["recipe_id"])
         start, stop = int(crowd["window_start_ms"]), int(crowd["window_end_ms"])
         channel, recipe_id, crowd_id = crowd["channel"], crowd["recipe_id"], crowd.get("crowd_id")
@@ -657,22 +664,164 @@ def commit_buckets(
             key = (HISTOGRAM, start, stop, channel, recipe_id, crowd_id)
         record = (start, stop, channel, recipe_id, crowd_id, int(instance))
         unit_of(key)[2].append(record)
-    out: dict[AnalysisBucketKey, CrowdBucket] = {}
-    for unit, (by_domain, others, withheld) in units.items():
-        rows = {}
-        for domain, (positions, respondents) in by_domain.items():
-            crowds_in = len(respondents)
-            rows[domain] = _Rows(
-                domain,
-                list(positions),
-                np.zeros(crowds_in, dtype=bool),  # empty sparse sums until densified
-                np.zeros((crowds_in, domain), dtype=np.int64),
-                np.zeros(crowds_in, dtype=np.int64),
-                respondents,
-                [{} for _ in range(crowds_in)],
-            )
-        out[unit] = CrowdBucket.of_content(_Content(rows, others, withheld))
-    return out
+
+    def buckets(self) -> dict[AnalysisBucketKey, CrowdBucket]:
+        out: dict[AnalysisBucketKey, CrowdBucket] = {}
+        for unit in sorted(self.units, key=self.first.__getitem__):
+            by_domain, others, withheld = self.units[unit]
+            rows = {}
+            for domain, (keys, respondents) in by_domain.items():
+                crowds_in = len(respondents)
+                rows[domain] = _Rows(
+                    domain,
+                    list(keys),
+                    np.zeros(crowds_in, dtype=bool),  # empty sparse sums until densified
+                    np.zeros((crowds_in, domain), dtype=np.int64),
+                    np.zeros(crowds_in, dtype=np.int64),
+                    respondents,
+                    [{} for _ in range(crowds_in)],
+                )
+            out[unit] = CrowdBucket.of_content(_Content(rows, others, withheld))
+        return out
+
+
+def commit_buckets(
+    crowds: Iterable[tuple[int, Mapping[str, Any]]],
+    book: RecipeBook,
+    buckets: int = ANALYZER_BUCKETS,
+    known_buckets: Sequence[int | None] | None = None,
+) -> dict[AnalysisBucketKey, CrowdBucket]:
+    """``(instance, commit crowd record)`` pairs as partial buckets: each released crowd of a
+    known recipe as an accumulator holding only n_u (``respondent_accumulators``; counts kept
+    empty and sparse until :meth:`CrowdBucket.densify`), each withheld crowd as a
+    :data:`WithheldRecord` in the bucket its estimate would be in (a histogram bucket when
+    its recipe is unknown). ValueError on a malformed released record. Histogram crowds of
+    domains up to :data:`ROW_DOMAIN_LIMIT` go straight into the bucket's rows (no accumulator
+    per crowd). ``known_buckets``: per pair, its bucket when the caller knows it without
+    hashing the crowd (:func:`bucket_key`'s last field; None: hashed here)."""
+    units = _CommitUnits(book)
+
+    def hashed(key: CrowdKey) -> AnalysisBucketKey:
+        return bucket_key(key, buckets)
+
+    for index, (instance, crowd) in enumerate(crowds):
+        known = None if known_buckets is None else known_buckets[index]
+        units.add(index, instance, crowd, hashed if known is None else known)
+    return units.buckets()
+
+
+def commit_table_buckets(
+    tables: Sequence[tuple[int, CrowdColumns, int | None]],
+    book: RecipeBook,
+    buckets: int = ANALYZER_BUCKETS,
+) -> dict[AnalysisBucketKey, CrowdBucket]:
+    """:func:`commit_buckets` of verified crowd tables ``(instance, crowds, the bucket of all
+    its crowds or None)`` in turn, the same buckets from their columns: the row crowds
+    (released, of a histogram recipe of a small domain) checked as ``commit_buckets`` checks
+    them with numpy and grouped per unit and domain at once (the key tuples and respondent
+    dicts its rows hold are made in one comprehension per group), the others crowd by crowd;
+    each crowd hashed only where its table's bucket is not known (``crowd_table_buckets``).
+    A crowd's key is in one table of one instance (``check_crowd_table``: rows in strict crowd
+    order, each crowd in its bucket's table); tables of several instances, or a row crowd that
+    ``commit_buckets`` would refuse, are left to ``commit_buckets``, which says what is wrong."""
+
+    def by_rows() -> dict[AnalysisBucketKey, CrowdBucket]:
+        pairs = [(instance, crowd) for instance, crowds, _ in tables for crowd in crowds]
+        known = [bucket for _, crowds, bucket in tables for _ in range(len(crowds))]
+        return commit_buckets(pairs, book, buckets, known)
+
+    tables = [table for table in tables if len(table[1])]
+    if not tables:
+        return {}
+    instance = tables[0][0]
+    plain = (
+        all(table[0] == instance for table in tables)
+        and type(instance) is int
+        and instance >= 0
+        and type(buckets) is int
+        and 1 <= buckets <= MAX_CROWD_BUCKETS
+    )
+    if not plain:
+        return by_rows()
+    crowds = CrowdColumns(
+        pa.concat_tables([pa.table(table.table) for _, table, _ in tables]).combine_chunks()
+    )
+    bucket = np.concatenate([
+        np.full(len(table), known, dtype=np.int64) if type(known) is int
+        else crowd_table_buckets(table, buckets)
+        for _, table, known in tables
+    ])  # fmt: skip
+    units = _CommitUnits(book)
+    recipes = crowds.column("recipe_id").dictionary_encode()
+    domain_of = [units.domain(recipe_id) for recipe_id in recipes.dictionary.to_pylist()]
+    domains = np.array([-1 if d is None else d for d in domain_of], dtype=np.int64)[
+        pc.fill_null(recipes.indices, 0).to_numpy(zero_copy_only=False)
+    ]
+    released = pc.fill_null(pc.equal(crowds.column("status"), "released"), False)
+    released = released.to_numpy(zero_copy_only=False)
+    row_crowds = (
+        released
+        & (domains >= 0)
+        & crowds.column("recipe_id").is_valid().to_numpy(zero_copy_only=False)
+    )
+    windows = [crowds.column(name) for name in ("window_start_ms", "window_end_ms")]
+    counts = crowds.column("respondents_released")
+    start, stop = (w.fill_null(0).to_numpy(zero_copy_only=False) for w in windows)
+    refused = (
+        windows[0].null_count
+        or windows[1].null_count
+        or (row_crowds & ~counts.is_valid().to_numpy(zero_copy_only=False)).any()
+        or (row_crowds & (counts.fill_null(0).to_numpy(zero_copy_only=False) < 0)).any()
+        or (row_crowds & (start >= stop)).any()
+    )
+    if refused:
+        return by_rows()
+    rest = np.flatnonzero(~row_crowds)
+    if rest.size:  # withheld crowds and released ones of other recipes: crowd by crowd
+        others = CrowdColumns(crowds.table.take(pa.array(rest))).rows()
+        for index, crowd in zip(rest.tolist(), others, strict=True):
+            units.add(index, instance, crowd, int(bucket[index]))
+    picked = np.flatnonzero(row_crowds)
+    if picked.size:
+        _add_row_crowds(units, instance, crowds, picked, start, stop, bucket, domains)
+    return units.buckets()
+
+
+def _add_row_crowds(
+    units: _CommitUnits,
+    instance: int,
+    crowds: CrowdColumns,
+    picked: np.ndarray,
+    start: np.ndarray,
+    stop: np.ndarray,
+    bucket: np.ndarray,
+    domains: np.ndarray,
+) -> None:
+    """The row crowds ``picked`` (positions in ``crowds``) into their units' rows, a group of
+    one unit and domain at a time, groups in the order of their first crowd."""
+    table = crowds.table if len(picked) == len(crowds) else crowds.table.take(pa.array(picked))
+    lists = [table.column(name).to_pylist() for name in
+             ("window_start_ms", "window_end_ms", "channel", "recipe_id", "crowd_id")]  # fmt: skip
+    keys = list(zip(itertools.repeat(HISTOGRAM), *lists, strict=False))
+    respondents = table.column("respondents_released").to_pylist()
+    # runs of rows of one unit and domain (a table's, mostly), gathered per group in the order
+    # of their first row
+    columns = np.stack([start[picked], stop[picked], bucket[picked], domains[picked]])
+    edges = np.flatnonzero((columns[:, 1:] != columns[:, :-1]).any(axis=0)) + 1
+    bounds = [0, *edges.tolist(), len(picked)]
+    groups: dict[tuple, list[tuple[int, int]]] = {}
+    for low, high in itertools.pairwise(bounds):
+        groups.setdefault(tuple(columns[:, low].tolist()), []).append((low, high))
+    for (group_start, group_stop, group_bucket, domain), runs in groups.items():
+        unit = (HISTOGRAM, group_start, group_stop, group_bucket)
+        by_domain = units.parts(unit, int(picked[runs[0][0]]))[0]
+        if len(runs) == 1:
+            low, high = runs[0]
+            group_keys, counts = keys[low:high], respondents[low:high]
+        else:
+            group_keys = [key for low, high in runs for key in keys[low:high]]
+            counts = [count for low, high in runs for count in respondents[low:high]]
+        by_domain[domain] = (group_keys, [{instance: count} for count in counts])
 
 
 def withheld_records(records: Iterable[WithheldRecord]) -> list[dict[str, Any]]:
@@ -702,6 +851,7 @@ __all__ = [
     "bucket_accumulators",
     "bucket_key",
     "commit_buckets",
+    "commit_table_buckets",
     "crowd_buckets_known",
     "crowd_sort_key",
     "withheld_records",
