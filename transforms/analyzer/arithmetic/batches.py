@@ -2,7 +2,8 @@
 
 Verification (schema version, window, CRC32C, recipe on its channel) and payload decoding are
 vectorized over the batch, and so is counting the histogram crowds of small dense domains (one
-bincount over crowd x bucket per recipe); what is left per crowd is making its accumulator.
+bincount over crowd x bucket per recipe); what is left per crowd is making its accumulator,
+or for those histogram crowds, asked for as rows (:class:`CrowdRows`), only its key.
 """
 
 from __future__ import annotations
