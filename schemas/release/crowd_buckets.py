@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "BucketKey",
     "crowd_bucket",
     "crowd_buckets_of",
+    "key_json_buckets",
     "crowd_order",
     "bucket_stem",
     "message_file_path",
@@ -58,8 +59,7 @@ def crowd_bucket(channel: str, recipe_id: str, crowd_id: str | None, buckets: in
     ``[channel, recipe_id, crowd_id]``, big-endian, modulo ``buckets`` (window and instance are
     not hashed: they are parts of the stem)."""
     _check_buckets(buckets)
-    digest = _sha256(_key_json(channel, recipe_id, crowd_id)).digest()
-    return int.from_bytes(digest[:8], "big") % buckets
+    return key_json_buckets([_key_json(channel, recipe_id, crowd_id)], buckets)[0]
 
 
 def crowd_buckets_of(crowds: Sequence[tuple[str, str, str | None]], buckets: int) -> list[int]:
@@ -76,17 +76,21 @@ def crowd_buckets_of(crowds: Sequence[tuple[str, str, str | None]], buckets: int
     )
     if not plain:
         return [crowd_bucket(*crowd, buckets) for crowd in crowds]
+    return key_json_buckets(
+        [
+            (f'["{c}","{r}","{i}"]' if i is not None else f'["{c}","{r}",null]').encode()
+            for c, r, i in crowds
+        ],
+        buckets,
+    )
+
+
+def key_json_buckets(keys: Iterable[bytes], buckets: int) -> list[int]:
+    """The bucket of each crowd key given as the UTF-8 JSON :func:`crowd_bucket` hashes
+    (``["<channel>","<recipe_id>",<crowd_id or null>]``, no spaces): the first 8 bytes of its
+    SHA-256, big-endian, modulo ``buckets`` (checked by the caller), in one tight loop."""
     sha256, from_bytes = _sha256, int.from_bytes
-    return [
-        from_bytes(
-            sha256(
-                (f'["{c}","{r}","{i}"]' if i is not None else f'["{c}","{r}",null]').encode()
-            ).digest()[:8],
-            "big",
-        )
-        % buckets
-        for c, r, i in crowds
-    ]
+    return [from_bytes(sha256(key).digest()[:8], "big") % buckets for key in keys]
 
 
 def _check_buckets(buckets: int) -> None:

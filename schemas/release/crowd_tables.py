@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import datetime
 import functools
-import hashlib
 import io
 import json
 import os
@@ -53,6 +52,7 @@ from schemas.release.crowd_buckets import (
     BucketKey,
     crowd_bucket,
     crowd_order,
+    key_json_buckets,
 )
 
 if TYPE_CHECKING:
@@ -453,11 +453,9 @@ def crowd_table_buckets(crowds: CrowdColumns, buckets: int) -> np.ndarray:
     joined = pc.binary_join_element_wise('["', channel, '","', recipe_id, '",', last, "]", "")
     distinct = pc.unique(joined)  # a crowd is in every window's table: hashed once
     hashed = joined if len(distinct) == len(joined) else distinct
-    sha256 = hashlib.sha256
-    digests = b"".join([sha256(key).digest() for key in hashed.cast(pa.binary()).to_pylist()])
-    # the first 8 bytes of each 32-byte digest, big-endian, modulo buckets (crowd_bucket)
-    firsts = np.frombuffer(digests, dtype=">u8").reshape(-1, 4)[:, 0]
-    of_hashed = (firsts % np.uint64(buckets)).astype(np.int64)
+    of_hashed = np.array(
+        key_json_buckets(hashed.cast(pa.binary()).to_pylist(), buckets), dtype=np.int64
+    )
     if hashed is joined:
         return of_hashed
     return of_hashed[pc.index_in(joined, distinct).to_numpy(zero_copy_only=False)]
