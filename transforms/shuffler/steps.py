@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from schemas import SCHEMA_VERSION
 from schemas.dead_letters import dead_letter
-from schemas.release.crowd_buckets import BucketKey, crowd_bucket
+from schemas.release.crowd_buckets import BucketKey, crowd_buckets_of
 from schemas.replays import repeated_sealed_payloads
 from transforms.common import avro_io, counters, grouping
 from transforms.shuffler import decide, report_rows, spill
@@ -81,12 +81,11 @@ def bucket_rows(
     crowd_columns = [batch.column(name) for name in ("channel", "recipe_id", "crowd_id")]
     by_crowd, crowd_starts = grouping.group_rows(crowd_columns)
     first_rows = pa.array(by_crowd[crowd_starts[:-1]])
-    texts, bucket_of_crowd = [], []
-    for channel, recipe_id, crowd_id in zip(
-        *(column.take(first_rows).to_pylist() for column in crowd_columns), strict=True
-    ):
-        texts.append(crowd_text(channel, recipe_id, crowd_id))
-        bucket_of_crowd.append(crowd_bucket(channel, recipe_id, crowd_id, buckets))
+    crowds = list(
+        zip(*(column.take(first_rows).to_pylist() for column in crowd_columns), strict=True)
+    )
+    texts = [crowd_text(*crowd) for crowd in crowds]
+    bucket_of_crowd = crowd_buckets_of(crowds, buckets)
     crowd_of_row = np.empty(batch.num_rows, dtype=np.int32)
     crowd_of_row[by_crowd] = np.repeat(np.arange(len(texts), dtype=np.int32), np.diff(crowd_starts))
     bucket = np.asarray(bucket_of_crowd, dtype=np.int64)[crowd_of_row]
