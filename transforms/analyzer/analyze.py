@@ -193,12 +193,12 @@ class BucketCrowds(NamedTuple):
 
 class RowEstimates(NamedTuple):
     """What :meth:`CrowdEstimator.estimate_rows` makes of a :class:`RowGroup`: the report lines
-    of the estimated crowds (with their positions), one table of their rows, the (report, table)
+    of the estimated crowds (with their positions; as ``HistogramReportLines.pieces``), one table of their rows, the (report, table)
     of the pictured ones, and the positions the one-crowd path must take (their estimate was
     refused: it says why)."""
 
     positions: list[int]
-    lines: list[str]
+    lines: tuple[list[str], list[str], list[str]]  # HistogramReportLines.pieces
     table: pa.Table
     pictures: list[tuple[dict[str, Any], pa.Table]]
     refused: list[int]
@@ -446,7 +446,8 @@ class CrowdEstimator:
                 config.postprocessing,
             )
         except ValueError:  # a recipe-wide refusal: each crowd's own call states it
-            return RowEstimates([], [], self._schema.empty_table(), [], list(group.positions))
+            empty: tuple[list[str], list[str], list[str]] = ([], [], [])
+            return RowEstimates([], empty, self._schema.empty_table(), [], list(group.positions))
         positions = group.positions
         rejected = group.rejected
         if refused.size:
@@ -469,7 +470,7 @@ class CrowdEstimator:
                 accuracy[row] = arithmetic.histogram_accuracy(result, buckets, counts)
                 keys, values = arithmetic.sparse_truth(buckets, counts)
                 truth_rows[row] = arithmetic.values_at(result.buckets, keys, values)
-        lines = self._lines.lines(group.recipe, rows, accuracy, rejected)
+        lines = self._lines.pieces(group.recipe, rows, accuracy, rejected)
         table = histogram_rows_table(rows, config, truth_rows, self._schema)
         pictures = []
         for row, key in enumerate(rows.keys):
@@ -609,8 +610,9 @@ class EstimateBucket(beam.DoFn):
                 return crowds[position][1]
         else:
             keys, groups, single, rejected_notes, accumulator_of = split
-        # Each crowd's report lines (with their sort keys) at its position: the crowds' order.
-        lines: list[list[tuple[str, tuple]] | None] = [None] * len(keys)
+        # Each crowd's report lines at its position (the crowds' order), as (head, shared text,
+        # tail, sort key): HistogramReportLines.pieces, a whole line its head.
+        lines: list[list[tuple[str, str, str, tuple]] | None] = [None] * len(keys)
         for group in groups:
             domain = max(1, group.randomizer.message_domain_size)
             size = max(1, self._rows_per_batch // domain)
@@ -620,9 +622,9 @@ class EstimateBucket(beam.DoFn):
                 )
                 rows = self._estimator.estimate_rows(chunk)
                 single.extend(rows.refused)
-                for position, line in zip(rows.positions, rows.lines, strict=True):
+                for position, head, shared, tail in zip(rows.positions, *rows.lines, strict=True):
                     key = keys[position]
-                    lines[position] = [(line, histogram_report_order(key))]
+                    lines[position] = [(head, shared, tail, histogram_report_order(key))]
                     estimated.add((int(key[1]), *key[3:]))
                 if rows.positions:  # every line a histogram report, each with its notes
                     totals["histograms"] = totals.get("histograms", 0) + len(rows.positions)
@@ -639,7 +641,7 @@ class EstimateBucket(beam.DoFn):
                 for name, count in report_totals(report).items():
                     totals[name] = totals.get(name, 0) + count
                 estimated.update(estimated_crowds(report))
-                lines[position].append((json_line(report), report_order(report)))
+                lines[position].append((json_line(report), "", "", report_order(report)))
                 if table is None:
                     continue
                 tag = LONGITUDINAL_TAG if key[0] == arithmetic.LONGITUDINAL else HISTOGRAM_TAG
@@ -654,8 +656,8 @@ class EstimateBucket(beam.DoFn):
                 yield out(tag, pack_table(batch))
         report_lines = [line for crowd_lines in lines if crowd_lines for line in crowd_lines]
         if report_lines:
-            texts, orders = zip(*report_lines, strict=True)
-            yield out(REPORT_TAG, pack_lines(list(texts), list(orders)))
+            heads, shared, tails, orders = map(list, zip(*report_lines, strict=True))
+            yield out(REPORT_TAG, pack_lines(heads, orders, shared, tails))
         notes = arithmetic.withheld_notes(arithmetic.withheld_records(content.withheld), estimated)
         notes = sorted(notes + rejected_notes, key=note_order)
         if notes:
