@@ -83,7 +83,27 @@ PENDING_BYTES = 1 << 16
 # Histogram crowds of domains up to this size are packed as rows of one matrix per domain size
 # (:class:`_Rows`); larger domains, sparse sums and longitudinal crowds as pickled objects.
 ROW_DOMAIN_LIMIT = 1 << 12
-_ROWS_FORMAT = "rows/1"
+_ROWS_FORMAT = "rows/2"
+
+
+def _narrow(values: np.ndarray) -> tuple[str, bytes]:
+    """Integers as the bytes of the smallest signed type holding them (with that type's name;
+    read back by :func:`_widened`): counts are mostly small, so a blob is mostly smaller."""
+    dtype = np.dtype(np.int64)
+    if values.size:
+        low, high = int(values.min()), int(values.max())
+        for candidate in (np.int8, np.int16, np.int32):
+            info = np.iinfo(candidate)
+            if info.min <= low and high <= info.max:
+                dtype = np.dtype(candidate)
+                break
+    return dtype.str, values.astype(dtype, copy=False).tobytes()
+
+
+def _widened(narrowed: tuple[str, bytes]) -> np.ndarray:
+    """The writable int64 array :func:`_narrow` gave the bytes of."""
+    dtype, data = narrowed
+    return np.frombuffer(data, dtype=np.dtype(dtype)).astype(np.int64)
 
 
 class _Rows:
@@ -112,8 +132,8 @@ class _Rows:
             self.domain,
             self.keys,
             self.dense.tobytes(),
-            self.counts.tobytes(),
-            self.messages.tobytes(),
+            _narrow(self.counts),
+            _narrow(self.messages),
             self.respondents,
             self.rejected,
         )
@@ -126,8 +146,8 @@ class _Rows:
             domain,
             keys,
             np.frombuffer(bytearray(dense), dtype=bool),
-            np.frombuffer(bytearray(counts), dtype=np.int64).reshape(rows, domain),
-            np.frombuffer(bytearray(messages), dtype=np.int64),
+            _widened(counts).reshape(rows, domain),
+            _widened(messages),
             respondents,
             rejected,
         )
@@ -335,10 +355,21 @@ class CrowdBucket:
     waits as its blob, and the waiting blobs are folded in (unpacked, added as rows, packed
     again) once they weigh as much as the bucket's own blob, so adding costs amortized O(log)
     unpacks per crowd and a combiner holding every bucket (Beam's lifted combine keeps every
-    key's accumulator until its bundle ends) holds compressed bytes.
+    key's accumulator until its bundle ends) holds compressed bytes. An empty bucket takes the
+    first bucket added as its own blob, and :meth:`densify` of a packed bucket waits (with the
+    blob, pickled too) until the content is read, so a bucket combined from one input and
+    densified crosses the combiner without being unpacked and packed again.
     """
 
-    __slots__ = ("_crowds", "_withheld", "_content", "_packed", "_pending", "_pending_bytes")
+    __slots__ = (
+        "_crowds",
+        "_withheld",
+        "_content",
+        "_packed",
+        "_pending",
+        "_pending_bytes",
+        "_dense_limit",
+    )
 
     def __init__(
         self,
@@ -351,6 +382,8 @@ class CrowdBucket:
         self._packed: bytes | None = None
         self._pending: list[bytes] = []
         self._pending_bytes = 0
+        # densify(limit) not yet applied to the packed blob
+        self._dense_limit: int | None = None
 
     @classmethod
     def of_content(cls, content: _Content) -> CrowdBucket:
@@ -370,6 +403,9 @@ class CrowdBucket:
             content = _unpack(self._packed)
         self._crowds = self._withheld = None
         self._content, self._packed = content, None
+        if self._dense_limit is not None:  # waiting since before any pending blob was added
+            content.densify(self._dense_limit)
+            self._dense_limit = None
         if self._pending:
             pending, self._pending, self._pending_bytes = self._pending, [], 0
             parts = [content, *(_unpack(blob) for blob in pending)]
@@ -404,21 +440,45 @@ class CrowdBucket:
         return self
 
     def add(self, other: CrowdBucket) -> None:
-        """Adds ``other`` (its value unchanged) lazily, keeping this bucket packed."""
-        blob = other.__getstate__()
+        """Adds ``other`` (its value unchanged) lazily, keeping this bucket packed (an empty
+        bucket takes ``other``'s blob as its own)."""
+        state = other.__getstate__()
+        if self._is_new():
+            self.__setstate__(state)
+            return
+        if self._dense_limit is not None:  # densified before other was added
+            self._own_content()
+        if not isinstance(state, bytes):  # other's waiting densify applied to its blob first
+            other._own_content()
+            state = other.__getstate__()
+        blob = state
         self._pending.append(blob)
         self._pending_bytes += len(blob)
         if self._pending_bytes >= max(PENDING_BYTES, len(self._packed or b"")):
             self.pack()
 
-    def __getstate__(self) -> bytes:
+    def _is_new(self) -> bool:
+        """Whether nothing was put in this bucket yet (as made by ``CrowdBucket()``)."""
+        return (
+            self._packed is None
+            and self._content is None
+            and not self._pending
+            and not self._crowds
+            and not self._withheld
+            and self._dense_limit is None
+        )
+
+    def __getstate__(self) -> bytes | tuple[bytes, int]:
+        """The blob (:meth:`pack`), with the limit of a :meth:`densify` still to apply."""
         self.pack()
+        if self._dense_limit is not None:
+            return self._packed or b"", self._dense_limit
         return self._packed or b""
 
-    def __setstate__(self, state: bytes) -> None:
+    def __setstate__(self, state: bytes | tuple[bytes, int]) -> None:
         self._crowds = self._withheld = None
         self._content = None
-        self._packed = state
+        self._packed, self._dense_limit = state if isinstance(state, tuple) else (state, None)
         self._pending = []
         self._pending_bytes = 0
 
@@ -462,7 +522,12 @@ class CrowdBucket:
 
     def densify(self, dense_limit: int) -> None:
         """Histogram crowds of domains up to ``dense_limit`` counted densely, also those whose
-        only parts were respondent counts (kept sparse, i.e. empty, while they travel)."""
+        only parts were respondent counts (kept sparse, i.e. empty, while they travel); of a
+        packed bucket when it is next read."""
+        if self._crowds is None and self._content is None and not self._pending:
+            limit = self._dense_limit
+            self._dense_limit = dense_limit if limit is None else max(limit, int(dense_limit))
+            return
         if self._crowds is None or self._pending:  # as rows: a flag per crowd
             self._own_content().densify(dense_limit)
             return
