@@ -124,25 +124,28 @@ def histogram_rows_table(
     from the stacked matrices. ``truth``: row -> the dense truth of each crowd that has one (the
     others' truth is null, as in their own tables)."""
     crowds, domain = rows.estimate.shape
+    if not crowds:
+        return (schema or histogram_schema(config)).empty_table()
     size = crowds * domain
     keys = rows.keys
 
-    def repeated(values: list, dtype: Any) -> np.ndarray:
+    def repeated(values: Sequence, dtype: Any) -> np.ndarray:
         return np.repeat(np.array(values, dtype=dtype), domain)
 
     # Each crowd's strings converted once, then repeated per bucket by Arrow (no Python object
     # per row).
     crowd_of_row = pa.array(np.repeat(np.arange(crowds, dtype=np.int64), domain))
 
-    def strings(values: list) -> pa.Array:
+    def strings(values: Sequence) -> pa.Array:
         return pa.array(values, pa.string()).take(crowd_of_row)
 
+    _, starts, ends, channels, recipe_ids, crowd_ids = zip(*keys, strict=True)
     columns: dict[str, Any] = {
-        "window_start": pa.array(repeated([k[1] for k in keys], np.int64), type=_TIME),
-        "window_end": pa.array(repeated([k[2] for k in keys], np.int64), type=_TIME),
-        "channel": strings([k[3] for k in keys]),
-        "recipe_id": strings([k[4] for k in keys]),
-        "crowd": strings([k[5] for k in keys]),
+        "window_start": pa.array(repeated(starts, np.int64), type=_TIME),
+        "window_end": pa.array(repeated(ends, np.int64), type=_TIME),
+        "channel": strings(channels),
+        "recipe_id": strings(recipe_ids),
+        "crowd": strings(crowd_ids),
         "bucket": pa.array(np.tile(np.arange(domain, dtype=np.int64), crowds), pa.int64()),
         "estimate": pa.array(rows.estimate.ravel(), pa.float64()),
         "stderr": pa.array(rows.stderr.ravel(), pa.float64()),
