@@ -106,13 +106,37 @@ def _widened(narrowed: tuple[str, bytes]) -> np.ndarray:
     return np.frombuffer(data, dtype=np.dtype(dtype)).astype(np.int64)
 
 
+def _shared_names(keys: list[CrowdKey]) -> list[CrowdKey]:
+    """``keys`` (equal tuples) holding one string object per distinct kind, channel and recipe
+    ID: pickle memoizes an object, so a name many keys share is written once."""
+    names: dict[str, str] = {}
+    name = names.setdefault
+    return [
+        (name(kind, kind), start, stop, name(channel, channel), name(recipe_id, recipe_id), crowd)
+        for kind, start, stop, channel, recipe_id, crowd in keys
+    ]
+
+
 class _Rows:
     """Histogram crowds of one message domain size as columns: their keys, whether each one's
     sums are dense (else empty and sparse: a commit record's n_u only), the sums as the rows of
     one int64 matrix, the messages, the respondents per instance and the rejections. What
-    :class:`CrowdBucket` packs, adds and unpacks without a Python object per crowd."""
+    :class:`CrowdBucket` packs, adds and unpacks without a Python object per crowd.
 
-    __slots__ = ("domain", "keys", "dense", "counts", "messages", "respondents", "rejected")
+    The keys' kinds, channels and recipe IDs are packed as one string object per distinct name
+    (:func:`_shared_names`, once: ``names_shared``), which pickle writes once and later
+    references, and which unpickled keys share again."""
+
+    __slots__ = (
+        "domain",
+        "keys",
+        "dense",
+        "counts",
+        "messages",
+        "respondents",
+        "rejected",
+        "names_shared",
+    )
 
     def __init__(
         self,
@@ -126,8 +150,11 @@ class _Rows:
     ) -> None:
         self.domain, self.keys, self.dense, self.counts = domain, keys, dense, counts
         self.messages, self.respondents, self.rejected = messages, respondents, rejected
+        self.names_shared = False
 
     def state(self) -> tuple:
+        if not self.names_shared:
+            self.keys, self.names_shared = _shared_names(self.keys), True
         return (
             self.domain,
             self.keys,
@@ -142,7 +169,7 @@ class _Rows:
     def from_state(cls, state: tuple) -> _Rows:
         domain, keys, dense, counts, messages, respondents, rejected = state
         rows = len(keys)
-        return cls(
+        out = cls(
             domain,
             keys,
             np.frombuffer(bytearray(dense), dtype=bool),
@@ -151,6 +178,8 @@ class _Rows:
             respondents,
             rejected,
         )
+        out.names_shared = True  # as state() packed them
+        return out
 
     def accumulator(self, row: int) -> CrowdAccumulator:
         """Crowd ``row`` as an accumulator (its dense sums a writable row of the matrix)."""
@@ -197,8 +226,11 @@ def _add_rows(parts: list[_Rows]) -> _Rows:
     respondents = [r for part in parts for r in part.respondents]
     rejected = [r for part in parts for r in part.rejected]
     domain = parts[0].domain
+    shared = all(part.names_shared for part in parts)  # a few objects per name: still shared
     if len(index) == len(keys):  # no crowd in two parts
-        return _Rows(domain, keys, dense, counts, messages, respondents, rejected)
+        out = _Rows(domain, keys, dense, counts, messages, respondents, rejected)
+        out.names_shared = shared
+        return out
     crowds = len(index)
     added = np.zeros((crowds, domain), dtype=np.int64)
     np.add.at(added, position, counts)
@@ -213,12 +245,17 @@ def _add_rows(parts: list[_Rows]) -> _Rows:
         if mine is None:
             merged_respondents[row], merged_rejected[row] = stated, rejections
             continue
-        if not copied[row]:  # a part's own dict is never changed
-            mine = merged_respondents[row] = dict(mine)
-            copied[row] = True
-        _merge_respondents(mine, stated, "instance")
-        merged_rejected[row] = _add_rejected(merged_rejected[row], rejections)
-    return _Rows(
+        if stated:
+            if not mine and all(type(count) is int for count in stated.values()):
+                merged_respondents[row] = stated  # what merging it into {} would make
+            else:
+                if not copied[row]:  # a part's own dict is never changed
+                    mine = merged_respondents[row] = dict(mine)
+                    copied[row] = True
+                _merge_respondents(mine, stated, "instance")
+        if rejections:
+            merged_rejected[row] = _add_rejected(merged_rejected[row], rejections)
+    out = _Rows(
         domain,
         list(index),
         any_dense,
@@ -227,6 +264,8 @@ def _add_rows(parts: list[_Rows]) -> _Rows:
         merged_respondents,
         merged_rejected,
     )
+    out.names_shared = shared
+    return out
 
 
 class _Content:
