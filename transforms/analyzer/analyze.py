@@ -42,7 +42,7 @@ from transforms.analyzer.report_files import (
     WindowCrowd,
     WriteLineBatches,
     estimated_crowds,
-    histogram_report_order,
+    histogram_report_orders,
     json_line,
     json_ready,
     note_order,
@@ -697,9 +697,14 @@ class EstimateBucket(beam.DoFn):
                 return crowds[position][1]
         else:
             keys, groups, single, rejected_notes, accumulator_of = split
-        # Each crowd's report lines at its position (the crowds' order), as (head, shared text,
-        # tail, sort key): HistogramReportLines.pieces, a whole line its head.
-        lines: list[list[tuple[str, str, str, tuple]] | None] = [None] * len(keys)
+        # The report lines, as (head, shared text, tail) (HistogramReportLines.pieces; a whole
+        # line its head), their sort keys and their crowds' positions: the rows' in bulk.
+        positions: list[int] = []
+        heads: list[str] = []
+        shared: list[str] = []
+        tails: list[str] = []
+        orders: list[tuple] = []
+        estimated_keys: list[arithmetic.CrowdKey] = []  # by the rows
         for group in groups:
             domain = max(1, group.randomizer.message_domain_size)
             size = max(1, self._rows_per_batch // domain)
@@ -709,11 +714,14 @@ class EstimateBucket(beam.DoFn):
                 )
                 rows = self._estimator.estimate_rows(chunk)
                 single.extend(rows.refused)
-                for position, head, shared, tail in zip(rows.positions, *rows.lines, strict=True):
-                    key = keys[position]
-                    lines[position] = [(head, shared, tail, histogram_report_order(key))]
-                    estimated.add((int(key[1]), *key[3:]))
                 if rows.positions:  # every line a histogram report, each with its notes
+                    chunk_keys = [keys[position] for position in rows.positions]
+                    positions += rows.positions
+                    heads += rows.lines[0]
+                    shared += rows.lines[1]
+                    tails += rows.lines[2]
+                    orders += histogram_report_orders(chunk_keys)
+                    estimated_keys += chunk_keys
                     totals["histograms"] = totals.get("histograms", 0) + len(rows.positions)
                     totals["with_notes"] = totals.get("with_notes", 0) + len(rows.positions)
                 batch = tables[HISTOGRAM_TAG].add(rows.table)
@@ -723,12 +731,15 @@ class EstimateBucket(beam.DoFn):
                     yield beam.pvalue.TaggedOutput(PICTURE_TAG, picture)
         for position in sorted(single):
             key, accumulator = keys[position], accumulator_of(position)
-            lines[position] = []
             for report, table in self._estimator.estimate(key, accumulator):
                 for name, count in report_totals(report).items():
                     totals[name] = totals.get(name, 0) + count
                 estimated.update(estimated_crowds(report))
-                lines[position].append((json_line(report), "", "", report_order(report)))
+                positions.append(position)
+                heads.append(json_line(report))
+                shared.append("")
+                tails.append("")
+                orders.append(report_order(report))
                 if table is None:
                     continue
                 tag = LONGITUDINAL_TAG if key[0] == arithmetic.LONGITUDINAL else HISTOGRAM_TAG
@@ -741,11 +752,21 @@ class EstimateBucket(beam.DoFn):
             batch = pending.flush()
             if batch is not None:
                 yield out(tag, pack_table(batch))
-        report_lines = [line for crowd_lines in lines if crowd_lines for line in crowd_lines]
-        if report_lines:
-            heads, shared, tails, orders = map(list, zip(*report_lines, strict=True))
-            yield out(REPORT_TAG, pack_lines(heads, orders, shared, tails))
-        notes = arithmetic.withheld_notes(arithmetic.withheld_records(content.withheld), estimated)
+        if positions:  # in the crowds' order (a crowd's several lines in theirs)
+            order = np.argsort(np.array(positions, dtype=np.int64), kind="stable").tolist()
+            yield out(
+                REPORT_TAG,
+                pack_lines(
+                    [heads[i] for i in order],
+                    [orders[i] for i in order],
+                    [shared[i] for i in order],
+                    [tails[i] for i in order],
+                ),
+            )
+        withheld = arithmetic.withheld_records(content.withheld)
+        if withheld:  # the rows' crowds as withheld_notes reads them (window_start, names)
+            estimated.update(map(operator.itemgetter(1, 3, 4, 5), estimated_keys))
+        notes = arithmetic.withheld_notes(withheld, estimated)
         notes = sorted(notes + rejected_notes, key=note_order)
         if notes:
             totals["withheld"] = len(notes)

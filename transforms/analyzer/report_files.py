@@ -54,6 +54,14 @@ def histogram_report_order(key: tuple) -> tuple:
     return (kind, channel, recipe_id, crowd_id or "", int(window_start))
 
 
+def histogram_report_orders(keys: Iterable[tuple]) -> list[tuple]:
+    """:func:`histogram_report_order` of each key."""
+    return [
+        (kind, channel, recipe_id, crowd_id or "", int(window_start))
+        for kind, window_start, _, channel, recipe_id, crowd_id in keys
+    ]
+
+
 def note_order(note: Mapping[str, Any]) -> tuple:
     return tuple(str(note.get(k)) for k in ("window_start", "channel", "recipe_id", "crowd_id"))
 
