@@ -288,7 +288,11 @@ def write_part(
     if table.num_rows:
         table = table.sort_by([(n, "ascending") for n in _SORT_COLUMNS if n in table.column_names])
     name = part_path(directory, shard, shards).rsplit("/", 1)[-1]
-    return atomic_files.publish(directory, name, lambda sink: pq.write_table(table, sink))
+    # encoded in memory (the table is held whole anyway), then written at once: Parquet's many
+    # small writes through a Python file object cost more than the copy
+    encoded = pa.BufferOutputStream()
+    pq.write_table(table, encoded)
+    return atomic_files.publish(directory, name, lambda sink: sink.write(encoded.getvalue()))
 
 
 class WriteParts(beam.PTransform):
