@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -203,6 +204,31 @@ def longitudinal_table(
 _SORT_COLUMNS = ("channel", "recipe_id", "crowd", "window_start", "round_start", "bucket", "period")
 
 
+def sorted_rows(table: pa.Table, names: Sequence[str]) -> pa.Table:
+    """``table.sort_by`` ascending by the columns ``names`` (a stable sort, nulls last), as one
+    ``np.lexsort`` of integer keys: a string column's key is each value's rank among the
+    column's distinct values (sorted by Arrow, as ``sort_by`` compares them), so only those
+    are compared as strings. Other columns must be integers or timestamps (else, or with
+    nulls in them, ``sort_by`` itself)."""
+    keys = []
+    for name in reversed(names):  # lexsort's last key is its first
+        column = table.column(name).combine_chunks()
+        if pa.types.is_string(column.type):
+            encoded = pc.dictionary_encode(column)
+            order = pc.array_sort_indices(encoded.dictionary).to_numpy()
+            rank = np.empty(len(order) + 1, dtype=np.int64)
+            rank[order] = np.arange(len(order))
+            rank[-1] = len(order)  # a null after every string
+            keys.append(rank[encoded.indices.fill_null(len(order)).to_numpy()])
+        elif (pa.types.is_integer(column.type) or pa.types.is_timestamp(column.type)) and (
+            not column.null_count
+        ):
+            keys.append(column.cast(pa.int64()).to_numpy())
+        else:
+            return table.sort_by([(n, "ascending") for n in names])
+    return table.take(np.lexsort(keys))
+
+
 def shard_of(key: tuple, shards: int) -> int:
     """The part file of a crowd or a crowd bucket: a stable hash of its key (the same on every
     worker and run)."""
@@ -286,7 +312,7 @@ def write_part(
     tables = [table for table in tables if table.num_rows]
     table = pa.concat_tables(tables) if tables else schema.empty_table()
     if table.num_rows:
-        table = table.sort_by([(n, "ascending") for n in _SORT_COLUMNS if n in table.column_names])
+        table = sorted_rows(table, [n for n in _SORT_COLUMNS if n in table.column_names])
     name = part_path(directory, shard, shards).rsplit("/", 1)[-1]
     # encoded in memory (the table is held whole anyway), then written at once: Parquet's many
     # small writes through a Python file object cost more than the copy
