@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import typing
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -41,7 +42,7 @@ from transforms.analyzer.report_files import (
     WindowCrowd,
     WriteLineBatches,
     estimated_crowds,
-    histogram_report_order,
+    histogram_report_orders,
     json_line,
     json_ready,
     note_order,
@@ -193,12 +194,12 @@ class BucketCrowds(NamedTuple):
 
 class RowEstimates(NamedTuple):
     """What :meth:`CrowdEstimator.estimate_rows` makes of a :class:`RowGroup`: the report lines
-    of the estimated crowds (with their positions), one table of their rows, the (report, table)
+    of the estimated crowds (with their positions; as ``HistogramReportLines.pieces``), one table of their rows, the (report, table)
     of the pictured ones, and the positions the one-crowd path must take (their estimate was
     refused: it says why)."""
 
     positions: list[int]
-    lines: list[str]
+    lines: tuple[list[str], list[str], list[str]]  # HistogramReportLines.pieces
     table: pa.Table
     pictures: list[tuple[dict[str, Any], pa.Table]]
     refused: list[int]
@@ -341,92 +342,100 @@ class CrowdEstimator:
         group as rows of that matrix, without an accumulator per crowd; an accumulator is made
         only for the crowds that go one by one or whose messages were all rejected. The same
         groups, positions and notes as :meth:`row_groups` of ``bucket.items()``; None when a
-        crowd is in two parts of the content (the caller then takes the items)."""
-        book = self._config.book
-        entries: list[tuple[tuple, int, int]] = []  # (sort key, domain (0: others), row)
-        sort_key = arithmetic.crowd_sort_key
-        for domain, rows in content.rows.items():
-            entries.extend((sort_key(key), domain, row) for row, key in enumerate(rows.keys))
+        crowd is in two parts of the content (the caller then takes the items). The crowds are
+        ordered, split and gathered over index arrays: per crowd, Python only looks up its
+        kind, recipe and n_eff."""
         others = list(content.others)
-        entries.extend((sort_key(key), 0, row) for row, key in enumerate(others))
-        entries.sort(key=lambda entry: entry[0])
-        if any(a[0] == b[0] for a, b in zip(entries, entries[1:], strict=False)):
+        parts = _ContentParts(content, others)
+        flat = parts.keys
+        # crowd_sort_key order: the keys' own unless a crowd ID is null (None before strings)
+        if any(key[5] is None for key in flat):
+            order = sorted(range(len(flat)), key=lambda i: arithmetic.crowd_sort_key(flat[i]))
+        else:
+            order = sorted(range(len(flat)), key=flat.__getitem__)
+        ordered = [flat[i] for i in order]
+        if any(map(operator.eq, ordered, ordered[1:])):
             return None
-        keys: list[arithmetic.CrowdKey] = []
-        groups: dict[str, RowGroup] = {}
-        single: list[int] = []
-        where: list[tuple[int, int]] = []  # per position: (domain (0: others), row)
-        notes: list[dict[str, Any]] = []
-        columns = {
-            domain: (rows, rows.messages.tolist(), rows.dense.tolist())
-            for domain, rows in content.rows.items()
-        }
-        histogram = arithmetic.HISTOGRAM
-        for _, domain, row in entries:
-            if domain == 0:  # an accumulator object: what row_groups does with it
-                key = others[row]
-                accumulator = content.others[key]
-                note = arithmetic.all_rejected_note(key, accumulator)
-                if note is not None:
-                    notes.append(note)
+        # Per crowd (flat order): whether all its messages were rejected (a note, no
+        # position), its group (an index of `recipes`; -1: one by one) and n_eff; for an
+        # other in a group, the group columns row_groups made of it.
+        count = len(flat)
+        excluded = np.zeros(count, dtype=bool)
+        group_of = np.full(count, -1, dtype=np.int64)
+        n_eff = np.zeros(count)
+        recipes: dict[str, int] = {}
+        made: dict[int, RowGroup] = {}
+        for domain, rows, start in parts.rows():
+            size = len(rows.keys)
+            own = slice(start, start + size)
+            excluded[own] = (rows.messages == 0) & np.fromiter(
+                map(bool, rows.rejected), dtype=bool, count=size
+            )
+            kinds, _, _, _, recipe_ids, _ = zip(*rows.keys, strict=True)
+            wanted = rows.dense & ~excluded[own]
+            wanted &= np.fromiter(map(arithmetic.HISTOGRAM.__eq__, kinds), dtype=bool, count=size)
+            index = {recipe_id: code for code, recipe_id in enumerate(dict.fromkeys(recipe_ids))}
+            codes = np.fromiter(map(index.__getitem__, recipe_ids), dtype=np.int64, count=size)
+            for recipe_id, code in index.items():
+                members = np.flatnonzero(wanted & (codes == code))
+                recipe = self._config.book.get(recipe_id)
+                if not members.size or recipe is None:
                     continue
-                position = len(keys)
-                keys.append(key)
-                where.append((0, row))
-                groups_, singles = self.row_groups([(key, accumulator)])
-                if singles:
-                    single.append(position)
-                    continue
-                found = groups_[0]
-                _add_to_group(
-                    groups,
-                    key[4],
-                    found.recipe,
-                    found.randomizer,
-                    (position, key, *(column[0] for column in found[4:])),
-                )
-                continue
-            rows, messages, dense = columns[domain]
-            key = rows.keys[row]
-            rejected = rows.rejected[row]
-            if rejected and not messages[row]:  # all_rejected_note's case
-                notes.append(arithmetic.all_rejected_note(key, rows.accumulator(row)))
-                continue
-            position = len(keys)
-            keys.append(key)
-            where.append((domain, row))
-            recipe_id = key[4]
-            recipe = book.get(recipe_id)
-            n_eff = None
-            if recipe is not None and key[0] == histogram and dense[row]:
                 randomizer = self._row_randomizer(recipe_id, recipe)
-                if randomizer is not None and domain == randomizer.message_domain_size:
-                    n_eff = self._effective(recipe_id, recipe, rows.respondents[row])
-            if n_eff is None:
-                single.append(position)
+                if randomizer is None or randomizer.message_domain_size != domain:
+                    continue
+                respondents = rows.respondents
+                effective = self._effective_many(
+                    recipe_id, recipe, [respondents[row] for row in members.tolist()]
+                )
+                known = np.array([value is not None for value in effective], dtype=bool)
+                group_of[start + members[known]] = recipes.setdefault(recipe_id, len(recipes))
+                n_eff[start + members[known]] = [v for v in effective if v is not None]
+        for row, key in enumerate(others):  # accumulator objects: what row_groups does
+            index_ = parts.others_start + row
+            accumulator = content.others[key]
+            if arithmetic.all_rejected_note(key, accumulator) is not None:
+                excluded[index_] = True
                 continue
-            # sums: a row of its domain's matrix, gathered below
-            _add_to_group(
-                groups, recipe_id, recipe, randomizer,
-                (position, key, row, n_eff, rows.respondents[row], messages[row], rejected),
-            )  # fmt: skip
-        out = []
-        for group in groups.values():
-            domain = group.randomizer.message_domain_size
-            matrix = columns[domain][0].counts if domain in columns else None
-            if all(type(row) is int for row in group.sums):
-                sums = matrix[np.array(group.sums, dtype=np.int64)]
-            else:
-                sums = np.stack([matrix[r] if type(r) is int else r for r in group.sums])
-            out.append(group._replace(sums=sums))
+            groups_, singles = self.row_groups([(key, accumulator)])
+            if not singles:
+                group_of[index_] = recipes.setdefault(key[4], len(recipes))
+                made[index_] = groups_[0]
+        order_array = np.array(order, dtype=np.int64)
+        kept = order_array[~excluded[order_array]]  # the flat index of each position
+        keys = [flat[i] for i in kept.tolist()]
+        notes = [
+            arithmetic.all_rejected_note(flat[i], parts.accumulator(i))
+            for i in order_array[excluded[order_array]].tolist()
+        ]
+        kept_groups = group_of[kept]
+        single = np.flatnonzero(kept_groups < 0).tolist()
+        in_group = np.flatnonzero(kept_groups >= 0)  # positions
+        # groups in order of their first crowd (as row_groups makes them)
+        first = dict.fromkeys(kept_groups[in_group].tolist())
+        groups = []
+        for code in first:
+            positions = in_group[kept_groups[in_group] == code]
+            groups.append(parts.group(kept[positions], positions, n_eff, made, self))
 
         def accumulator(position: int) -> arithmetic.Accumulator:
-            domain, row = where[position]
-            if domain == 0:
-                return content.others[others[row]]
-            return columns[domain][0].accumulator(row)
+            return parts.accumulator(int(kept[position]))
 
-        return BucketCrowds(keys, out, single, notes, accumulator)
+        return BucketCrowds(keys, groups, single, notes, accumulator)
+
+    def _effective_many(
+        self, recipe_id: str, recipe: Any, respondents: list[dict[int, int]]
+    ) -> list[float | None]:
+        """:meth:`_effective` of each mapping, looked up once per distinct mapping."""
+        seen: dict[tuple, float | None] = {}
+        out = []
+        for mapping in respondents:
+            items = tuple(mapping.items())
+            if items in seen:
+                out.append(seen[items])
+            else:
+                out.append(seen.setdefault(items, self._effective(recipe_id, recipe, mapping)))
+        return out
 
     def estimate_rows(self, group: RowGroup) -> RowEstimates:
         """De-bias a :class:`RowGroup` at once (``arithmetic.estimate_histogram_rows``): one
@@ -446,7 +455,8 @@ class CrowdEstimator:
                 config.postprocessing,
             )
         except ValueError:  # a recipe-wide refusal: each crowd's own call states it
-            return RowEstimates([], [], self._schema.empty_table(), [], list(group.positions))
+            empty: tuple[list[str], list[str], list[str]] = ([], [], [])
+            return RowEstimates([], empty, self._schema.empty_table(), [], list(group.positions))
         positions = group.positions
         rejected = group.rejected
         if refused.size:
@@ -469,7 +479,7 @@ class CrowdEstimator:
                 accuracy[row] = arithmetic.histogram_accuracy(result, buckets, counts)
                 keys, values = arithmetic.sparse_truth(buckets, counts)
                 truth_rows[row] = arithmetic.values_at(result.buckets, keys, values)
-        lines = self._lines.lines(group.recipe, rows, accuracy, rejected)
+        lines = self._lines.pieces(group.recipe, rows, accuracy, rejected)
         table = histogram_rows_table(rows, config, truth_rows, self._schema)
         pictures = []
         for row, key in enumerate(rows.keys):
@@ -506,6 +516,84 @@ class CrowdEstimator:
             )
             out.append((report, table))
         return out
+
+
+class _ContentParts:
+    """A bucket's content (``arithmetic.CrowdBucket.content``) as one flat list of its crowds'
+    keys: each domain's rows in turn, then the other accumulators; what
+    :meth:`CrowdEstimator.bucket_crowds` indexes."""
+
+    def __init__(self, content: arithmetic.BucketContent, others: list) -> None:
+        self._content, self._others = content, others
+        self._rows = list(content.rows.items())
+        sizes = [len(rows.keys) for _, rows in self._rows] + [len(others)]
+        self.keys = [key for _, rows in self._rows for key in rows.keys] + others
+        self.others_start = sum(sizes[:-1])
+        self.part_of = np.repeat(np.arange(len(sizes)), sizes)  # len(self._rows): the others
+        self.starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+        self.row_of = np.arange(len(self.keys)) - self.starts[self.part_of]
+
+    def rows(self) -> Iterator[tuple[int, Any, int]]:
+        """(domain, rows, flat index of the first row) of each nonempty domain."""
+        for (domain, rows), start in zip(self._rows, self.starts.tolist(), strict=False):
+            if rows.keys:
+                yield domain, rows, start
+
+    def accumulator(self, index: int) -> arithmetic.Accumulator:
+        """The accumulator of crowd ``index`` (flat)."""
+        part, row = int(self.part_of[index]), int(self.row_of[index])
+        if part == len(self._rows):
+            return self._content.others[self._others[row]]
+        return self._rows[part][1].accumulator(row)
+
+    def group(
+        self,
+        members: np.ndarray,
+        positions: np.ndarray,
+        n_eff: np.ndarray,
+        made: Mapping[int, RowGroup],
+        estimator: CrowdEstimator,
+    ) -> RowGroup:
+        """The :class:`RowGroup` of crowds ``members`` (flat, at ``positions``): taken as index
+        arrays from one domain's rows, else crowd by crowd."""
+        parts = self.part_of[members]
+        part = int(parts[0])
+        if part < len(self._rows) and (parts == part).all():
+            rows = self._rows[part][1]
+            at = self.row_of[members]
+            listed = at.tolist()
+            recipe_id = rows.keys[listed[0]][4]
+            recipe = estimator._config.book.get(recipe_id)
+            return RowGroup(
+                recipe,
+                estimator._row_randomizer(recipe_id, recipe),
+                positions.tolist(),
+                [rows.keys[row] for row in listed],
+                rows.counts[at],
+                n_eff[members].tolist(),
+                [rows.respondents[row] for row in listed],
+                rows.messages[at].tolist(),
+                [rows.rejected[row] for row in listed],
+            )
+        columns: list[list] = [[] for _ in range(7)]
+        recipe = randomizer = None
+        for index, position in zip(members.tolist(), positions.tolist(), strict=True):
+            found = made.get(index)
+            if found is not None:
+                recipe, randomizer = found.recipe, found.randomizer
+                crowd = (position, *(column[0] for column in found[3:]))
+            else:
+                rows = self._rows[int(self.part_of[index])][1]
+                row = int(self.row_of[index])
+                recipe_id = rows.keys[row][4]
+                recipe = estimator._config.book.get(recipe_id)
+                randomizer = estimator._row_randomizer(recipe_id, recipe)
+                crowd = (position, rows.keys[row], rows.counts[row], float(n_eff[index]),
+                         rows.respondents[row], int(rows.messages[row]), rows.rejected[row])  # fmt: skip
+            for column, value in zip(columns, crowd, strict=True):
+                column.append(value)
+        columns[2] = np.stack(columns[2])
+        return RowGroup(recipe, randomizer, *columns)
 
 
 class _Batches:
@@ -609,8 +697,14 @@ class EstimateBucket(beam.DoFn):
                 return crowds[position][1]
         else:
             keys, groups, single, rejected_notes, accumulator_of = split
-        # Each crowd's report lines (with their sort keys) at its position: the crowds' order.
-        lines: list[list[tuple[str, tuple]] | None] = [None] * len(keys)
+        # The report lines, as (head, shared text, tail) (HistogramReportLines.pieces; a whole
+        # line its head), their sort keys and their crowds' positions: the rows' in bulk.
+        positions: list[int] = []
+        heads: list[str] = []
+        shared: list[str] = []
+        tails: list[str] = []
+        orders: list[tuple] = []
+        estimated_keys: list[arithmetic.CrowdKey] = []  # by the rows
         for group in groups:
             domain = max(1, group.randomizer.message_domain_size)
             size = max(1, self._rows_per_batch // domain)
@@ -620,11 +714,14 @@ class EstimateBucket(beam.DoFn):
                 )
                 rows = self._estimator.estimate_rows(chunk)
                 single.extend(rows.refused)
-                for position, line in zip(rows.positions, rows.lines, strict=True):
-                    key = keys[position]
-                    lines[position] = [(line, histogram_report_order(key))]
-                    estimated.add((int(key[1]), *key[3:]))
                 if rows.positions:  # every line a histogram report, each with its notes
+                    chunk_keys = [keys[position] for position in rows.positions]
+                    positions += rows.positions
+                    heads += rows.lines[0]
+                    shared += rows.lines[1]
+                    tails += rows.lines[2]
+                    orders += histogram_report_orders(chunk_keys)
+                    estimated_keys += chunk_keys
                     totals["histograms"] = totals.get("histograms", 0) + len(rows.positions)
                     totals["with_notes"] = totals.get("with_notes", 0) + len(rows.positions)
                 batch = tables[HISTOGRAM_TAG].add(rows.table)
@@ -634,12 +731,15 @@ class EstimateBucket(beam.DoFn):
                     yield beam.pvalue.TaggedOutput(PICTURE_TAG, picture)
         for position in sorted(single):
             key, accumulator = keys[position], accumulator_of(position)
-            lines[position] = []
             for report, table in self._estimator.estimate(key, accumulator):
                 for name, count in report_totals(report).items():
                     totals[name] = totals.get(name, 0) + count
                 estimated.update(estimated_crowds(report))
-                lines[position].append((json_line(report), report_order(report)))
+                positions.append(position)
+                heads.append(json_line(report))
+                shared.append("")
+                tails.append("")
+                orders.append(report_order(report))
                 if table is None:
                     continue
                 tag = LONGITUDINAL_TAG if key[0] == arithmetic.LONGITUDINAL else HISTOGRAM_TAG
@@ -652,11 +752,21 @@ class EstimateBucket(beam.DoFn):
             batch = pending.flush()
             if batch is not None:
                 yield out(tag, pack_table(batch))
-        report_lines = [line for crowd_lines in lines if crowd_lines for line in crowd_lines]
-        if report_lines:
-            texts, orders = zip(*report_lines, strict=True)
-            yield out(REPORT_TAG, pack_lines(list(texts), list(orders)))
-        notes = arithmetic.withheld_notes(arithmetic.withheld_records(content.withheld), estimated)
+        if positions:  # in the crowds' order (a crowd's several lines in theirs)
+            order = np.argsort(np.array(positions, dtype=np.int64), kind="stable").tolist()
+            yield out(
+                REPORT_TAG,
+                pack_lines(
+                    [heads[i] for i in order],
+                    [orders[i] for i in order],
+                    [shared[i] for i in order],
+                    [tails[i] for i in order],
+                ),
+            )
+        withheld = arithmetic.withheld_records(content.withheld)
+        if withheld:  # the rows' crowds as withheld_notes reads them (window_start, names)
+            estimated.update(map(operator.itemgetter(1, 3, 4, 5), estimated_keys))
+        notes = arithmetic.withheld_notes(withheld, estimated)
         notes = sorted(notes + rejected_notes, key=note_order)
         if notes:
             totals["withheld"] = len(notes)

@@ -12,10 +12,12 @@ driver ever gathers every crowd's report (issue: no whole-dataset gathers).
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping
+import pickle
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import apache_beam as beam
@@ -50,6 +52,14 @@ def histogram_report_order(key: tuple) -> tuple:
     without the report."""
     kind, window_start, _, channel, recipe_id, crowd_id = key
     return (kind, channel, recipe_id, crowd_id or "", int(window_start))
+
+
+def histogram_report_orders(keys: Iterable[tuple]) -> list[tuple]:
+    """:func:`histogram_report_order` of each key."""
+    return [
+        (kind, channel, recipe_id, crowd_id or "", int(window_start))
+        for kind, window_start, _, channel, recipe_id, crowd_id in keys
+    ]
 
 
 def note_order(note: Mapping[str, Any]) -> tuple:
@@ -147,6 +157,16 @@ def _json_string(value: Any) -> str:
     return json_value(value)
 
 
+def _crowd_id_texts(crowd_ids: Sequence[str | None]) -> list[str]:
+    """:func:`_json_string` of each crowd ID: quoted directly when every one is plain printable
+    ASCII text (checked on their concatenation: each property holds per character)."""
+    if all(type(crowd_id) is str for crowd_id in crowd_ids):
+        joined = "".join(crowd_ids)
+        if joined.isascii() and joined.isprintable() and '"' not in joined and "\\" not in joined:
+            return [f'"{crowd_id}"' for crowd_id in crowd_ids]
+    return [_json_string(crowd_id) for crowd_id in crowd_ids]
+
+
 class HistogramReportLines:
     """The report lines of many histogram crowds: for row i of ``arithmetic.HistogramRows``,
     ``json_line(arithmetic.histogram_report(recipe, rows.result(i), deletion, accuracy,
@@ -193,6 +213,31 @@ class HistogramReportLines:
             )
         return hit[1], hit[2]
 
+    def _respondents_texts(
+        self, recipe: Any, by_instance: list[dict[int, int]]
+    ) -> list[tuple[str, str]]:
+        """:meth:`_by_respondents` of each row's mapping, looked up once per distinct mapping of
+        the rows (a one-instance mapping by its instance and count, no tuple per row)."""
+        single: dict[int, dict[int, tuple[str, str]]] = {}
+        several: dict[tuple, tuple[str, str]] = {}
+        out = []
+        for respondents in by_instance:
+            if len(respondents) == 1:
+                for instance, count in respondents.items():
+                    counts = single.get(instance)
+                    if counts is None:
+                        counts = single[instance] = {}
+                    texts = counts.get(count)
+                    if texts is None:
+                        texts = counts[count] = self._by_respondents(recipe, respondents)
+            else:
+                items = tuple(respondents.items())
+                texts = several.get(items)
+                if texts is None:
+                    texts = several[items] = self._by_respondents(recipe, respondents)
+            out.append(texts)
+        return out
+
     def lines(
         self,
         recipe: Any,
@@ -202,64 +247,135 @@ class HistogramReportLines:
     ) -> list[str]:
         """The lines of every row (``accuracy``: row -> the accuracy of the crowds with a
         truth; ``rejected``: each row's rejected counts)."""
+        heads, shared, tails = self.pieces(recipe, rows, accuracy, rejected)
+        return [
+            f"{head}{text}{tail}" for head, text, tail in zip(heads, shared, tails, strict=True)
+        ]
+
+    def pieces(
+        self,
+        recipe: Any,
+        rows: arithmetic.HistogramRows,
+        accuracy: Mapping[int, Mapping[str, float]],
+        rejected: list[Mapping[str, int] | None],
+    ) -> tuple[list[str], list[str], list[str]]:
+        """:meth:`lines` as (heads, shared texts, tails): line i is ``heads[i] + shared[i] +
+        tails[i]``, where ``shared[i]`` (domain, privacy and notes: most of a line) is one
+        object for every row of the same respondents, which :func:`pack_lines` stores once.
+        Each column's texts are made as a list (a text the rows share once), then the heads
+        joined from them in one pass."""
+        crowds = len(rows.keys)
+        if not crowds:
+            return [], [], []
         string = self._string
+        kinds, starts, ends, channels, recipe_ids, crowd_ids = zip(*rows.keys, strict=True)
+        # "kind", "channel", "recipe_id" (usually one recipe's, the same on every row)
+        names = {
+            (kind, channel, recipe_id): (
+                f'{{"kind": {string(kind)}, "channel": {string(channel)}, '
+                f'"recipe_id": {string(recipe_id)}, "crowd_id": '
+            )
+            for kind, channel, recipe_id in set(zip(kinds, channels, recipe_ids, strict=True))
+        }
+        name_texts: Iterable[str]
+        if len(names) == 1:
+            name_texts = itertools.repeat(next(iter(names.values())), crowds)
+        else:
+            name_texts = map(names.__getitem__, zip(kinds, channels, recipe_ids, strict=True))
+        # a bucket is one window: its text made once
+        windows = {
+            (start, end): f', "window_start": {int(start)}, "window_end": {int(end)}, '
+            '"respondents_effective": '
+            for start, end in set(zip(starts, ends, strict=True))
+        }
+        window_texts: Iterable[str]
+        if len(windows) == 1:
+            window_texts = itertools.repeat(next(iter(windows.values())), crowds)
+        else:
+            window_texts = map(windows.__getitem__, zip(starts, ends, strict=True))
+        by_instance, privacy = zip(
+            *self._respondents_texts(recipe, rows.respondents_by_instance), strict=True
+        )
+        heads = [
+            f"{name}{crowd_id}{window}{effective}, "
+            f'"respondents_by_instance": {instances}, "messages": {messages}, '
+            f'"rejected": {counted}'
+            for name, crowd_id, window, effective, instances, messages, counted in zip(
+                name_texts,
+                _crowd_id_texts(crowd_ids),
+                window_texts,
+                map(float.__repr__, rows.respondents.tolist()),
+                by_instance,
+                rows.messages.tolist(),
+                [json_value(dict(counted)) if counted else "{}" for counted in rejected],
+                strict=True,
+            )
+        ]
         domain = rows.domain_size
         middle = (
             f', "domain_size": {domain}, "buckets_reported": {domain}, '
             f'"postprocessing": {json.dumps(rows.postprocessing)}, "privacy": '
         )
-        respondents = rows.respondents.tolist()
-        messages = rows.messages.tolist()
-        out = []
-        for row, key in enumerate(rows.keys):
-            kind, start, end, channel, recipe_id, crowd_id = key
-            by_instance, privacy = self._by_respondents(recipe, rows.respondents_by_instance[row])
-            counted = rejected[row]
-            extra = "}"
-            if row in accuracy:
-                extra = f', "accuracy": {json_value(dict(accuracy[row]))}}}'
-            out.append(
-                f'{{"kind": {string(kind)}, "channel": {string(channel)}, '
-                f'"recipe_id": {string(recipe_id)}, "crowd_id": {_json_string(crowd_id)}, '
-                f'"window_start": {int(start)}, "window_end": {int(end)}, '
-                f'"respondents_effective": {float.__repr__(respondents[row])}, '
-                f'"respondents_by_instance": {by_instance}, "messages": {messages[row]}, '
-                f'"rejected": {json_value(dict(counted)) if counted else "{}"}'
-                f"{middle}{privacy}{extra}"
-            )
-        return out
+        shared_texts = {text: middle + text for text in set(privacy)}
+        tails = ["}"] * crowds
+        for row in accuracy:
+            tails[row] = f', "accuracy": {json_value(dict(accuracy[row]))}}}'
+        return heads, list(map(shared_texts.__getitem__, privacy)), tails
 
 
-def pack_lines(lines: list[str], orders: list[tuple] | None = None) -> bytes:
-    """Lines joined with newlines and compressed (``tables.compress_batch``; read back by
-    :func:`unpack_lines`).
+def pack_lines(
+    lines: list[str],
+    orders: list[tuple] | None = None,
+    shared: list[str] | None = None,
+    tails: list[str] | None = None,
+) -> bytes:
+    """Lines as one compressed batch (``tables.compress_batch`` of a pickle; read back by
+    :func:`unpack_lines`): line i is ``lines[i] + shared[i] + tails[i]`` (each list, when
+    given, one text per line; :meth:`HistogramReportLines.pieces`), where the distinct
+    ``shared`` texts (most of a report line, the same for many crowds) are stored once, so a
+    batch neither holds nor compresses them per line and the part is joined from them.
 
     ``orders``: each line's sort key as the part's ``order`` would read it from the line's
-    record (``report_order`` or ``note_order``), carried as one JSON array before the lines (a
-    record's line starts with ``{``, the array with ``[``), so the part is sorted without
-    parsing every line again (:func:`write_json_part`)."""
-    text = "\n".join(lines)
-    if orders is not None:
-        if len(orders) != len(lines):
-            raise ValueError(f"{len(orders)} sort keys for {len(lines)} lines")
-        text = json.dumps(orders, default=_json_scalar) + "\n" + text
-    return compress_batch(text.encode())
+    record (``report_order`` or ``note_order``), carried with the lines, so the part is sorted
+    without parsing every line again (:func:`write_json_part`)."""
+    count = len(lines)
+    for name, column in (("sort keys", orders), ("shared texts", shared), ("tails", tails)):
+        if column is not None and len(column) != count:
+            raise ValueError(f"{len(column)} {name} for {count} lines")
+    texts: list[bytes] = []
+    which = None
+    if shared is not None:
+        index: dict[str, int] = {}
+        which = [index.setdefault(text, len(index)) for text in shared]
+        texts = [text.encode() for text in index]
+    # a JSON line holds no newline: each column is one text
+    tail_text = None if tails is None else "\n".join(tails).encode()
+    state = (count, orders, "\n".join(lines).encode(), texts, which, tail_text)
+    return compress_batch(pickle.dumps(state, pickle.HIGHEST_PROTOCOL))
+
+
+def _unpack_pieces(
+    batch: bytes,
+) -> tuple[list[tuple] | None, list[bytes], list[bytes], list[bytes]]:
+    """(sort keys or None, heads, shared texts, tails) of a :func:`pack_lines` batch, each
+    line's pieces as UTF-8 bytes (a part is written as bytes: the lines need no decoding and
+    encoding on the way)."""
+    count, orders, heads, texts, which, tails = pickle.loads(decompress_batch(batch))
+    if not count:
+        return orders, [], [], []
+    empty = [b""] * count
+    return (
+        orders,
+        heads.split(b"\n"),
+        empty if which is None else list(map(texts.__getitem__, which)),
+        empty if tails is None else tails.split(b"\n"),
+    )
 
 
 def unpack_ordered_lines(batch: bytes) -> tuple[list[tuple] | None, list[str]]:
     """(sort keys or None, lines) of a :func:`pack_lines` batch."""
-    orders, lines = _unpack_line_bytes(batch)
-    return orders, [line.decode() for line in lines]
-
-
-def _unpack_line_bytes(batch: bytes) -> tuple[list[tuple] | None, list[bytes]]:
-    """:func:`unpack_ordered_lines` with the lines left as UTF-8 bytes (a part is written as
-    bytes: the lines need no decoding and encoding on the way)."""
-    data = decompress_batch(batch)
-    if not data.startswith(b"["):
-        return None, data.split(b"\n")
-    header, _, data = data.partition(b"\n")
-    return [tuple(order) for order in json.loads(header)], data.split(b"\n")
+    orders, heads, shared, tails = _unpack_pieces(batch)
+    return orders, [(a + b + c).decode() for a, b, c in zip(heads, shared, tails, strict=True)]
 
 
 def unpack_lines(batch: bytes) -> list[str]:
@@ -277,17 +393,29 @@ def write_json_part(
     """One JSON Lines part: the lines of the shard's :func:`pack_lines` batches (or the paths
     ``analysis_tables.spill_batch`` wrote them to), sorted by ``order`` of the record each line
     holds (the same order as the records'): the sort keys a batch carries, else each line read
-    back."""
-    lines: list[bytes] = []
+    back. The part's bytes are joined once from the lines' pieces."""
+    heads: list[bytes] = []
+    shared: list[bytes] = []
+    tails: list[bytes] = []
     keys: list[tuple] = []
     for batch in batches:
-        orders, batch_lines = _unpack_line_bytes(load_batch(batch))
-        lines += batch_lines
-        keys += orders if orders is not None else [order(json.loads(line)) for line in batch_lines]
-    ordered = sorted(range(len(lines)), key=keys.__getitem__)
-    # each line ends with a newline (the empty last item gives the last one)
-    content = b"\n".join([*(lines[index] for index in ordered), b""]) if lines else b""
-    return atomic_files.publish_bytes(directory, part_name(shard, shards), content)
+        orders, batch_heads, batch_shared, batch_tails = _unpack_pieces(load_batch(batch))
+        if orders is None:
+            orders = [
+                order(json.loads(a + b + c))
+                for a, b, c in zip(batch_heads, batch_shared, batch_tails, strict=True)
+            ]
+        heads += batch_heads
+        shared += batch_shared
+        tails += batch_tails
+        keys += orders
+    ordered = sorted(range(len(heads)), key=keys.__getitem__)
+    # each line: head, shared text, tail, newline
+    pieces = [b"\n"] * (4 * len(ordered))
+    pieces[0::4] = [heads[index] for index in ordered]
+    pieces[1::4] = [shared[index] for index in ordered]
+    pieces[2::4] = [tails[index] for index in ordered]
+    return atomic_files.publish_bytes(directory, part_name(shard, shards), b"".join(pieces))
 
 
 class WriteLineBatches(beam.PTransform):

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -124,25 +125,28 @@ def histogram_rows_table(
     from the stacked matrices. ``truth``: row -> the dense truth of each crowd that has one (the
     others' truth is null, as in their own tables)."""
     crowds, domain = rows.estimate.shape
+    if not crowds:
+        return (schema or histogram_schema(config)).empty_table()
     size = crowds * domain
     keys = rows.keys
 
-    def repeated(values: list, dtype: Any) -> np.ndarray:
+    def repeated(values: Sequence, dtype: Any) -> np.ndarray:
         return np.repeat(np.array(values, dtype=dtype), domain)
 
     # Each crowd's strings converted once, then repeated per bucket by Arrow (no Python object
     # per row).
     crowd_of_row = pa.array(np.repeat(np.arange(crowds, dtype=np.int64), domain))
 
-    def strings(values: list) -> pa.Array:
+    def strings(values: Sequence) -> pa.Array:
         return pa.array(values, pa.string()).take(crowd_of_row)
 
+    _, starts, ends, channels, recipe_ids, crowd_ids = zip(*keys, strict=True)
     columns: dict[str, Any] = {
-        "window_start": pa.array(repeated([k[1] for k in keys], np.int64), type=_TIME),
-        "window_end": pa.array(repeated([k[2] for k in keys], np.int64), type=_TIME),
-        "channel": strings([k[3] for k in keys]),
-        "recipe_id": strings([k[4] for k in keys]),
-        "crowd": strings([k[5] for k in keys]),
+        "window_start": pa.array(repeated(starts, np.int64), type=_TIME),
+        "window_end": pa.array(repeated(ends, np.int64), type=_TIME),
+        "channel": strings(channels),
+        "recipe_id": strings(recipe_ids),
+        "crowd": strings(crowd_ids),
         "bucket": pa.array(np.tile(np.arange(domain, dtype=np.int64), crowds), pa.int64()),
         "estimate": pa.array(rows.estimate.ravel(), pa.float64()),
         "stderr": pa.array(rows.stderr.ravel(), pa.float64()),
@@ -198,6 +202,31 @@ def longitudinal_table(
 
 
 _SORT_COLUMNS = ("channel", "recipe_id", "crowd", "window_start", "round_start", "bucket", "period")
+
+
+def sorted_rows(table: pa.Table, names: Sequence[str]) -> pa.Table:
+    """``table.sort_by`` ascending by the columns ``names`` (a stable sort, nulls last), as one
+    ``np.lexsort`` of integer keys: a string column's key is each value's rank among the
+    column's distinct values (sorted by Arrow, as ``sort_by`` compares them), so only those
+    are compared as strings. Other columns must be integers or timestamps (else, or with
+    nulls in them, ``sort_by`` itself)."""
+    keys = []
+    for name in reversed(names):  # lexsort's last key is its first
+        column = table.column(name).combine_chunks()
+        if pa.types.is_string(column.type):
+            encoded = pc.dictionary_encode(column)
+            order = pc.array_sort_indices(encoded.dictionary).to_numpy()
+            rank = np.empty(len(order) + 1, dtype=np.int64)
+            rank[order] = np.arange(len(order))
+            rank[-1] = len(order)  # a null after every string
+            keys.append(rank[encoded.indices.fill_null(len(order)).to_numpy()])
+        elif (pa.types.is_integer(column.type) or pa.types.is_timestamp(column.type)) and (
+            not column.null_count
+        ):
+            keys.append(column.cast(pa.int64()).to_numpy())
+        else:
+            return table.sort_by([(n, "ascending") for n in names])
+    return table.take(np.lexsort(keys))
 
 
 def shard_of(key: tuple, shards: int) -> int:
@@ -283,9 +312,13 @@ def write_part(
     tables = [table for table in tables if table.num_rows]
     table = pa.concat_tables(tables) if tables else schema.empty_table()
     if table.num_rows:
-        table = table.sort_by([(n, "ascending") for n in _SORT_COLUMNS if n in table.column_names])
+        table = sorted_rows(table, [n for n in _SORT_COLUMNS if n in table.column_names])
     name = part_path(directory, shard, shards).rsplit("/", 1)[-1]
-    return atomic_files.publish(directory, name, lambda sink: pq.write_table(table, sink))
+    # encoded in memory (the table is held whole anyway), then written at once: Parquet's many
+    # small writes through a Python file object cost more than the copy
+    encoded = pa.BufferOutputStream()
+    pq.write_table(table, encoded)
+    return atomic_files.publish(directory, name, lambda sink: sink.write(encoded.getvalue()))
 
 
 class WriteParts(beam.PTransform):

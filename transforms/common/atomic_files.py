@@ -33,7 +33,10 @@ def temporary_path(root: str, name: str) -> str:
 
 def publish(root: str, name: str, write: Callable[[IO[bytes]], None]) -> str:
     """Write ``root/name`` through ``write(handle)`` into a temporary file, then rename it to its
-    final name (replacing an earlier attempt's file); returns the final path."""
+    final name (replacing an earlier attempt's file); returns the final path. A local path is
+    written with the operating system's calls directly (:func:`_publish_local`)."""
+    if FileSystems.get_scheme(root) is None:
+        return _publish_local(root, name, write)
     final = FileSystems.join(root, *name.split("/"))
     temporary = temporary_path(root, name)
     with FileSystems.create(temporary, compression_type=CompressionTypes.UNCOMPRESSED) as sink:
@@ -41,6 +44,31 @@ def publish(root: str, name: str, write: Callable[[IO[bytes]], None]) -> str:
     if FileSystems.get_scheme(final) is None:  # a local path: the rename needs the directory
         os.makedirs(os.path.dirname(final), exist_ok=True)
     FileSystems.rename([temporary], [final])
+    return final
+
+
+def _publish_local(root: str, name: str, write: Callable[[IO[bytes]], None]) -> str:
+    """:func:`publish` of a local path: the same temporary name, write and rename as through
+    Beam's ``LocalFileSystem`` (``os.rename``), without its per-call lookups of the file
+    system; a directory is made only when a call finds it missing."""
+    final = os.path.join(root, *name.split("/"))
+    temporary = os.path.join(
+        root, TEMPORARY_DIR, f"{secrets.token_hex(8)}-{name.replace('/', '_')}"
+    )
+    try:
+        sink = open(temporary, "wb")  # closed by the with below
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(temporary), exist_ok=True)
+        sink = open(temporary, "wb")
+    with sink:
+        write(sink)
+    try:
+        os.rename(temporary, final)
+    except FileNotFoundError:
+        if not os.path.exists(temporary):
+            raise
+        os.makedirs(os.path.dirname(final), exist_ok=True)
+        os.rename(temporary, final)
     return final
 
 

@@ -41,6 +41,7 @@ from transforms.analyzer.tables import (
     concat_compact,
     histogram_schema,
     pack_table,
+    sorted_rows,
     table_parts,
     write_part,
 )
@@ -346,3 +347,29 @@ def test_cached_privacy_reports_equal_fresh_ones_and_are_copies():
         assert first == fresh
         first["notes"].append("changed by a caller")
         assert arithmetic.cached_privacy_summary(recipe, respondents, deletion) == fresh
+
+
+def test_part_rows_sorted_by_ranks_equal_arrows_sort():
+    """sorted_rows (one lexsort of the string columns' ranks) orders rows as Arrow's stable
+    sort_by does: null crowd IDs last, non-ASCII names by their bytes, ties in their order,
+    chunked columns; a column it cannot rank (floats) goes to sort_by itself."""
+    rng = seeded_generator(31)
+    rows = 400
+    names = ["c", "b", "é", "ü", "Z", "a b"]
+    crowd = [None if rng.random() < 0.1 else names[rng.integers(0, 6)] + str(rng.integers(0, 3))
+             for _ in range(rows)]  # fmt: skip
+    table = pa.table(
+        {
+            "channel": pa.array([names[i] for i in rng.integers(0, 2, rows)]),
+            "crowd": pa.array(crowd, pa.string()),
+            "window_start": pa.array(rng.integers(0, 3, rows) * DAY, pa.timestamp("ms", tz="UTC")),
+            "period": pa.array(rng.integers(1, 4, rows), pa.int32()),
+            "estimate": pa.array(rng.random(rows)),  # the tie-break: each row's own
+        }
+    )
+    chunked = pa.concat_tables([table.slice(0, 150), table.slice(150)])
+    for keys in (["channel", "crowd", "window_start", "period"], ["crowd"], ["period", "channel"]):
+        for source in (table, chunked):
+            expected = source.sort_by([(n, "ascending") for n in keys])
+            assert sorted_rows(source, keys).equals(expected), keys
+    assert sorted_rows(table, ["estimate"]).equals(table.sort_by([("estimate", "ascending")]))

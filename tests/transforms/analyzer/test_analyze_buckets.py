@@ -503,3 +503,35 @@ def test_buckets_from_a_tables_columns_are_those_of_its_crowds_one_by_one():
                                             book, 4)  # fmt: skip
     with pytest.raises(ValueError, match="respondents need instance >= 0"):
         arithmetic.commit_table_buckets([(-1, _columns([onehot]), 1)], book, 4)
+
+
+def test_a_bucket_combined_from_one_input_crosses_as_that_inputs_blob():
+    """An empty bucket takes the first bucket added as its blob, and densify of a packed bucket
+    waits with the blob (pickled too) until the content is read: the same crowds as densified
+    at once, and a later add applies it before adding."""
+    only_n = arithmetic.CrowdAccumulator.empty(16, 0)  # sparse: a respondent count only
+    only_n.set_respondents(1, 5)
+    counted = arithmetic.CrowdAccumulator.empty(16)
+    counted.add_messages(np.array([2, 2]))
+    part = arithmetic.CrowdBucket({_key(0, "n"): only_n, _key(0, "c"): counted})
+    blob = part.__getstate__()
+    combine = CombineBucket(dense_limit=1 << 12)
+    combined = combine.compact(combine.add_input(None, pickle.loads(pickle.dumps(part))))
+    assert combined.__getstate__() == blob  # taken whole: not unpacked and packed again
+    extracted = combine.extract_output(combined)
+    assert extracted.__getstate__() == (blob, 1 << 12)
+    restored = pickle.loads(pickle.dumps(extracted))
+    reference = arithmetic.CrowdBucket()
+    reference.merge(part)
+    reference.densify(1 << 12)
+    assert _snapshot(restored) == _snapshot(reference)
+    assert restored.crowds[_key(0, "n")].counts.is_dense
+    assert not part.crowds[_key(0, "n")].counts.is_dense  # the input unchanged
+
+    # densified, then added to: the densify holds for what was there before the add only
+    later = arithmetic.CrowdAccumulator.empty(16, 0)
+    later.set_respondents(2, 3)
+    extracted.add(arithmetic.CrowdBucket({_key(0, "later"): later}))
+    reference.merge(arithmetic.CrowdBucket({_key(0, "later"): later}))
+    assert _snapshot(extracted) == _snapshot(reference)
+    assert not extracted.crowds[_key(0, "later")].counts.is_dense

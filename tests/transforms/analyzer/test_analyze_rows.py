@@ -224,15 +224,33 @@ def test_rows_equal_the_one_crowd_estimates(tmp_path, postprocessing, rows_per_b
             assert "accuracy" in report
 
 
-def test_bucket_columns_split_as_the_items_do():
+def _bucket_with_objects_in_groups():
+    """:func:`_bucket` and crowds of its recipes whose sums were sparse (objects in the
+    bucket's content), made dense by ``densify`` as ``CombineBucket.extract_output`` does: they
+    join their recipe's group beside the crowds held as rows."""
+    bucket = _bucket()
+    crowds = dict(bucket.crowds)
+    rng = seeded_generator(29)
+    for recipe in RECIPES:
+        for index in range(3):
+            key = (arithmetic.HISTOGRAM, T0, T0 + DAY, recipe.channel, recipe.id, f"s{index}")
+            crowds[key] = _histogram(recipe, rng, {0: 40}, dense_limit=0)
+    out = pickle.loads(pickle.dumps(arithmetic.CrowdBucket(crowds, bucket.withheld)))
+    out.densify(1 << 20)
+    return out
+
+
+@pytest.mark.parametrize("make", [_bucket, _bucket_with_objects_in_groups])
+def test_bucket_columns_split_as_the_items_do(make):
     """bucket_crowds (the bucket's rows read as columns) makes the groups, positions and notes
-    that row_groups makes of the bucket's accumulators in their order; a crowd in two parts of
-    a bucket's content leaves it to the items (None)."""
-    bucket = pickle.loads(pickle.dumps(_bucket()))
+    that row_groups makes of the bucket's accumulators in their order, also of groups holding
+    rows and objects; a crowd in two parts of a bucket's content leaves it to the items
+    (None)."""
+    bucket = pickle.loads(pickle.dumps(make()))
     estimator = CrowdEstimator(AnalysisConfig(BOOK))
     split = estimator.bucket_crowds(bucket.content())
     assert split is not None and bucket.content().others  # rows of several domains and objects
-    items = list(pickle.loads(pickle.dumps(_bucket())).items())
+    items = list(pickle.loads(pickle.dumps(make())).items())
     crowds = [(k, a) for k, a in items if arithmetic.all_rejected_note(k, a) is None]
     notes = [n for k, a in items if (n := arithmetic.all_rejected_note(k, a)) is not None]
     groups, single = estimator.row_groups(crowds)

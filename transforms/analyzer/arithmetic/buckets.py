@@ -92,16 +92,60 @@ PENDING_BYTES = 1 << 16
 # Histogram crowds of domains up to this size are packed as rows of one matrix per domain size
 # (:class:`_Rows`); larger domains, sparse sums and longitudinal crowds as pickled objects.
 ROW_DOMAIN_LIMIT = 1 << 12
-_ROWS_FORMAT = "rows/1"
+_ROWS_FORMAT = "rows/2"
+
+
+def _narrow(values: np.ndarray) -> tuple[str, bytes]:
+    """Integers as the bytes of the smallest signed type holding them (with that type's name;
+    read back by :func:`_widened`): counts are mostly small, so a blob is mostly smaller."""
+    dtype = np.dtype(np.int64)
+    if values.size:
+        low, high = int(values.min()), int(values.max())
+        for candidate in (np.int8, np.int16, np.int32):
+            info = np.iinfo(candidate)
+            if info.min <= low and high <= info.max:
+                dtype = np.dtype(candidate)
+                break
+    return dtype.str, values.astype(dtype, copy=False).tobytes()
+
+
+def _widened(narrowed: tuple[str, bytes]) -> np.ndarray:
+    """The writable int64 array :func:`_narrow` gave the bytes of."""
+    dtype, data = narrowed
+    return np.frombuffer(data, dtype=np.dtype(dtype)).astype(np.int64)
+
+
+def _shared_names(keys: list[CrowdKey]) -> list[CrowdKey]:
+    """``keys`` (equal tuples) holding one string object per distinct kind, channel and recipe
+    ID: pickle memoizes an object, so a name many keys share is written once."""
+    names: dict[str, str] = {}
+    name = names.setdefault
+    return [
+        (name(kind, kind), start, stop, name(channel, channel), name(recipe_id, recipe_id), crowd)
+        for kind, start, stop, channel, recipe_id, crowd in keys
+    ]
 
 
 class _Rows:
     """Histogram crowds of one message domain size as columns: their keys, whether each one's
     sums are dense (else empty and sparse: a commit record's n_u only), the sums as the rows of
     one int64 matrix, the messages, the respondents per instance and the rejections. What
-    :class:`CrowdBucket` packs, adds and unpacks without a Python object per crowd."""
+    :class:`CrowdBucket` packs, adds and unpacks without a Python object per crowd.
 
-    __slots__ = ("domain", "keys", "dense", "counts", "messages", "respondents", "rejected")
+    The keys' kinds, channels and recipe IDs are packed as one string object per distinct name
+    (:func:`_shared_names`, once: ``names_shared``), which pickle writes once and later
+    references, and which unpickled keys share again."""
+
+    __slots__ = (
+        "domain",
+        "keys",
+        "dense",
+        "counts",
+        "messages",
+        "respondents",
+        "rejected",
+        "names_shared",
+    )
 
     def __init__(
         self,
@@ -115,14 +159,17 @@ class _Rows:
     ) -> None:
         self.domain, self.keys, self.dense, self.counts = domain, keys, dense, counts
         self.messages, self.respondents, self.rejected = messages, respondents, rejected
+        self.names_shared = False
 
     def state(self) -> tuple:
+        if not self.names_shared:
+            self.keys, self.names_shared = _shared_names(self.keys), True
         return (
             self.domain,
             self.keys,
             self.dense.tobytes(),
-            self.counts.tobytes(),
-            self.messages.tobytes(),
+            _narrow(self.counts),
+            _narrow(self.messages),
             self.respondents,
             self.rejected,
         )
@@ -131,15 +178,17 @@ class _Rows:
     def from_state(cls, state: tuple) -> _Rows:
         domain, keys, dense, counts, messages, respondents, rejected = state
         rows = len(keys)
-        return cls(
+        out = cls(
             domain,
             keys,
             np.frombuffer(bytearray(dense), dtype=bool),
-            np.frombuffer(bytearray(counts), dtype=np.int64).reshape(rows, domain),
-            np.frombuffer(bytearray(messages), dtype=np.int64),
+            _widened(counts).reshape(rows, domain),
+            _widened(messages),
             respondents,
             rejected,
         )
+        out.names_shared = True  # as state() packed them
+        return out
 
     def accumulator(self, row: int) -> CrowdAccumulator:
         """Crowd ``row`` as an accumulator (its dense sums a writable row of the matrix)."""
@@ -186,8 +235,11 @@ def _add_rows(parts: list[_Rows]) -> _Rows:
     respondents = [r for part in parts for r in part.respondents]
     rejected = [r for part in parts for r in part.rejected]
     domain = parts[0].domain
+    shared = all(part.names_shared for part in parts)  # a few objects per name: still shared
     if len(index) == len(keys):  # no crowd in two parts
-        return _Rows(domain, keys, dense, counts, messages, respondents, rejected)
+        out = _Rows(domain, keys, dense, counts, messages, respondents, rejected)
+        out.names_shared = shared
+        return out
     crowds = len(index)
     added = np.zeros((crowds, domain), dtype=np.int64)
     np.add.at(added, position, counts)
@@ -202,12 +254,17 @@ def _add_rows(parts: list[_Rows]) -> _Rows:
         if mine is None:
             merged_respondents[row], merged_rejected[row] = stated, rejections
             continue
-        if not copied[row]:  # a part's own dict is never changed
-            mine = merged_respondents[row] = dict(mine)
-            copied[row] = True
-        _merge_respondents(mine, stated, "instance")
-        merged_rejected[row] = _add_rejected(merged_rejected[row], rejections)
-    return _Rows(
+        if stated:
+            if not mine and all(type(count) is int for count in stated.values()):
+                merged_respondents[row] = stated  # what merging it into {} would make
+            else:
+                if not copied[row]:  # a part's own dict is never changed
+                    mine = merged_respondents[row] = dict(mine)
+                    copied[row] = True
+                _merge_respondents(mine, stated, "instance")
+        if rejections:
+            merged_rejected[row] = _add_rejected(merged_rejected[row], rejections)
+    out = _Rows(
         domain,
         list(index),
         any_dense,
@@ -216,6 +273,8 @@ def _add_rows(parts: list[_Rows]) -> _Rows:
         merged_respondents,
         merged_rejected,
     )
+    out.names_shared = shared
+    return out
 
 
 class _Content:
@@ -344,10 +403,21 @@ class CrowdBucket:
     waits as its blob, and the waiting blobs are folded in (unpacked, added as rows, packed
     again) once they weigh as much as the bucket's own blob, so adding costs amortized O(log)
     unpacks per crowd and a combiner holding every bucket (Beam's lifted combine keeps every
-    key's accumulator until its bundle ends) holds compressed bytes.
+    key's accumulator until its bundle ends) holds compressed bytes. An empty bucket takes the
+    first bucket added as its own blob, and :meth:`densify` of a packed bucket waits (with the
+    blob, pickled too) until the content is read, so a bucket combined from one input and
+    densified crosses the combiner without being unpacked and packed again.
     """
 
-    __slots__ = ("_crowds", "_withheld", "_content", "_packed", "_pending", "_pending_bytes")
+    __slots__ = (
+        "_crowds",
+        "_withheld",
+        "_content",
+        "_packed",
+        "_pending",
+        "_pending_bytes",
+        "_dense_limit",
+    )
 
     def __init__(
         self,
@@ -360,6 +430,8 @@ class CrowdBucket:
         self._packed: bytes | None = None
         self._pending: list[bytes] = []
         self._pending_bytes = 0
+        # densify(limit) not yet applied to the packed blob
+        self._dense_limit: int | None = None
 
     @classmethod
     def of_content(cls, content: _Content) -> CrowdBucket:
@@ -379,6 +451,9 @@ class CrowdBucket:
             content = _unpack(self._packed)
         self._crowds = self._withheld = None
         self._content, self._packed = content, None
+        if self._dense_limit is not None:  # waiting since before any pending blob was added
+            content.densify(self._dense_limit)
+            self._dense_limit = None
         if self._pending:
             pending, self._pending, self._pending_bytes = self._pending, [], 0
             parts = [content, *(_unpack(blob) for blob in pending)]
@@ -413,21 +488,45 @@ class CrowdBucket:
         return self
 
     def add(self, other: CrowdBucket) -> None:
-        """Adds ``other`` (its value unchanged) lazily, keeping this bucket packed."""
-        blob = other.__getstate__()
+        """Adds ``other`` (its value unchanged) lazily, keeping this bucket packed (an empty
+        bucket takes ``other``'s blob as its own)."""
+        state = other.__getstate__()
+        if self._is_new():
+            self.__setstate__(state)
+            return
+        if self._dense_limit is not None:  # densified before other was added
+            self._own_content()
+        if not isinstance(state, bytes):  # other's waiting densify applied to its blob first
+            other._own_content()
+            state = other.__getstate__()
+        blob = state
         self._pending.append(blob)
         self._pending_bytes += len(blob)
         if self._pending_bytes >= max(PENDING_BYTES, len(self._packed or b"")):
             self.pack()
 
-    def __getstate__(self) -> bytes:
+    def _is_new(self) -> bool:
+        """Whether nothing was put in this bucket yet (as made by ``CrowdBucket()``)."""
+        return (
+            self._packed is None
+            and self._content is None
+            and not self._pending
+            and not self._crowds
+            and not self._withheld
+            and self._dense_limit is None
+        )
+
+    def __getstate__(self) -> bytes | tuple[bytes, int]:
+        """The blob (:meth:`pack`), with the limit of a :meth:`densify` still to apply."""
         self.pack()
+        if self._dense_limit is not None:
+            return self._packed or b"", self._dense_limit
         return self._packed or b""
 
-    def __setstate__(self, state: bytes) -> None:
+    def __setstate__(self, state: bytes | tuple[bytes, int]) -> None:
         self._crowds = self._withheld = None
         self._content = None
-        self._packed = state
+        self._packed, self._dense_limit = state if isinstance(state, tuple) else (state, None)
         self._pending = []
         self._pending_bytes = 0
 
@@ -471,7 +570,12 @@ class CrowdBucket:
 
     def densify(self, dense_limit: int) -> None:
         """Histogram crowds of domains up to ``dense_limit`` counted densely, also those whose
-        only parts were respondent counts (kept sparse, i.e. empty, while they travel)."""
+        only parts were respondent counts (kept sparse, i.e. empty, while they travel); of a
+        packed bucket when it is next read."""
+        if self._crowds is None and self._content is None and not self._pending:
+            limit = self._dense_limit
+            self._dense_limit = dense_limit if limit is None else max(limit, int(dense_limit))
+            return
         if self._crowds is None or self._pending:  # as rows: a flag per crowd
             self._own_content().densify(dense_limit)
             return
