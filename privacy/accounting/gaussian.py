@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from privacy.accounting.core import check_delta, check_epsilon
+from privacy.accounting.core import brent_root, check_delta, check_epsilon
 
 __all__ = [
     "GaussianBaseline",
@@ -67,8 +67,6 @@ def gaussian_sigma_exact(epsilon: float, delta: float, sensitivity: float = 1.0)
     """Analytic Gaussian mechanism (Balle and Wang 2018): the sigma solving
     gaussian_delta(sigma, eps, sensitivity) = delta by root-finding (delta falls as sigma
     grows), rounded up to the first sigma that meets it."""
-    from scipy import optimize
-
     eps = check_epsilon(epsilon, "epsilon")
     d = check_delta(delta)
     sens = check_epsilon(sensitivity, "sensitivity")
@@ -83,7 +81,11 @@ def gaussian_sigma_exact(epsilon: float, delta: float, sensitivity: float = 1.0)
     high = math.log(sens) + 1.0
     while excess(high) > 0.0:
         high += 2.0
-    root = optimize.brentq(excess, low, high, xtol=1e-14, rtol=1e-14)
+    root, converged = brent_root(excess, low, high, xtol=1e-14, rtol=1e-14, maxiter=100)
+    if not converged:
+        raise RuntimeError(
+            f"analytic Gaussian sigma: no root after 100 iterations, value is {root:g}"
+        )
     sigma = math.exp(root)
     while gaussian_delta(sigma, eps, sens) > d:
         sigma *= 1.0 + 1e-13

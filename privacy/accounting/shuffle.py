@@ -20,6 +20,7 @@ import numpy as np
 from privacy.accounting import binomial
 from privacy.accounting.core import (
     BoundOutOfRange,
+    brent_root,
     check_count,
     check_delta,
     check_epsilon,
@@ -329,8 +330,6 @@ def fmt_numerical_epsilon(
     upper bound; at n = 1e8 it takes well under a second (see benchmarks/bench_accounting.py).
     For a removal eps_l-DP randomizer pass eps_0 = 2 eps_l.
     """
-    from scipy import optimize
-
     eps0 = _numerical_epsilon_local(epsilon_local)
     n = check_count(respondents, "respondents")
     d = check_delta(delta)
@@ -345,7 +344,9 @@ def fmt_numerical_epsilon(
         return 0.0
     if excess(eps0) > 0.0:  # only for deltas near the rounding allowance: no amplification
         return eps0
-    root = optimize.brentq(excess, 0.0, eps0, xtol=1e-12, rtol=tolerance)
+    root, converged = brent_root(excess, 0.0, eps0, xtol=1e-12, rtol=tolerance, maxiter=100)
+    if not converged:
+        raise RuntimeError(f"FMT numerical bound: no root after 100 iterations, value is {root:g}")
     # brentq's answer may sit on either side of the root: move up until delta(eps) <= delta holds.
     step = tolerance * root + 1e-12
     answer = min(root + step, eps0)
