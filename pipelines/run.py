@@ -108,7 +108,7 @@ SIMULATED_KINDS = ("messages", "chaff", "presence")  # simulation.json's <kind>_
 WORKER_MODULES = ("apache_beam.runners.worker.sdk_worker_main", "pipelines.simulate",
                   "pipelines.analyze")  # fmt: skip
 FORK_SERVER_MIN_RESPONDENTS = 20_000  # --respondents below it: no fork server is started early
-WORKER_MODULES_LATER = ("scipy.stats", "matplotlib.figure", "matplotlib.backends.backend_agg")
+WORKER_MODULES_LATER = ("scipy.special", "matplotlib.figure", "matplotlib.backends.backend_agg")
 
 
 def shuffler_private_dir(output: Path, instance: int) -> Path:

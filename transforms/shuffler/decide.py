@@ -30,6 +30,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from privacy import noise
+from privacy.accounting import binomial
 from privacy.noise import RandomSource
 
 # Tail probability up to which an honest device's messages to one crowd stay within the cap.
@@ -66,20 +67,17 @@ class DeletionLike(Protocol):
 def _two_binomial_quantile(n1: int, p1: float, n2: int, p2: float, tail: float) -> int:
     """Smallest m with P(X1 + X2 > m) <= tail, X1 ~ Bin(n1, p1), X2 ~ Bin(n2, p2) independent.
 
-    Computed as sum_x P(X1 = x) P(X2 > m - x) with scipy's binomial pmf and survival function
-    (accurate in the far tail, unlike 1 - cdf); m by bisection, the tail being monotone in m.
+    Computed as sum_x P(X1 = x) P(X2 > m - x) with the binomial pmf and survival function
+    (``privacy.accounting.binomial``: scipy's, bit for bit, without importing ``scipy.stats``;
+    accurate in the far tail, unlike 1 - cdf); m by bisection, the tail being monotone in m.
     """
-    from scipy import stats
-
     n1, n2 = int(n1), int(n2)
     p1, p2 = min(max(float(p1), 0.0), 1.0), min(max(float(p2), 0.0), 1.0)
     x = np.arange(n1 + 1)
-    weights = stats.binom.pmf(x, n1, p1)
+    weights = binomial.pmf(x, n1, p1)
 
     def tail_above(m: int) -> float:
-        from scipy import stats
-
-        return float(np.sum(weights * stats.binom.sf(m - x, n2, p2)))
+        return float(np.sum(weights * binomial.sf(m - x, n2, p2)))
 
     low, high = 0, n1 + n2
     while low < high:
