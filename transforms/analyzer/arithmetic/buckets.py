@@ -668,11 +668,13 @@ def crowd_buckets_known(
     """``crowd_buckets_of(crowds, buckets)``, hashing only the crowds ``known`` (a map of
     earlier calls with the same ``buckets``) lacks, and adding them to it; a map that would
     pass ``limit`` crowds is emptied first (memory stays flat whatever the crowds)."""
-    missing = [crowd for crowd in crowds if crowd not in known]
-    if not missing:
-        return [known[crowd] for crowd in crowds]
+    out = list(map(known.get, crowds))  # one look-up per crowd; None where unknown
+    if None not in out:
+        return out
+    missing = [crowd for crowd, bucket in zip(crowds, out, strict=True) if bucket is None]
     found = dict(zip(missing, crowd_buckets_of(missing, buckets), strict=True))
-    out = [known[crowd] if crowd in known else found[crowd] for crowd in crowds]
+    out = [found[crowd] if bucket is None else bucket
+           for crowd, bucket in zip(crowds, out, strict=True)]  # fmt: skip
     if len(known) + len(found) > limit:
         known.clear()
     if len(found) <= limit:
