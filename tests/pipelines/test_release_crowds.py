@@ -284,3 +284,36 @@ def test_the_columnar_count_check_agrees_with_the_crowd_by_crowd_one(
         assert columns == (problem is None)  # the joins alone decide agreement
         agreed += problem is None
     assert 50 < agreed < 250
+
+
+def test_a_batch_counted_from_its_crowd_groups_has_arrows_counts() -> None:
+    """crowd_record_table given the batch's crowd_groups counts the crowds Arrow's group-by
+    counts (as sets of rows), nulls included (-1 and null, "" and null stay apart)."""
+    import random
+
+    import pyarrow as pa
+
+    from transforms.analyzer import arithmetic
+    from transforms.analyzer.aggregate import CROWD_KEY_COLUMNS, crowd_record_table
+
+    rng = random.Random(5)
+    for case in range(200):
+        rows = rng.randint(1, 40)
+        pick = [[rf.T0, rf.T0 + 1], [rf.T0 + 9], ["ch", "dh"], ["r@1"], ["c1", "c2", "c3"]]
+        if case % 4 == 0:  # nulls beside values that -1 codes or empty text could stand for
+            pick = [[-1, None], [rf.T0 + 9, None], ["", None], ["r@1"], ["c1", "", None]]
+        columns = {name: [rng.choice(values) for _ in range(rows)]
+                   for name, values in zip(CROWD_KEY_COLUMNS, pick, strict=True)}  # fmt: skip
+        types = [pa.int64(), pa.int64(), pa.string(), pa.string(), pa.string()]
+        batch = pa.RecordBatch.from_arrays(
+            [
+                pa.array(columns[name], kind)
+                for name, kind in zip(CROWD_KEY_COLUMNS, types, strict=True)
+            ],
+            names=list(CROWD_KEY_COLUMNS),
+        )
+        groups = arithmetic.crowd_groups([batch.column(name) for name in CROWD_KEY_COLUMNS])
+        expected = crowd_record_table(batch).to_pylist()
+        found = crowd_record_table(batch, groups).to_pylist()
+        assert sorted(map(repr, found)) == sorted(map(repr, expected))
+        assert sum(row["records"] for row in found) == rows

@@ -46,6 +46,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from schemas import schema_json
 from schemas.dead_letters import dead_letter
+from schemas.payloads import EncodedPayloads
 from schemas.release.commit import COMMIT_FILE
 from schemas.release.crowd_buckets import CROWDS_DIR, BucketKey, parse_release_path
 from schemas.release.crowd_tables import (
@@ -242,28 +243,32 @@ class DecodeReleaseFile(beam.DoFn):
                 yield beam.pvalue.TaggedOutput(DEAD_LETTER_TAG, [letter])
                 continue
             self._bundle_decoded = self._bundle_decoded or item.rows > 0
-            if bucket is not None:  # every record read, whatever becomes of it
-                records = pack_crowd_records(crowd_record_table(item.columns))
-                yield beam.pvalue.TaggedOutput(CROWD_RECORDS_TAG, (bucket, records))
             columns, opened = item.columns, None
+            # The batch's payloads and crowds, found once for the steps below while they look
+            # at the batch as read (dropped once rows are taken out).
+            payloads, groups = _payloads_and_crowds(columns)
+            if bucket is not None:  # every record read, whatever becomes of it
+                records = pack_crowd_records(crowd_record_table(columns, groups))
+                yield beam.pvalue.TaggedOutput(CROWD_RECORDS_TAG, (bucket, records))
             # Repeats of a sealed payload in a crowd of this file are discarded, counted.
-            repeated = replays.repeated(columns)
+            repeated = replays.repeated(columns, payloads)
             kept = np.flatnonzero(~repeated)  # positions of ``columns`` rows in the file's batch
             replayed = np.flatnonzero(repeated)
             rejections = [_Rejections(replayed, [DUPLICATE_PAYLOAD] * replayed.size)]
             if repeated.any():
                 _inc(counts, "read", int(np.count_nonzero(repeated)))
                 _inc(counts, f"rejected:{DUPLICATE_PAYLOAD}", int(np.count_nonzero(repeated)))
-                columns = columns.take(pa.array(kept))
+                columns, payloads, groups = columns.take(pa.array(kept)), None, None
             if self._opener is not None:  # -- sealed payloads: open before decoding --
-                opened = self._opener.open_batch(columns)
-                columns = opened.columns
+                opened = self._opener.open_batch(columns, payloads)
+                if opened.columns is not columns:
+                    columns, payloads, groups = opened.columns, None, None
                 for name, value in opened.counts.items():
                     _inc(counts, name, value)
                 rejections.append(_Rejections(kept[opened.rejected_rows], opened.rejected_reasons))
                 kept = kept[opened.kept_rows]
             result = arithmetic.aggregate_batch(
-                columns, self._book, self._versions, self._dense_limit, as_rows=True
+                columns, self._book, self._versions, self._dense_limit, True, payloads, groups
             )
             result = dataclasses.replace(result, rejected_rows=kept[result.rejected_rows])
             rejections.append(result)
@@ -320,10 +325,27 @@ def release_bucket(path: str) -> tuple[str, BucketKey] | None:
     return None if parsed is None or not release else (release, parsed[1])
 
 
-def crowd_record_table(batch: pa.RecordBatch) -> pa.Table:
+def _payloads_and_crowds(
+    batch: pa.RecordBatch,
+) -> tuple[EncodedPayloads | None, tuple[np.ndarray, np.ndarray] | None]:
+    """The batch's ``EncodedPayloads.from_arrow`` of its payload column and
+    ``arithmetic.crowd_groups`` of its crowd key columns (None where it lacks them)."""
+    names = batch.schema.names
+    payloads = EncodedPayloads.from_arrow(batch.column("payload")) if "payload" in names else None
+    groups = None
+    if batch.num_rows and all(name in names for name in CROWD_KEY_COLUMNS):
+        groups = arithmetic.crowd_groups([batch.column(name) for name in CROWD_KEY_COLUMNS])
+    return payloads, groups
+
+
+def crowd_record_table(
+    batch: pa.RecordBatch, groups: tuple[np.ndarray, np.ndarray] | None = None
+) -> pa.Table:
     """Records per crowd key of a batch as a table: :data:`CROWD_RECORD_SCHEMA` (the key
-    columns, window bounds in ms, and ``records``), one row per crowd (none when the batch
-    lacks a key column)."""
+    columns, window bounds in ms, and ``records``), one row per crowd in no particular order
+    (none when the batch lacks a key column; the count check sorts by key). ``groups``: the batch's
+    ``arithmetic.crowd_groups`` of :data:`CROWD_KEY_COLUMNS`, when the caller has it (used
+    when no key is null: its -1 codes would join a null to -1)."""
     if batch.num_rows == 0 or any(n not in batch.schema.names for n in CROWD_KEY_COLUMNS):
         return CROWD_RECORD_SCHEMA.empty_table()
     columns = []
@@ -332,6 +354,12 @@ def crowd_record_table(batch: pa.RecordBatch) -> pa.Table:
         if pa.types.is_timestamp(column.type):
             column = column.cast(pa.timestamp("ms")).cast(pa.int64())
         columns.append(column.cast(field.type))
+    if groups is not None and not any(column.null_count for column in columns):
+        order, starts = groups
+        rows = pa.array(order[starts[:-1]])  # a row of each crowd
+        records = pa.array(np.diff(starts), pa.int64())
+        return pa.Table.from_arrays([column.take(rows) for column in columns] + [records],
+                                    schema=CROWD_RECORD_SCHEMA)  # fmt: skip
     # One crowd: no hashing (the crowd ID, likeliest to vary, is looked at first).
     if all(arithmetic.is_constant(column) for column in reversed(columns)):
         keys = [column.slice(0, 1) for column in columns]

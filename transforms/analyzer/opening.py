@@ -67,11 +67,16 @@ class ReleaseOpener:
         """Read the private keys from their path (call this on the worker, in DoFn.setup)."""
         return cls(KeyRing.load(key_ring_path) if key_ring_path else None, recipes)
 
-    def open_batch(self, batch: pa.RecordBatch) -> OpenedBatch:
+    def open_batch(
+        self, batch: pa.RecordBatch, encoded: EncodedPayloads | None = None
+    ) -> OpenedBatch:
+        """``encoded``: ``EncodedPayloads.from_arrow`` of the payload column, when the caller
+        has it."""
         rows = batch.num_rows
         payload_column = batch.column("payload")
         stored = batch.column("payload_crc32c").fill_null(-1).to_numpy(zero_copy_only=False)
-        encoded = EncodedPayloads.from_arrow(payload_column)
+        if encoded is None:
+            encoded = EncodedPayloads.from_arrow(payload_column)
         lengths = encoded.lengths
         status = np.zeros(rows, dtype=np.uint8)
         if self.ring is None:

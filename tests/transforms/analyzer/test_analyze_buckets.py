@@ -535,3 +535,23 @@ def test_a_bucket_combined_from_one_input_crosses_as_that_inputs_blob():
     reference.merge(arithmetic.CrowdBucket({_key(0, "later"): later}))
     assert _snapshot(extracted) == _snapshot(reference)
     assert not extracted.crowds[_key(0, "later")].counts.is_dense
+
+
+def test_row_units_number_units_in_the_order_of_their_first_crowd() -> None:
+    """_row_units (numpy when the crowds share one window) numbers the units as a dict filled
+    crowd by crowd would, for keys of one window and of several."""
+    import random
+
+    from transforms.analyzer.arithmetic import buckets as bk
+
+    rng = random.Random(11)
+    for case in range(200):
+        windows = [("histogram", 0, 9)] if case % 2 else [("histogram", 0, 9), ("histogram", 9, 18)]
+        keys = [(*rng.choice(windows), "ch", "r@1", f"c{i}") for i in range(rng.randint(1, 30))]
+        crowd_buckets = [rng.randrange(5) for _ in keys]
+        expected: dict = {}
+        codes = [expected.setdefault((*key[:3], bucket), len(expected))
+                 for key, bucket in zip(keys, crowd_buckets, strict=True)]  # fmt: skip
+        index, found = bk._row_units(keys, crowd_buckets)
+        assert list(index.items()) == list(expected.items())
+        assert found.tolist() == codes

@@ -148,6 +148,8 @@ def aggregate_batch(
     supported_versions: Iterable[int],
     dense_limit: int = DENSE_LIMIT,
     as_rows: bool = False,
+    payloads: EncodedPayloads | None = None,
+    groups: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> BatchAggregate:
     """Verify, decode and count one batch of ShuffledMessage rows of a release.
 
@@ -161,6 +163,8 @@ def aggregate_batch(
     domains are counted crowd by crowd). ``as_rows``: the histogram crowds counted as rows
     are returned as :class:`CrowdRows` (``rows``, one per domain size, crowds in the order
     their accumulators would have) instead of accumulators, no Python object made per crowd.
+    ``payloads`` (``EncodedPayloads.from_arrow`` of the batch's payload column) and ``groups``
+    (:func:`crowd_groups` of its crowd key columns), when the caller has them, are not made again.
     """
     rows = batch.num_rows
     missing = [name for name in MESSAGE_COLUMNS if name not in batch.schema.names]
@@ -184,7 +188,8 @@ def aggregate_batch(
         reasons, everything[~np.isin(version, list(supported_versions))], UNKNOWN_SCHEMA_VERSION
     )
     _reject(reasons, everything[~(window_start < window_end)], BAD_WINDOW)
-    payloads = EncodedPayloads.from_arrow(batch.column("payload"))
+    if payloads is None:
+        payloads = EncodedPayloads.from_arrow(batch.column("payload"))
     actual_crc = crc32c_many(payloads).astype(np.int64)
     _reject(reasons, everything[actual_crc != stored_crc], CRC_MISMATCH)
 
@@ -195,7 +200,7 @@ def aggregate_batch(
         batch.column("recipe_id"),
         batch.column("crowd_id"),
     ]
-    order, starts = crowd_groups(key_columns)
+    order, starts = crowd_groups(key_columns) if groups is None else groups
     sizes = np.diff(starts)
     firsts = order[starts[:-1]]  # each crowd's first row
     group_of = np.empty(rows, dtype=np.int64)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 import pickle
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -615,14 +616,7 @@ def bucket_accumulators(
     for part in rows:
         if not part.keys:
             continue
-        units = [
-            (key[0], int(key[1]), int(key[2]), bucket)
-            for key, bucket in zip(part.keys, _buckets_of(part.keys, buckets, known), strict=True)
-        ]
-        index: dict[AnalysisBucketKey, int] = {}
-        codes = np.fromiter(
-            (index.setdefault(unit, len(index)) for unit in units), dtype=np.int64, count=len(units)
-        )
+        index, codes = _row_units(part.keys, _buckets_of(part.keys, buckets, known))
         order = np.argsort(codes, kind="stable")  # each unit's crowds in the batch's order
         bounds = np.searchsorted(codes[order], np.arange(len(index) + 1)).tolist()
         for code, unit in enumerate(index):
@@ -659,6 +653,34 @@ def bucket_accumulators(
 KNOWN_BUCKETS_LIMIT = 1 << 16
 
 
+def _row_units(
+    keys: Sequence[CrowdKey], crowd_buckets: list[int]
+) -> tuple[dict[AnalysisBucketKey, int], np.ndarray]:
+    """The analysis units of crowds (keys with their crowd buckets), numbered in the order of
+    their first crowd, and each crowd's unit number. Keys of one window (a release file's
+    batch) differ in their bucket only: numbered by bucket, no tuple made per crowd."""
+    heads = set(map(_WINDOW_OF_KEY, keys))
+    if len(heads) == 1:
+        kind, start, stop = heads.pop()
+        number = {bucket: code for code, bucket in enumerate(dict.fromkeys(crowd_buckets))}
+        codes = np.fromiter(map(number.__getitem__, crowd_buckets), np.int64, len(crowd_buckets))
+        return {(kind, int(start), int(stop), b): code for b, code in number.items()}, codes
+    index: dict[AnalysisBucketKey, int] = {}
+    codes = np.fromiter(
+        (
+            index.setdefault((key[0], int(key[1]), int(key[2]), bucket), len(index))
+            for key, bucket in zip(keys, crowd_buckets, strict=True)
+        ),
+        dtype=np.int64,
+        count=len(keys),
+    )
+    return index, codes
+
+
+# A crowd key's kind and window (what its analysis unit has besides the crowd bucket).
+_WINDOW_OF_KEY = operator.itemgetter(0, 1, 2)
+
+
 def crowd_buckets_known(
     crowds: Sequence[tuple[Any, Any, Any]],
     buckets: int,
@@ -668,11 +690,13 @@ def crowd_buckets_known(
     """``crowd_buckets_of(crowds, buckets)``, hashing only the crowds ``known`` (a map of
     earlier calls with the same ``buckets``) lacks, and adding them to it; a map that would
     pass ``limit`` crowds is emptied first (memory stays flat whatever the crowds)."""
-    missing = [crowd for crowd in crowds if crowd not in known]
-    if not missing:
-        return [known[crowd] for crowd in crowds]
+    out = list(map(known.get, crowds))  # one look-up per crowd; None where unknown
+    if None not in out:
+        return out
+    missing = [crowd for crowd, bucket in zip(crowds, out, strict=True) if bucket is None]
     found = dict(zip(missing, crowd_buckets_of(missing, buckets), strict=True))
-    out = [known[crowd] if crowd in known else found[crowd] for crowd in crowds]
+    out = [found[crowd] if bucket is None else bucket
+           for crowd, bucket in zip(crowds, out, strict=True)]  # fmt: skip
     if len(known) + len(found) > limit:
         known.clear()
     if len(found) <= limit:

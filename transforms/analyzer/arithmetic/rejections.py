@@ -83,13 +83,17 @@ class FileReplays:
         self._seen_crowds: list[np.ndarray] = []
         self._seen: list[EncodedPayloads] = []
 
-    def repeated(self, batch: pa.RecordBatch) -> np.ndarray:
+    def repeated(
+        self, batch: pa.RecordBatch, payloads: EncodedPayloads | None = None
+    ) -> np.ndarray:
         """True for each row of ``batch`` whose sealed payload this file already held in the
-        same crowd (earlier in the batch or in an earlier batch)."""
+        same crowd (earlier in the batch or in an earlier batch); ``payloads``: the batch's
+        ``EncodedPayloads.from_arrow`` of its payload column, when the caller has it."""
         repeated = np.zeros(batch.num_rows, dtype=bool)
         if batch.num_rows == 0 or any(n not in batch.schema.names for n in _KEY_COLUMNS):
             return repeated
-        payloads = EncodedPayloads.from_arrow(batch.column("payload"))
+        if payloads is None:
+            payloads = EncodedPayloads.from_arrow(batch.column("payload"))
         sealed = np.flatnonzero(sealed_rows(payloads))
         if sealed.size == 0:
             return repeated
