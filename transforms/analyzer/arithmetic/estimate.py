@@ -361,12 +361,20 @@ def estimate_sum_rows(
         stderr=stderr,
         raw_count=sums if domain == estimate.shape[1] else None,
         respondents=n,
-        respondents_by_instance=[dict(sorted(r.items())) for r in respondents_by_instance],
+        respondents_by_instance=[_sorted_mapping(r) for r in respondents_by_instance],
         messages=messages,
         postprocessing=postprocessing,
         postprocessed=postprocessed,
     )
     return rows, refused
+
+
+def _sorted_mapping(mapping: Mapping[int, int]) -> dict[int, int]:
+    """``mapping`` as a dict in key order: a one-entry dict itself (already in order, and
+    nothing changes a crowd's respondents after its estimate), else a sorted copy."""
+    if len(mapping) == 1 and type(mapping) is dict:
+        return mapping
+    return dict(sorted(mapping.items()))
 
 
 def sparse_truth(buckets: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
