@@ -459,9 +459,9 @@ def _plain(value):
 
 def _states(buckets: dict) -> list:
     """Each unit and its packed content, in order."""
-    import zlib
+    from transforms.analyzer.arithmetic.buckets import _decompressed
 
-    return [(unit, _plain(pickle.loads(zlib.decompress(bucket.__getstate__()))))
+    return [(unit, _plain(_decompressed(bucket.__getstate__())))
             for unit, bucket in buckets.items()]  # fmt: skip
 
 

@@ -8,7 +8,7 @@ and the unit key adds the crowd key's kind and window (:func:`bucket_key`). A
 of their commit records; it crosses a pipeline's groupings as one compressed blob
 (:meth:`CrowdBucket.pack`), never as one element or one Python object per crowd.
 
-Pure: numpy, Arrow (a verified crowd table's columns), pickle and zlib; no Beam.
+Pure: numpy, Arrow (a verified crowd table's columns and zstd), pickle; no Beam.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import itertools
 import math
 import operator
 import pickle
-import zlib
+import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -94,6 +94,24 @@ PENDING_BYTES = 1 << 16
 # (:class:`_Rows`); larger domains, sparse sums and longitudinal crowds as pickled objects.
 ROW_DOMAIN_LIMIT = 1 << 12
 _ROWS_FORMAT = "rows/2"
+# A packed bucket is its pickled state compressed whole with zstd (level 1) after its length:
+# at a third of zlib's time at its fastest level, half of its time to decompress, and smaller.
+_BLOB_CODEC = pa.Codec("zstd", 1)
+_BLOB_SIZE = struct.Struct("<Q")
+
+
+def _compressed(state: Any) -> bytes:
+    """``state`` pickled and compressed (read back by :func:`_decompressed`)."""
+    data = pickle.dumps(state, pickle.HIGHEST_PROTOCOL)
+    return _BLOB_SIZE.pack(len(data)) + _BLOB_CODEC.compress(data, asbytes=True)
+
+
+def _decompressed(blob: bytes) -> Any:
+    """The state :func:`_compressed` packed."""
+    (size,) = _BLOB_SIZE.unpack_from(blob)
+    return pickle.loads(
+        _BLOB_CODEC.decompress(memoryview(blob)[_BLOB_SIZE.size :], decompressed_size=size)
+    )
 
 
 def _narrow(values: np.ndarray) -> tuple[str, bytes]:
@@ -394,7 +412,7 @@ class CrowdBucket:
     withheld records of those crowds.
 
     ``merge`` adds another bucket without changing it (crowds it holds that this one lacks are
-    copied). Pickled, a bucket is one zlib-compressed blob and stays one until it is read again
+    copied). Pickled, a bucket is one compressed blob (zstd) and stays one until it is read again
     (:meth:`pack`), so a runner that holds grouped values decoded keeps a bytes object per
     bucket, not Python objects per crowd. Inside the blob the histogram crowds of small domains
     are columns (:class:`_Rows`: keys, one matrix of sums, respondents), so packing, unpacking
@@ -484,7 +502,7 @@ class CrowdBucket:
         """Compress the content into one blob (read back on first use); returns ``self``."""
         if self._packed is None or self._pending:
             state = self._own_content().state()
-            self._packed = zlib.compress(pickle.dumps(state, pickle.HIGHEST_PROTOCOL), 1)
+            self._packed = _compressed(state)
             self._content = None
         return self
 
@@ -586,7 +604,7 @@ class CrowdBucket:
 def _unpack(blob: bytes | None) -> _Content:
     if not blob:
         return _Content({}, {}, [])
-    state = pickle.loads(zlib.decompress(blob))
+    state = _decompressed(blob)
     if len(state) == 2:  # a blob of accumulators by key (no rows)
         crowds, withheld = state
         return _Content({}, crowds, withheld)
