@@ -167,6 +167,14 @@ def _crowd_id_texts(crowd_ids: Sequence[str | None]) -> list[str]:
     return [_json_string(crowd_id) for crowd_id in crowd_ids]
 
 
+def _per_row(texts: Mapping[Any, str], keys: Iterable[Any], rows: int) -> Iterable[str]:
+    """Each of ``rows`` rows' text, looked up in ``texts`` by its key from ``keys`` (the one
+    text repeated, keys unread, when every row shares it)."""
+    if len(texts) == 1:
+        return itertools.repeat(next(iter(texts.values())), rows)
+    return map(texts.__getitem__, keys)
+
+
 class HistogramReportLines:
     """The report lines of many histogram crowds: for row i of ``arithmetic.HistogramRows``,
     ``json_line(arithmetic.histogram_report(recipe, rows.result(i), deletion, accuracy,
@@ -277,22 +285,14 @@ class HistogramReportLines:
             )
             for kind, channel, recipe_id in set(zip(kinds, channels, recipe_ids, strict=True))
         }
-        name_texts: Iterable[str]
-        if len(names) == 1:
-            name_texts = itertools.repeat(next(iter(names.values())), crowds)
-        else:
-            name_texts = map(names.__getitem__, zip(kinds, channels, recipe_ids, strict=True))
+        name_texts = _per_row(names, zip(kinds, channels, recipe_ids, strict=True), crowds)
         # a bucket is one window: its text made once
         windows = {
             (start, end): f', "window_start": {int(start)}, "window_end": {int(end)}, '
             '"respondents_effective": '
             for start, end in set(zip(starts, ends, strict=True))
         }
-        window_texts: Iterable[str]
-        if len(windows) == 1:
-            window_texts = itertools.repeat(next(iter(windows.values())), crowds)
-        else:
-            window_texts = map(windows.__getitem__, zip(starts, ends, strict=True))
+        window_texts = _per_row(windows, zip(starts, ends, strict=True), crowds)
         by_instance, privacy = zip(
             *self._respondents_texts(recipe, rows.respondents_by_instance), strict=True
         )
