@@ -246,20 +246,6 @@ class HistogramReportLines:
             out.append(texts)
         return out
 
-    def lines(
-        self,
-        recipe: Any,
-        rows: arithmetic.HistogramRows,
-        accuracy: Mapping[int, Mapping[str, float]],
-        rejected: list[Mapping[str, int] | None],
-    ) -> list[str]:
-        """The lines of every row (``accuracy``: row -> the accuracy of the crowds with a
-        truth; ``rejected``: each row's rejected counts)."""
-        heads, shared, tails = self.pieces(recipe, rows, accuracy, rejected)
-        return [
-            f"{head}{text}{tail}" for head, text, tail in zip(heads, shared, tails, strict=True)
-        ]
-
     def pieces(
         self,
         recipe: Any,
@@ -267,11 +253,12 @@ class HistogramReportLines:
         accuracy: Mapping[int, Mapping[str, float]],
         rejected: list[Mapping[str, int] | None],
     ) -> tuple[list[str], list[str], list[str]]:
-        """:meth:`lines` as (heads, shared texts, tails): line i is ``heads[i] + shared[i] +
-        tails[i]``, where ``shared[i]`` (domain, privacy and notes: most of a line) is one
-        object for every row of the same respondents, which :func:`pack_lines` stores once.
-        Each column's texts are made as a list (a text the rows share once), then the heads
-        joined from them in one pass."""
+        """The lines of every row (``accuracy``: row -> the accuracy of the crowds with a
+        truth; ``rejected``: each row's rejected counts) as (heads, shared texts, tails): line i
+        is ``heads[i] + shared[i] + tails[i]``, where ``shared[i]`` (domain, privacy and notes:
+        most of a line) is one object for every row of the same respondents, which
+        :func:`pack_lines` stores once. Each column's texts are made as a list (a text the rows
+        share once), then the heads joined from them in one pass."""
         crowds = len(rows.keys)
         if not crowds:
             return [], [], []
@@ -330,7 +317,7 @@ def pack_lines(
     tails: list[str] | None = None,
 ) -> bytes:
     """Lines as one compressed batch (``tables.compress_batch`` of a pickle; read back by
-    :func:`unpack_lines`): line i is ``lines[i] + shared[i] + tails[i]`` (each list, when
+    :func:`unpack_ordered_lines`): line i is ``lines[i] + shared[i] + tails[i]`` (each list, when
     given, one text per line; :meth:`HistogramReportLines.pieces`), where the distinct
     ``shared`` texts (most of a report line, the same for many crowds) are stored once, so a
     batch neither holds nor compresses them per line and the part is joined from them.
@@ -376,11 +363,6 @@ def unpack_ordered_lines(batch: bytes) -> tuple[list[tuple] | None, list[str]]:
     """(sort keys or None, lines) of a :func:`pack_lines` batch."""
     orders, heads, shared, tails = _unpack_pieces(batch)
     return orders, [(a + b + c).decode() for a, b, c in zip(heads, shared, tails, strict=True)]
-
-
-def unpack_lines(batch: bytes) -> list[str]:
-    """The lines of a :func:`pack_lines` batch."""
-    return unpack_ordered_lines(batch)[1]
 
 
 def write_json_part(
