@@ -39,7 +39,10 @@ per instance), quick mode 40,000, the recipe's minimum crowd and ``make run``'s 
 run: start-up dominates its speed-ups).
 
     python -m benchmarks.bench_scaling [--workers 1,4,16] [--full] [--devices N]
-        [--engines direct,prism,flink]
+        [--engines direct,prism,flink] [--no-reference] [--json PATH]
+
+Each measurement prints one line on stderr as it is made (1 worker first, then the most workers
+down), so a run stopped by a time limit still shows what it measured.
 """
 
 from __future__ import annotations
@@ -255,8 +258,21 @@ def _rows_for(engine: str, measured: dict[tuple[str, int], dict], workers: list[
     return rows
 
 
+def measuring_order(workers: list[int]) -> list[int]:
+    """1 worker first (every speed-up's baseline), then the most workers down: a run cut short
+    by a time limit has the headline speed-up before the middle counts."""
+    return [1, *sorted((n for n in set(workers) if n != 1), reverse=True)]
+
+
+def _progress(engine: str, stage: str, workers: int, result: dict) -> None:
+    """One line on stderr per measurement, as it is made."""
+    print(f"scaling: {stage} on {engine} with {workers} worker(s): {result['read']:,} messages in "
+          f"{result['wall']:.1f} s, {result['rate']:,.0f}/s; load {_load()}",
+          file=sys.stderr, flush=True)  # fmt: skip
+
+
 def run(quick: bool, workers: list[int] | None = None, devices: int | None = None,
-        engines: tuple[str, ...] = ENGINES) -> list[dict]:  # fmt: skip
+        engines: tuple[str, ...] = ENGINES, with_reference: bool = True) -> list[dict]:  # fmt: skip
     workers = sorted(set(workers or default_workers()))
     if 1 not in workers:
         workers = [1, *workers]  # every speed-up is against 1 worker of the same engine
@@ -274,9 +290,12 @@ def run(quick: bool, workers: list[int] | None = None, devices: int | None = Non
             f"{SHARDS} report files per instance)"
         )
         measured_all: dict[str, dict[tuple[str, int], dict]] = {}
-        with _engine_flags("fnapi", 1) as flags:
-            reference = {stage: _measure(work, prepared, stage, flags)
-                         for stage in ("shuffle", "analyze")}  # fmt: skip
+        reference: dict[str, dict] = {}
+        if with_reference:
+            with _engine_flags("fnapi", 1) as flags:
+                for stage in ("shuffle", "analyze"):
+                    reference[stage] = _measure(work, prepared, stage, flags)
+                    _progress("fnapi", stage, 1, reference[stage])
         for engine in engines:
             missing = _missing(engine)
             if missing:
@@ -284,11 +303,12 @@ def run(quick: bool, workers: list[int] | None = None, devices: int | None = Non
                              "note": f"not measured: {missing}"})  # fmt: skip
                 continue
             measured: dict[tuple[str, int], dict] = {}
-            for n in workers:
+            for n in measuring_order(workers):
                 try:
                     with _engine_flags(engine, n) as flags:
                         for stage in ("shuffle", "analyze"):
                             measured[(stage, n)] = _measure(work, prepared, stage, flags)
+                            _progress(engine, stage, n, measured[(stage, n)])
                 except Exception as error:  # noqa: BLE001 - one engine's failure is a row
                     for stage in ("shuffle", "analyze"):
                         measured.setdefault((stage, n), {"error": f"failed: {error}"[:300]})
@@ -338,12 +358,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engines", default=",".join(ENGINES),
                         help=f"comma-separated, of {', '.join(ENGINES)}")  # fmt: skip
     parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument("--no-reference", action="store_true",
+                        help="skip the FnApiRunner (one process) reference rows")  # fmt: skip
     args = parser.parse_args(argv)
     engines = tuple(name for name in args.engines.split(",") if name)
     unknown = sorted(set(engines) - set(ENGINES))
     if unknown:
         parser.error(f"unknown engine(s) {', '.join(unknown)}; have {', '.join(ENGINES)}")
-    rows = run(not args.full, args.workers, args.devices, engines)
+    rows = run(not args.full, args.workers, args.devices, engines, not args.no_reference)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     print(markdown_table(rows))
