@@ -348,7 +348,7 @@ def _workers(text: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.run import markdown_table
+    from benchmarks.run import RunMeta, markdown_table
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=_workers, help="worker counts, e.g. 1,4,16 "
@@ -357,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--devices", type=int, help="devices simulated (overrides the size)")
     parser.add_argument("--engines", default=",".join(ENGINES),
                         help=f"comma-separated, of {', '.join(ENGINES)}")  # fmt: skip
-    parser.add_argument("--json", help="also write the rows to this file")
+    parser.add_argument("--json", help="also write the rows to this file, as make bench's "
+                        "bench.json (meta and rows)")  # fmt: skip
     parser.add_argument("--no-reference", action="store_true",
                         help="skip the FnApiRunner (one process) reference rows")  # fmt: skip
     args = parser.parse_args(argv)
@@ -365,9 +366,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(engines) - set(ENGINES))
     if unknown:
         parser.error(f"unknown engine(s) {', '.join(unknown)}; have {', '.join(ENGINES)}")
+    run_meta = RunMeta()
     rows = run(not args.full, args.workers, args.devices, engines, not args.no_reference)
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+    if args.json:  # as bench.json (benchmarks/run.py): python -m benchmarks.history reads it
+        mode = f"{args.devices:,} devices" if args.devices else ("full" if args.full else "quick")
+        meta = run_meta.finish(not args.full and not args.devices, ["scaling"], mode=mode)
+        Path(args.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     print(markdown_table(rows))
     return 0
 

@@ -2,6 +2,7 @@
 benchmarks/README.md, so that the figures the docs quote come from a script, never typed by hand.
 
     python -m benchmarks.history bench-results/bench.json [--readme benchmarks/README.md]
+    python -m benchmarks.history scaling.json --scaling-table   # bench_scaling --json's rows
 
 The row: when the benchmarks started (UTC), quick or full mode, the commit they ran (bench.json's,
 else the checkout's when the row is appended), the machine's cores
@@ -81,7 +82,7 @@ def history_row(results: dict[str, Any], commit: str | None = None) -> str:
     load = meta.get("load_before")
     cells = [
         (meta.get("started") or "-").replace("+00:00", "").replace("T", " "),
-        "quick" if meta.get("quick") else "full",
+        meta.get("mode") or ("quick" if meta.get("quick") else "full"),
         commit if commit is not None else (meta.get("commit") or _commit()),
         str(meta.get("cores", "-")),
         _number(load[0]) if load else "-",
@@ -93,6 +94,42 @@ def history_row(results: dict[str, Any], commit: str | None = None) -> str:
         _number(make_run.get("value") if make_run else None, 1),
     ]
     return "| " + " | ".join(cells) + " |"
+
+
+def scaling_table(results: dict[str, Any], engine: str = "direct") -> str:
+    """bench_scaling's rows of ``engine`` as one markdown table: a line per stage, a column
+    per worker count (messages/s at 1 worker, then the speed-up against it, with each run's wall
+    seconds), for the README's account of a run on another machine."""
+    rows = results.get("rows", [])
+    pattern = re.compile(rf"^(shuffle|analyze)_{re.escape(engine)}_(\d+)w_messages_per_s$")
+    cells: dict[str, dict[int, dict]] = {}
+    for row in rows:
+        match = (
+            pattern.match(str(row.get("metric", ""))) if row.get("benchmark") == "scaling" else None
+        )
+        if match and row.get("value") is not None:
+            cells.setdefault(match[1], {})[int(match[2])] = row
+    workers = sorted({n for stage in cells.values() for n in stage})
+    lines = [
+        "| stage | " + " | ".join(f"{n} worker{'s' if n > 1 else ''}" for n in workers) + " |",
+        "|---|" + "---|" * len(workers),
+    ]
+    for stage in ("shuffle", "analyze"):
+        if stage not in cells:
+            continue
+        texts = []
+        for n in workers:
+            row = cells[stage].get(n)
+            wall = re.search(r"messages in ([0-9.]+) s", row.get("note", "")) if row else None
+            seconds = f" ({wall[1]} s)" if wall else ""
+            if row is None:
+                texts.append("-")
+            elif n == 1:
+                texts.append(f"{row['value']:,.0f} msg/s{seconds}")
+            else:
+                texts.append(f"{row['ratio']:.2f}x{seconds}")
+        lines.append(f"| `{stage}` | " + " | ".join(texts) + " |")
+    return "\n".join(lines)
 
 
 def append_row(readme: Path, row: str) -> None:
@@ -118,8 +155,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--print", action="store_true", help="print the row, append nothing")
     parser.add_argument("--commit", help="the commit benchmarked, where bench.json does not say")
+    parser.add_argument("--scaling-table", action="store_true",
+                        help="print bench_scaling's DirectRunner rows as a table, append nothing")  # fmt: skip
     args = parser.parse_args(argv)
     results = json.loads(Path(args.results).read_text())
+    if isinstance(results, list):  # rows alone, as bench_scaling --json wrote them before meta
+        results = {"meta": {}, "rows": results}
+    if args.scaling_table:
+        print(scaling_table(results))
+        return 0
     row = history_row(results, None if results.get("meta", {}).get("commit") else args.commit)
     if args.print:
         print(row)

@@ -67,6 +67,30 @@ def _commit() -> str | None:
         return None
 
 
+class RunMeta:
+    """What bench.json's ``meta`` says of a run: taken when the run starts (time, load) and
+    completed when it ends (load after, commit), for ``make bench`` and for a benchmark run on
+    its own (``bench_scaling --json``)."""
+
+    def __init__(self) -> None:
+        self.started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+        self.load_before = os.getloadavg()
+
+    def finish(self, quick: bool, only: list[str] | None, **more: object) -> dict:
+        return {
+            "python": platform.python_version(),
+            "machine": platform.machine(),
+            "quick": quick,
+            "started": self.started,
+            "cores": os.cpu_count(),
+            "load_before": [round(value, 2) for value in self.load_before],
+            "load_after": [round(value, 2) for value in os.getloadavg()],
+            "only": only,
+            "commit": _commit(),
+            **more,
+        }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", default="bench-results", help="directory for results")
@@ -82,8 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rows: list[dict] = []
     failures = 0
-    started_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    load_before = os.getloadavg()
+    run_meta = RunMeta()
     for name in discover(args.only):
         started = time.perf_counter()
         try:
@@ -104,17 +127,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "quick": args.quick,
-        "started": started_at,
-        "cores": os.cpu_count(),
-        "load_before": [round(value, 2) for value in load_before],
-        "load_after": [round(value, 2) for value in os.getloadavg()],
-        "only": args.only,
-        "commit": _commit(),
-    }
+    meta = run_meta.finish(args.quick, args.only)
     (out / "bench.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     table = markdown_table(rows)
     (out / "bench.md").write_text(table + "\n")

@@ -67,3 +67,31 @@ def test_scaling_speed_ups_are_against_one_worker_of_the_same_engine():
     assert rows["analyze_direct_1w_messages_per_s"]["ratio"] == 1.0
     assert "value" not in rows["analyze_direct_2w_messages_per_s"]
     assert rows["analyze_direct_2w_messages_per_s"]["note"] == "failed: boom"
+
+
+def test_the_scaling_table_quotes_the_rows():
+    rows = [
+        {"benchmark": "scaling", "metric": "shuffle_direct_1w_messages_per_s", "value": 119963.2,
+         "ratio": 1.0, "note": "speed-up vs 1 worker; 962,472 messages in 8.0 s; 16 cores"},
+        {"benchmark": "scaling", "metric": "shuffle_direct_16w_messages_per_s", "value": 1.8e5,
+         "ratio": 1.4847, "note": "speed-up vs 1 worker; 962,472 messages in 5.4 s"},
+        {"benchmark": "scaling", "metric": "analyze_direct_1w_messages_per_s", "value": 10041.0,
+         "ratio": 1.0, "note": "1,284,119 messages in 127.9 s"},
+        {"benchmark": "scaling", "metric": "analyze_direct_16w_messages_per_s", "value": 9.0e4,
+         "ratio": 8.987, "note": "1,284,119 messages in 14.2 s"},
+        {"benchmark": "scaling", "metric": "analyze_prism_16w_messages_per_s", "value": 1.0,
+         "ratio": 0.5, "note": "another engine: not in the direct table"},
+    ]  # fmt: skip
+    assert history.scaling_table({"rows": rows}).splitlines() == [
+        "| stage | 1 worker | 16 workers |",
+        "|---|---|---|",
+        "| `shuffle` | 119,963 msg/s (8.0 s) | 1.48x (5.4 s) |",
+        "| `analyze` | 10,041 msg/s (127.9 s) | 8.99x (14.2 s) |",
+    ]
+
+
+def test_a_scaling_run_of_its_own_names_its_size_as_the_mode():
+    results = {"meta": {"mode": "320,000 devices", "cores": 16}, "rows": RESULTS["rows"]}
+    assert history.history_row(results, commit="abc1234").startswith(
+        "| - | 320,000 devices | abc1234 | 16 |"
+    )
