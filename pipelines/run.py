@@ -302,9 +302,12 @@ def shuffle_processes(requested: int | None, simulation: dict[str, Any], instanc
     return min(instances, os.cpu_count() or 1)
 
 
-def _shuffle_instance(flags: list[str], values: dict[str, Any]) -> dict[str, Any]:
-    """One shuffler instance's run (module level, so a worker process can run it)."""
-    return shuffle_pipeline.run(PipelineOptions(flags, **values))
+def _shuffle_instance(
+    flags: list[str], values: dict[str, Any], max_processes: int | None = None
+) -> dict[str, Any]:
+    """One shuffler instance's run (module level, so a worker process can run it); at most
+    ``max_processes`` worker processes of its own when it spreads (``shuffle.worker_processes``)."""
+    return shuffle_pipeline.run(PipelineOptions(flags, **values), max_processes=max_processes)
 
 
 def _say_shuffled(say: Any, instance: int, summary: dict[str, Any], began: float) -> None:
@@ -512,8 +515,9 @@ def _run(
         # (and may hold gRPC threads) is not safe.
         context = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+            share = max(1, (os.cpu_count() or 1) // workers)  # CPUs for each one's own workers
             futures = {
-                pool.submit(_shuffle_instance, flags, job): instance
+                pool.submit(_shuffle_instance, flags, job, share): instance
                 for instance, job in shuffle_jobs.items()
             }
             for future in concurrent.futures.as_completed(futures):

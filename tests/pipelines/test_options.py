@@ -9,6 +9,7 @@ import pytest
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
 from pipelines import analyze as analyze_pipeline
+from pipelines import shuffle as shuffle_pipeline
 from pipelines.commandline import flags
 from pipelines.commandline.analyze_options import AnalyzeOptions
 from pipelines.commandline.options import format_duration_ms, unknown_beam_flags
@@ -123,3 +124,18 @@ def test_the_analyzer_spreads_sealed_or_large_releases_over_processes(monkeypatc
     assert analyze_pipeline.worker_processes(clear, 0) == analyze_pipeline.MAX_WORKER_PROCESSES
     monkeypatch.setattr(analyze_pipeline.os, "cpu_count", lambda: 2)
     assert analyze_pipeline.worker_processes(clear, sealed) == 2
+
+
+def test_the_shuffler_spreads_large_inputs_over_processes(monkeypatch):
+    monkeypatch.setattr(shuffle_pipeline.os, "cpu_count", lambda: 16)
+    least = shuffle_pipeline.SPREAD_MIN_INPUT_BYTES
+    assert shuffle_pipeline.worker_processes(0) == 1
+    assert shuffle_pipeline.worker_processes(least - 1) == 1
+    assert shuffle_pipeline.worker_processes(least) == shuffle_pipeline.MAX_WORKER_PROCESSES
+    monkeypatch.setattr(shuffle_pipeline.os, "cpu_count", lambda: 2)
+    assert shuffle_pipeline.worker_processes(10 * least) == 2
+    monkeypatch.setattr(shuffle_pipeline.os, "cpu_count", lambda: None)
+    assert shuffle_pipeline.worker_processes(10 * least) == 1
+    said = f"from {least >> 20} MiB of report files"  # esa shuffle --help states the figures
+    assert said in " ".join(shuffle_pipeline.__doc__.split())
+    assert f"(at most {shuffle_pipeline.MAX_WORKER_PROCESSES})" in shuffle_pipeline.__doc__
