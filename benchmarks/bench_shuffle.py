@@ -142,6 +142,14 @@ def _target(ratio: float) -> str:
     return f"target ratio >= {TARGET_RATIO:g} ({'met' if ratio >= TARGET_RATIO else 'not met'})"
 
 
+def _default_processes(paths: list[str]) -> str:
+    """What ``esa shuffle`` given no runner flags runs ``paths`` on (``shuffle.worker_processes``)."""
+    from pipelines.shuffle import worker_processes
+
+    processes = worker_processes(sum(os.path.getsize(path) for path in paths))
+    return "one process" if processes == 1 else f"{processes} worker processes"
+
+
 def _shuffle(paths_glob: str, output: Path, flags: list[str] = FNAPI) -> dict:
     arguments = {"input": paths_glob, "output": str(output), "routes": ROUTES, "flags": flags}
     return run_child(_SHUFFLE, arguments)
@@ -190,7 +198,8 @@ def run(
                 "ratio": parallel_rate / raw_rate,
                 "note": f"baseline: the plain read above; {_target(parallel_rate / raw_rate)}; "
                 f"multi-process DirectRunner, {workers} workers (the machine's cores; load "
-                f"{load:.2f} at start); released "
+                f"{load:.2f} at start; esa shuffle given no runner flags runs this input on "
+                f"{_default_processes(paths)}); released "
                 f"{parallel['released']:,}, accounting adds up: {parallel['adds_up']}",
             },
             {
