@@ -1,6 +1,7 @@
 """esa shuffle given no runner flags: a large input runs on the multi-process DirectRunner, one
-worker per CPU (``pipelines.shuffle.worker_processes``), and its release is the same shuffle's:
-every message accounted for; ``max_processes`` (esa run's shuffles side by side) caps it."""
+worker per CPU (``pipelines.shuffle.worker_processes``), its files read in ranges of blocks
+(``pipelines.shuffle.range_records``), and its release is the same shuffle's: every message
+accounted for; ``max_processes`` (esa run's shuffles side by side) caps it."""
 
 from __future__ import annotations
 
@@ -24,8 +25,10 @@ def _inputs(tmp_path: Path) -> tuple[str, str]:
         for m in range(MESSAGES)
     ]
     (tmp_path / "reports").mkdir()
-    for part in range(2):  # two files: one for each worker to read
-        rf.write_reports(tmp_path / "reports" / f"r{part}.avro", records[part::2])
+    for part in range(2):  # two files of small blocks (sync_interval in bytes), cut into ranges
+        rf.write_reports(
+            tmp_path / "reports" / f"r{part}.avro", records[part::2], sync_interval=1500
+        )
     return recipe, str(tmp_path / "reports" / "*.avro")
 
 
@@ -54,8 +57,17 @@ def _options(recipe: str, pattern: str, output: Path) -> PipelineOptions:
 def test_a_large_input_runs_on_a_worker_per_cpu(tmp_path, monkeypatch, runner_modes):
     recipe, pattern = _inputs(tmp_path)
     monkeypatch.setattr(shuffle_pipeline, "SPREAD_MIN_INPUT_BYTES", 1)  # every input is large
+    planned = []
+
+    def range_records(input_bytes, workers):
+        planned.append((input_bytes, workers))
+        return 25  # records per range: each file in about three ranges
+
+    monkeypatch.setattr(shuffle_pipeline, "range_records", range_records)
     summary = shuffle_pipeline.run(_options(recipe, pattern, tmp_path / "release"))
     assert runner_modes == [("multi_processing", 2)]
+    input_bytes = sum(path.stat().st_size for path in (tmp_path / "reports").iterdir())
+    assert planned == [(input_bytes, 2)]
     assert summary["read"] == RESPONDENTS * MESSAGES and summary["adds_up"]
     assert summary["released"] == RESPONDENTS * MESSAGES
 
@@ -67,3 +79,12 @@ def test_a_small_input_or_a_cap_of_one_runs_in_this_process(tmp_path, monkeypatc
     capped = shuffle_pipeline.run(_options(recipe, pattern, tmp_path / "capped"), max_processes=1)
     assert runner_modes == [("in_memory", 1), ("in_memory", 1)]
     assert small["released"] == capped["released"] == RESPONDENTS * MESSAGES
+
+
+def test_ranges_are_about_four_per_worker_and_never_small():
+    least = shuffle_pipeline.MIN_RANGE_RECORDS
+    per_report = shuffle_pipeline.BYTES_PER_REPORT
+    assert shuffle_pipeline.range_records(0, 16) == least
+    assert shuffle_pipeline.range_records(per_report * 10_000_000, 2) == 1_250_000
+    assert shuffle_pipeline.range_records(per_report * 10_000_000, 16) == 156_250
+    assert shuffle_pipeline.range_records(per_report * 1_000_000, 16) == least

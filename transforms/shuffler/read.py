@@ -28,6 +28,7 @@ from schemas.replays import sealed_rows
 from transforms.common import avro_io
 from transforms.common.memory import release_freed_memory
 from transforms.shuffler import report_rows, spill
+from transforms.shuffler.bundles import CountsBundles
 from transforms.shuffler.config import READ, REJECTED_PREFIX, STAGE_READ, UNKNOWN_PREFIX
 from transforms.shuffler.spill import Piece
 from transforms.shuffler.steps import bucket_rows, rejected_dead_letters
@@ -38,17 +39,58 @@ from transforms.shuffler.steps import count as _count
 # ---------------------------------------------------------------------------------------------
 
 
+class ReportRange(typing.NamedTuple):
+    """Whole blocks ``start .. stop - 1`` of the report file at ``path``, whose first record is
+    the file's record ``first_record`` (``avro_io.block_windows``)."""
+
+    path: str
+    start: int
+    stop: int
+    first_record: int
+
+
+class PlanReportRanges(beam.DoFn):
+    """Path -> the file as :class:`ReportRange` s of at most ``range_records`` records each,
+    so that the workers share one large file; the path itself (read whole) when the file has
+    one range or cannot be cut: its block headers or schema do not walk (a truncated or damaged
+    file, ``schemas.avro.reader.block_windows``), which the whole-file reader then reports.
+
+    A file cut into ranges reads as the whole file does: each range's reader is the whole-file
+    reader over its blocks, numbering records from the declared counts of the blocks before it
+    (``path#record=N`` is the same), and batches and counters are per record. Only a block that
+    walks but does not decode differs: its unreadable chunk ends where its range ends (its
+    records, declared by its header, are counted the same)."""
+
+    def __init__(self, range_records: int) -> None:
+        if range_records < 1:
+            raise ValueError(f"range_records must be >= 1, got {range_records}")
+        self._range_records = int(range_records)
+
+    def process(self, path: str) -> Iterator[str | ReportRange]:
+        windows = avro_io.block_windows(path, self._range_records, schema_json("report"))
+        if windows is None or len(windows) < 2:
+            yield path
+            return
+        for start, stop, first, _ in windows:
+            yield ReportRange(path, start, stop, first)
+
+
 @beam.typehints.with_output_types(typing.Any)
-class ReadReportFile(beam.DoFn):
-    """Path -> ColumnBatch per batch of records; unreadable bytes tagged ``unreadable``."""
+class ReadReportFile(CountsBundles):
+    """Path or :class:`ReportRange` -> ColumnBatch per batch of records; unreadable bytes
+    tagged ``unreadable`` (its bundles counted: one file's ranges spread over workers)."""
 
     def __init__(self, batch_records: int) -> None:
         self._batch_records = batch_records
 
-    def process(self, path: str) -> Iterator[Any]:
+    def process(self, source: str | ReportRange) -> Iterator[Any]:
         # A file whose writer schema does not resolve to Report is one schema_mismatch chunk.
         expect = schema_json("report")
-        for item in avro_io.read_counted_batches(path, self._batch_records, expect):
+        path, window = source, None
+        if isinstance(source, ReportRange):
+            path, window = source.path, (source.start, source.stop, source.first_record)
+        self.worked()
+        for item in avro_io.read_counted_batches(path, self._batch_records, expect, window):
             if isinstance(item, avro_io.UnreadableChunk):
                 yield beam.pvalue.TaggedOutput("unreadable", item)
             else:

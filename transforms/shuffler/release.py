@@ -34,15 +34,13 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 import pyarrow as pa
-from apache_beam.metrics import Metrics
 
 from privacy.noise import os_random_source
 from schemas.release.crowd_buckets import BucketKey, crowd_order
 from transforms.shuffler import decide, spill
+from transforms.shuffler.bundles import CountsBundles
 from transforms.shuffler.config import (
-    BUNDLES_PREFIX,
     DELETED,
-    METRICS_NAMESPACE,
     RELEASED,
     ShuffleConfig,
 )
@@ -56,24 +54,6 @@ from transforms.shuffler.steps import (
     manifest_row,
     released_crowd,
 )
-
-
-class CountsBundles(beam.DoFn):
-    """A DoFn that counts its bundles that did work in the Beam counter ``bundles:<class name>``
-    (``config.BUNDLES_PREFIX``): one crowd's shards or groups spread over workers only if they
-    arrive in several bundles. Subclasses call ``self.worked()`` in ``process``."""
-
-    _did_work = False
-
-    def worked(self) -> None:
-        self._did_work = True
-
-    def start_bundle(self) -> None:
-        self._did_work = False
-
-    def finish_bundle(self) -> None:
-        if self._did_work:
-            Metrics.counter(METRICS_NAMESPACE, BUNDLES_PREFIX + type(self).__name__).inc()
 
 
 @beam.typehints.with_output_types(typing.Any)

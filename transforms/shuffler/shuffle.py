@@ -13,8 +13,10 @@ DoFn over column batches; the row work is in ``shuffle_core`` (validation, windo
 ``shuffle_steps``, the release decisions in ``release_core`` (pure, injected randomness), the
 spill format in ``shuffle_spill``:
 
-1. ``ReadReportFile``: a file in fastavro blocks (``avro_io``) -> column batches; unreadable
-   bytes -> ``UnreadableToDeadLetter`` (counted in records when the block header says how many).
+1. ``ReadReportFile``: a file, or a range of its blocks (``read.PlanReportRanges``, when the
+   pipeline is spread over processes), in fastavro blocks (``avro_io``) -> column batches;
+   unreadable bytes -> ``UnreadableToDeadLetter`` (counted in records when the block header says
+   how many).
 2. ``ValidateBatch``: every record checked (``shuffle_core.validate_reports``); rejected ones
    dead-lettered with their reason.
 3. ``SpillBatch``: event-time windows, keyed origin hashes, the bucket of each DISTINCT crowd,
@@ -63,6 +65,7 @@ from apache_beam.utils.windowed_value import PaneInfoTiming
 from privacy.noise import os_random_source
 from schemas.release.crowd_buckets import BucketKey, crowd_order
 from transforms.shuffler import decide, report_rows, spill
+from transforms.shuffler.bundles import CountsBundles
 from transforms.shuffler.config import (  # noqa: F401 - re-exported names of this stage
     BUNDLES_PREFIX,
     DELETED,
@@ -90,7 +93,6 @@ from transforms.shuffler.read import (
 from transforms.shuffler.release import (
     RELEASED_COLUMNS,
     CompleteBucket,
-    CountsBundles,
     DeleteAndScatter,
     PermuteGroup,
 )
