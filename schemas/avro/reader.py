@@ -198,10 +198,10 @@ def read_container(
     def flush() -> Iterator[ColumnBatch | UnreadableChunk]:
         nonlocal next_record, head
         if decoder is not None:
-            for item in decoder.decode(pending, next_record):
-                if isinstance(item, ColumnBatch):
-                    next_record += item.rows
-                yield item
+            # A record's number is its place by the blocks' declared counts (a good block holds
+            # exactly its count), so a window (block_windows) numbers its records as this does.
+            yield from decoder.decode(pending, next_record)
+            next_record += sum(block.count for block in pending)
             return
         yield _dead_blocks(source, pending, reason, detail, head)
         head = b""
@@ -443,6 +443,7 @@ class _BlockDecoder:
                     yield item
                 run = []
                 yield self._chunk(block, CORRUPT_BLOCK, decoded.detail, decoded.records)
+                first_record += block.count  # records are numbered by the declared counts
             else:
                 run.append((block, decoded))
         yield from self._flush(run, first_record)

@@ -56,10 +56,11 @@ class PlanReportRanges(beam.DoFn):
     file, ``schemas.avro.reader.block_windows``), which the whole-file reader then reports.
 
     A file cut into ranges reads as the whole file does: each range's reader is the whole-file
-    reader over its blocks, numbering records from the declared counts of the blocks before it
-    (``path#record=N`` is the same), and batches and counters are per record. Only a block that
-    walks but does not decode differs: its unreadable chunk ends where its range ends (its
-    records, declared by its header, are counted the same)."""
+    reader over its blocks, and both number a record by the declared counts of the blocks before
+    it (``path#record=N`` is the same); a block that walks but does not decode is one
+    ``corrupt_block`` chunk either way (the reader isolates it); only the batches, which carry
+    no meaning, end where a range ends. Bytes that do not walk (a damaged sync marker, a cut
+    block) make the whole file one range."""
 
     def __init__(self, range_records: int) -> None:
         if range_records < 1:

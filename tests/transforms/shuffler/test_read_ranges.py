@@ -1,11 +1,13 @@
 """A report file read in ranges of whole blocks (``PlanReportRanges``, then ``ReadReportFile``
-per range) gives the records the whole-file read gives, numbered the same (``path#record=N``);
-a file whose blocks do not walk (truncated) or that fits one range is read whole."""
+per range) gives the records and dead chunks the whole-file read gives, numbered the same
+(``path#record=N``: the place in the file, also after a damaged block); a file whose blocks do
+not walk (truncated) or that fits one range is read whole."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import apache_beam as beam
 import pyarrow as pa
 
 from schemas.avro.reader import ColumnBatch, UnreadableChunk
@@ -16,14 +18,17 @@ RESPONDENTS, MESSAGES = 120, 3
 RANGE_RECORDS = 50
 
 
-def _file(tmp_path: Path) -> str:
+def _file(tmp_path: Path, codec: str = "null") -> str:
     # Small blocks (sync_interval in bytes): the file has many blocks to cut between.
     records = rf.crowd(RESPONDENTS, MESSAGES)
-    return rf.write_reports(tmp_path / "r.avro", records, sync_interval=1500)
+    return rf.write_reports(tmp_path / f"r-{codec}.avro", records, codec, sync_interval=1500)
 
 
 def _read(source: str | ReportRange, batch_records: int = 64) -> list:
-    return list(ReadReportFile(batch_records).process(source))
+    return [
+        item.value if isinstance(item, beam.pvalue.TaggedOutput) else item
+        for item in ReadReportFile(batch_records).process(source)
+    ]
 
 
 def _records(items: list) -> tuple[list[int], pa.Table]:
@@ -57,3 +62,29 @@ def test_a_file_that_does_not_walk_or_fits_one_range_is_read_whole(tmp_path: Pat
         assert list(PlanReportRanges(RANGE_RECORDS).process(str(bad))) == [str(bad)]
     everything = RESPONDENTS * MESSAGES
     assert list(PlanReportRanges(everything).process(path)) == [path]
+
+
+def test_a_damaged_block_is_the_same_dead_chunk_read_whole_or_in_ranges(tmp_path: Path) -> None:
+    path = _file(tmp_path, "deflate")
+    ranges = list(PlanReportRanges(RANGE_RECORDS).process(path))
+    data = bytearray(Path(path).read_bytes())
+    middle = (ranges[1].start + ranges[1].stop) // 2  # inside the second range's blocks
+    data[middle : middle + 20] = bytes(byte ^ 0xFF for byte in data[middle : middle + 20])
+    damaged = tmp_path / "damaged.avro"
+    damaged.write_bytes(bytes(data))
+
+    whole = _read(str(damaged), batch_records=1000)  # batches of many blocks
+    ranged = [
+        item
+        for source in PlanReportRanges(RANGE_RECORDS).process(str(damaged))
+        for item in _read(source, batch_records=1000)
+    ]
+    chunks = [item for item in whole if isinstance(item, UnreadableChunk)]
+    assert len(chunks) == 1 and chunks[0].reason == "corrupt_block" and chunks[0].records
+    assert [item for item in ranged if isinstance(item, UnreadableChunk)] == chunks
+    numbers = _records(whole)[0]
+    assert _records(ranged)[0] == numbers  # the same records, numbered the same
+    # Numbered by place in the file: the dead block's records are one gap, none renumbered.
+    missing = sorted(set(range(RESPONDENTS * MESSAGES)) - set(numbers))
+    assert missing == list(range(missing[0], missing[0] + chunks[0].records))
+    assert numbers[-1] == RESPONDENTS * MESSAGES - 1
