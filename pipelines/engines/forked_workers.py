@@ -78,6 +78,9 @@ class ForkServer:
         return self._process.poll() is None
 
     def close(self) -> None:
+        from pipelines.engines.worker_shutdown import wait_for_workers
+
+        wait_for_workers()  # its children of closed pipelines exit first (and report status 0)
         if self._process.poll() is None:
             self._process.terminate()
             try:

@@ -4,13 +4,16 @@
 from __future__ import annotations
 
 import logging
+import sys
 import threading
+import time
 
 import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
-from apache_beam.runners.portability.fn_api_runner import worker_handlers
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner, worker_handlers
 from apache_beam.testing.util import assert_that, equal_to
+from apache_beam.transforms import environments
 
 from pipelines.commandline.flags import with_default_runner
 from pipelines.engines import worker_shutdown
@@ -78,3 +81,28 @@ def test_pipelines_install_it_and_multi_process_runs_end() -> None:
             | beam.CombineGlobally(sum)
         )
         assert_that(doubled, equal_to([2 * sum(range(60))]))
+
+
+LINGER_S = 15  # each worker process lives this long after its harness has ended (a loaded
+# machine starts 2 workers and runs the pipeline well within it)
+
+
+@pytest.mark.slow  # the lingering workers are waited for at its end
+def test_the_pipeline_returns_before_its_worker_processes_have_exited() -> None:
+    """Worker processes that linger after their last bundle (a shell that sleeps once the SDK
+    harness ends) do not hold the pipeline up; their threads still reap them."""
+    worker_shutdown.close_workers_together()
+    command = f"{sys.executable} -m apache_beam.runners.worker.sdk_worker_main; sleep {LINGER_S}"
+    runner = FnApiRunner(
+        default_environment=environments.SubprocessSDKEnvironment.from_command_string(command)
+    )
+    started = time.monotonic()
+    with beam.Pipeline(runner=runner, options=PipelineOptions(["--direct_num_workers=2"])) as p:
+        total = p | beam.Create(range(40)) | beam.Reshuffle() | beam.CombineGlobally(sum)
+        assert_that(total, equal_to([sum(range(40))]))
+    returned = time.monotonic() - started
+    winding_down = [t for t in threading.enumerate() if t.name == "run_worker" and t.is_alive()]
+    for thread in winding_down:
+        thread.join(timeout=3 * LINGER_S)
+    assert returned < LINGER_S and len(winding_down) == 2
+    assert not any(thread.is_alive() for thread in winding_down)
