@@ -141,7 +141,7 @@ def worker_processes(input_bytes: int) -> int:
 
 def spread_over_processes(options: PipelineOptions) -> bool:
     """Whether ``options`` run the pipeline on the multi-process DirectRunner with several
-    workers (then report files are read in ranges: ``RANGE_RECORDS``)."""
+    workers (then report files are read in ranges: :func:`range_records`)."""
     direct = options.view_as(DirectOptions)
     return direct.direct_running_mode == "multi_processing" and (direct.direct_num_workers or 1) > 1
 
