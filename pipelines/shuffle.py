@@ -139,11 +139,13 @@ def worker_processes(input_bytes: int) -> int:
     return 1
 
 
-def spread_over_processes(options: PipelineOptions) -> bool:
-    """Whether ``options`` run the pipeline on the multi-process DirectRunner with several
-    workers (then report files are read in ranges: :func:`range_records`)."""
+def worker_processes_of(options: PipelineOptions) -> int:
+    """The worker processes ``options`` run the pipeline on: the multi-process DirectRunner's
+    workers, else 1 (with several, report files are read in ranges: :func:`range_records`)."""
     direct = options.view_as(DirectOptions)
-    return direct.direct_running_mode == "multi_processing" and (direct.direct_num_workers or 1) > 1
+    if direct.direct_running_mode != "multi_processing":
+        return 1
+    return direct.direct_num_workers or 1
 
 
 def register(subparsers: Any) -> None:
@@ -497,8 +499,8 @@ def run(
     try:
         pipeline = beam.Pipeline(options=views_once(options))
         input_paths = pipeline | "InputPaths" >> beam.Create(paths)
-        if spread_over_processes(options):  # block headers walked: ~30 ms for 131 MiB
-            workers = options.view_as(DirectOptions).direct_num_workers
+        workers = worker_processes_of(options)
+        if workers > 1:  # block headers walked: ~30 ms for 131 MiB
             planner = PlanReportRanges(range_records(input_bytes, workers))
             input_paths |= "PlanRanges" >> beam.ParDo(planner)
         input_paths |= "SpreadFiles" >> beam.Reshuffle()
