@@ -19,11 +19,7 @@ RESPONDENTS, MESSAGES = 40, 3
 
 def _inputs(tmp_path: Path) -> tuple[str, str]:
     recipe, fields = rf.write_recipe(tmp_path, "processes_test", min_crowd_size=5)
-    records = [
-        rf.report(f"origin-{r:04d}", f"payload {r} {m}".encode(), **fields)
-        for r in range(RESPONDENTS)
-        for m in range(MESSAGES)
-    ]
+    records = rf.crowd(RESPONDENTS, MESSAGES, **fields)
     (tmp_path / "reports").mkdir()
     for part in range(2):  # two files of small blocks (sync_interval in bytes), cut into ranges
         rf.write_reports(
