@@ -9,12 +9,15 @@ STAMP := $(VENV)/.installed
 # PYTHONWARNINGS: setuptools warns (a UserWarning) that an editable install is editable.
 # schemas/prio3: Prio3 (VDAF draft 18) from the Rust crate prio, built by maturin (which pip fetches)
 # with cargo; Rust's build cache is schemas/prio3/target/, so a rebuild takes seconds, not minutes.
+# schemas/avro_blocks: the compiled walk over Avro records (schemas/avro/decode.py), the same way.
 PRIO3 := schemas/prio3
-$(STAMP): setup.py $(PRIO3)/Cargo.toml $(PRIO3)/pyproject.toml $(PRIO3)/src/lib.rs
+AVRO_BLOCKS := schemas/avro_blocks
+$(STAMP): setup.py $(PRIO3)/Cargo.toml $(PRIO3)/pyproject.toml $(PRIO3)/src/lib.rs \
+		$(AVRO_BLOCKS)/Cargo.toml $(AVRO_BLOCKS)/pyproject.toml $(AVRO_BLOCKS)/src/lib.rs
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	PYTHONWARNINGS=ignore::UserWarning $(PY) -m pip install --quiet -e '.[test,images]'
-	$(PY) -m pip install --quiet ./$(PRIO3)
+	$(PY) -m pip install --quiet ./$(PRIO3) ./$(AVRO_BLOCKS)
 	@PY=$(PY) bash scripts/install_mnist.sh || echo "make: MNIST digits not installed (esa train uses scikit-learn's digits until make mnist succeeds)" >&2
 	touch $(STAMP)
 
@@ -57,5 +60,5 @@ experiment: $(STAMP)
 	$(VENV)/bin/esa experiment all --output results/experiment
 
 clean:
-	rm -rf $(VENV) results bench-results build *.egg-info .pytest_cache .ruff_cache $(PRIO3)/target
+	rm -rf $(VENV) results bench-results build *.egg-info .pytest_cache .ruff_cache $(PRIO3)/target $(AVRO_BLOCKS)/target
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -4,6 +4,7 @@ from setuptools import find_namespace_packages, setup
 
 # The layers (DESIGN.md), bottom up; tests/test_layers.py checks their imports point down.
 LAYERS = ("privacy", "schemas", "simulators", "transforms", "pipelines", "experiments")
+CRATES = ("prio3", "avro_blocks")
 
 setup(
     name="esa-telemetry",
@@ -12,9 +13,11 @@ setup(
     python_requires=">=3.11",
     # Namespace discovery also lists data-only directories (schemas/recipes) as packages, so
     # their files are declared package data and setuptools has nothing to warn about.
-    # schemas/prio3 is a Rust crate with its own build (the Makefile installs it), not a package.
+    # schemas/prio3 and schemas/avro_blocks are Rust crates with their own builds (the Makefile
+    # installs them), not packages.
     packages=find_namespace_packages(
-        include=[f"{layer}*" for layer in LAYERS], exclude=["schemas.prio3", "schemas.prio3.*"]
+        include=[f"{layer}*" for layer in LAYERS],
+        exclude=[f"schemas.{crate}{tail}" for crate in CRATES for tail in ("", ".*")],
     ),
     package_data={"schemas": ["*.avsc", "*.json"], "schemas.recipes": ["*.json"]},
     install_requires=[

@@ -23,6 +23,12 @@ whose header understates or overstates its record count fails), every varint mus
 bytes, every length and union branch must be valid, strings valid UTF-8. A group of blocks that
 fails any check (or a candidate chain that breaks) gives None: the caller decodes it another way,
 so the output never depends on a guess.
+
+Where the extension ``esa_avro_blocks`` (``schemas/avro_blocks``, Rust, built by ``make venv``)
+is installed, the records are instead walked one after another in compiled code, which makes the
+same checks (its module documentation lists them) and gives the same columns; the steps above
+are then the fallback of an installation without it (a remote worker installed from
+``setup.py`` alone). On a report file's blocks the walk takes about a tenth of their time.
 """
 
 from __future__ import annotations
@@ -39,6 +45,11 @@ from schemas.avro.varint import read_varints as _varints
 from schemas.avro.varint import unzigzag as _signed
 from schemas.avro.varint import varint_ends as _varint_ends
 from schemas.avro.varint import words
+
+try:  # the compiled walk over the records (schemas/avro_blocks); numpy without it
+    import esa_avro_blocks as _native
+except ImportError:  # pragma: no cover - an installation from setup.py alone
+    _native = None
 
 __all__ = ["FlatField", "flat_layout", "decode_flat_blocks"]
 
@@ -655,6 +666,8 @@ def decode_flat_blocks(
     # must not size any array).
     if np.any((count_array == 0) != (sizes == 0)) or np.any(count_array * len(fields) > sizes):
         return None
+    if _native is not None:
+        return _decode_natively(fields, contents, counts, records)
     buf = np.frombuffer(b"".join([*contents, bytes(_PADDING)]), dtype=np.uint8)
     block_ends = np.cumsum(sizes)
     nonempty = count_array > 0
@@ -701,3 +714,49 @@ def _decode_records(
     if not np.array_equal(q, following):
         return None
     return pa.RecordBatch.from_arrays(columns, names=[field.name for field in fields])
+
+
+# The kind codes of esa_avro_blocks.decode_blocks (schemas/avro_blocks/src/lib.rs).
+_NATIVE_KINDS = {"int": 0, "long": 1, "enum": 2, "float": 3, "double": 4, "string": 5, "bytes": 6}
+
+
+def _decode_natively(
+    fields: tuple[FlatField, ...], contents: list[bytes], counts: list[int], records: int
+) -> pa.RecordBatch | None:
+    """:func:`decode_flat_blocks` by the compiled walk (``esa_avro_blocks``): the columns'
+    buffers from it, wrapped as the numpy path wraps its own (None where it refuses)."""
+    specs = [
+        (_NATIVE_KINDS[field.kind], field.value_branch, field.null_branch, len(field.symbols))
+        for field in fields
+    ]
+    sizes = [len(content) for content in contents]
+    decoded = _native.decode_blocks(b"".join(contents), sizes, [int(n) for n in counts], specs)
+    if decoded is None:
+        return None
+    columns = [
+        _native_column(field, records, *buffers)
+        for field, buffers in zip(fields, decoded, strict=True)
+    ]
+    return pa.RecordBatch.from_arrays(columns, names=[field.name for field in fields])
+
+
+def _native_column(
+    field: FlatField, rows: int, values: bytes, offsets: bytes | None, present_bytes: bytes | None
+) -> pa.Array:
+    """One column from ``esa_avro_blocks``' buffers: ``values`` (int64s, raw floats or the
+    strings' bytes), int32 ``offsets`` of strings and bytes, one byte per row ``present``."""
+    present = None if present_bytes is None else np.frombuffer(present_bytes, dtype=np.bool_)
+    if field.kind in ("string", "bytes"):
+        validity = None if present is None else np.packbits(present, bitorder="little")
+        nulls = 0 if present is None else rows - int(np.count_nonzero(present))
+        buffers = [None if validity is None else pa.py_buffer(validity)]
+        buffers += [pa.py_buffer(offsets), pa.py_buffer(values)]
+        return pa.Array.from_buffers(field.arrow_type, rows, buffers, null_count=nulls)
+    if field.kind in _FIXED_SIZES:
+        numbers = np.frombuffer(values, dtype="<f4" if field.kind == "float" else "<f8")
+    else:
+        numbers = np.frombuffer(values, dtype="<i8")
+    if field.kind == "enum":
+        indices = pa.array(numbers, mask=_mask(present), type=pa.int64())
+        return pa.array(field.symbols, type=pa.string()).take(indices)
+    return pa.array(numbers, type=field.arrow_type, mask=_mask(present))

@@ -15,6 +15,7 @@ from schemas.avro.columns import records_to_batch
 from schemas.avro.decode import decode_flat_blocks, flat_layout
 from schemas.avro.reader import read_container_bytes
 from schemas.avro.schema import strip_logical_types
+from schemas.avro.varint import encode_bytes, encode_long
 from tests.schemas.avro.test_reader import _split
 
 FLAT_SCHEMA = {
@@ -42,6 +43,17 @@ FLAT_SCHEMA = {
 _EDGE_INTS = [0, 1, -1, 63, 64, -64, -65, 2**31 - 1, -(2**31)]
 _EDGE_LONGS = [0, -1, 2**62, -(2**63), 2**63 - 1, 1_700_006_400_000]
 _TEXT_LENGTHS = [0, 1, 63, 64, 200, 8191, 8192, 20_000]
+
+
+@pytest.fixture(autouse=True, params=["numpy", "native"])
+def decoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test once with the numpy steps and once with the compiled walk (esa_avro_blocks,
+    which ``make venv`` installs): both must give fastavro's rows and refuse the same bytes."""
+    if request.param == "numpy":
+        monkeypatch.setattr(decode, "_native", None)
+    else:
+        assert decode._native is not None, "esa_avro_blocks is not installed (make venv)"
+    return request.param
 
 
 def _flat_records(count: int, seed: int) -> list[dict]:
@@ -408,9 +420,10 @@ def test_a_pattern_of_fewer_fields_is_the_chain_when_the_sampled_records_share_m
     assert fast is not None and fast.equals(_fastavro_batch(contents))
 
 
-def test_a_wrong_guess_of_record_starts_is_refuted_by_decoding_and_the_starts_are_followed() -> (
-    None
-):
+@pytest.mark.parametrize("decoder", ["numpy"], indirect=True)  # the numpy steps' guess
+def test_a_wrong_guess_of_record_starts_is_refuted_by_decoding_and_the_starts_are_followed(
+    decoder: str,
+) -> None:
     """One record lacks the four shared leading fields (its timestamp differs) and one blob
     holds their bytes: the pattern lies at exactly as many positions as there are records, one
     at the block's start, so they are decoded as a guess; decoding refutes them (a record does
@@ -436,3 +449,63 @@ def test_a_wrong_guess_of_record_starts_is_refuted_by_decoding_and_the_starts_ar
         decode._decode_records = real_decode_records
     assert decoded == [True, False]
     assert fast is not None and fast.equals(_fastavro_batch(contents))
+
+
+_EDGE_SCHEMA = {
+    "type": "record",
+    "name": "Edge",
+    "fields": [
+        {"name": "small", "type": "int"},
+        {"name": "maybe_text", "type": ["null", "string"]},
+        {"name": "colour", "type": {"type": "enum", "name": "C", "symbols": ["R", "G"]}},
+        {"name": "ratio", "type": "float"},
+    ],
+}
+
+
+def _edge_record(small: bytes, branch: bytes, text: bytes, colour: bytes, ratio: bytes) -> bytes:
+    return small + branch + text + colour + ratio
+
+
+_VALID = (encode_long(5), encode_long(1), encode_bytes("é"), encode_long(1), bytes(4))
+
+
+@pytest.mark.parametrize(
+    ("part", "value"),  # which of _VALID's parts is replaced, and by what
+    [
+        (0, b"\xff" * 10 + b"\x01"),  # a varint of 11 bytes
+        (0, encode_long(2**31)),  # an int past 32 bits
+        (1, encode_long(2)),  # a union branch that is neither null nor the string
+        (3, encode_long(2)),  # an enum index past the symbols
+        (3, encode_long(-1)),
+        (3, encode_long(1) + bytes(4) + encode_long(5)),  # a record too long for the count
+        (3, b""),  # ... or too short
+        (4, b"\x00\x00"),  # the float cut short at the block's end
+    ],
+)
+def test_both_paths_refuse_invalid_records_and_accept_the_valid_ones(
+    part: int, value: bytes
+) -> None:
+    layout = flat_layout(_EDGE_SCHEMA)
+    valid = _edge_record(*_VALID)
+    assert decode_flat_blocks(layout, [valid * 3], [3]) is not None
+    invalid = list(_VALID)
+    invalid[part] = value
+    assert decode_flat_blocks(layout, [valid * 2 + _edge_record(*invalid)], [3]) is None
+
+
+def test_both_paths_refuse_a_string_that_is_not_utf8_or_runs_past_its_block() -> None:
+    layout = flat_layout(_EDGE_SCHEMA)
+    valid = _edge_record(*_VALID)
+    bad_text = _edge_record(encode_long(5), encode_long(1), b"\x02\xc3\x28", *_VALID[3:])
+    assert decode_flat_blocks(layout, [valid + bad_text], [2]) is None
+    long_text = _edge_record(encode_long(5), encode_long(1), encode_long(40) + b"ab", *_VALID[3:])
+    # The length runs into the next block's bytes: each block is read on its own.
+    assert decode_flat_blocks(layout, [valid + long_text, valid * 8], [2, 8]) is None
+    null_text = _edge_record(encode_long(-7), encode_long(0), b"", *_VALID[3:])
+    batch = decode_flat_blocks(layout, [null_text + valid], [2])
+    assert batch is not None
+    assert batch.to_pylist() == [
+        {"small": -7, "maybe_text": None, "colour": "G", "ratio": 0.0},
+        {"small": 5, "maybe_text": "é", "colour": "G", "ratio": 0.0},
+    ]

@@ -1,0 +1,249 @@
+//! Flat Avro records of whole blocks -> column buffers, in one pass: `esa_avro_blocks`.
+//!
+//! `schemas/avro/decode.py` finds where the records of a group of blocks start with numpy
+//! (candidates and pointer doubling) because Python cannot afford a walk record by record; here
+//! the walk is the cheap way. Every field of every record is read in order, as the Avro 1.11
+//! specification ("Binary Encoding") lays it out: an int, long or enum as a zig-zag varint of at
+//! most 10 bytes, a float or double as 4 or 8 little-endian bytes, a string or bytes as a long
+//! length and that many bytes, a `[null, T]` union as its branch (a long) and then T unless the
+//! branch is null.
+//!
+//! The checks are those of the numpy decoder, so that either gives the same columns or refuses
+//! the same bytes: each block holds exactly its stated count of records and ends where its last
+//! record ends; a varint ends within 10 bytes and inside its block; an int fits 32 bits; an enum
+//! index names a symbol; a union branch is one of the two; a length is not negative and stays
+//! inside its block; a string is valid UTF-8 (each value on its own); a column of strings or
+//! bytes holds under 2^31 bytes (Arrow's int32 offsets). Anything else gives `None`: the caller
+//! then decodes the blocks the slow way, which names what is wrong.
+//!
+//! `decode_blocks(data, sizes, counts, fields)`: `data` is the blocks' bytes back to back,
+//! `sizes[i]` the bytes and `counts[i]` the records of block i, and `fields` one
+//! `(kind, value_branch, null_branch, symbols)` per field (kind 0 int, 1 long, 2 enum, 3 float,
+//! 4 double, 5 string, 6 bytes; branches -1 outside a union). It returns one
+//! `(values, offsets, present)` per field: `values` the int64 values (int, long, enum), the raw
+//! little-endian floats, or the strings' bytes back to back; `offsets` the int32 Arrow offsets of
+//! a string or bytes column (else None); `present` one byte per record, 1 where the value is not
+//! null, or None when none is null. A null's value is 0 (or empty). The GIL is released while
+//! the blocks are read.
+
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+const MAX_VARINT_BYTES: usize = 10;
+const INT: u8 = 0;
+const LONG: u8 = 1;
+const ENUM: u8 = 2;
+const FLOAT: u8 = 3;
+const DOUBLE: u8 = 4;
+const STRING: u8 = 5;
+const BYTES: u8 = 6;
+/// Arrow's string and binary offsets are int32.
+const MAX_COLUMN_BYTES: usize = (1 << 31) - 1;
+
+/// One field's decoded values so far.
+struct Column {
+    kind: u8,
+    value_branch: i64,
+    null_branch: i64,
+    symbols: i64,
+    values: Vec<u8>,
+    offsets: Vec<u8>,
+    present: Vec<u8>,
+    nulls: usize,
+}
+
+/// The varint at `*position` (before `end`), moving past it; None when it does not end within
+/// 10 bytes or before `end`. Bits beyond 64 are dropped, as the numpy reader drops them.
+#[inline(always)]
+fn varint(data: &[u8], position: &mut usize, end: usize) -> Option<u64> {
+    let mut value: u64 = 0;
+    for index in 0..MAX_VARINT_BYTES {
+        if *position >= end {
+            return None;
+        }
+        let byte = data[*position];
+        *position += 1;
+        value |= u64::from(byte & 0x7F) << (7 * index);
+        if byte < 0x80 {
+            return Some(value);
+        }
+    }
+    None
+}
+
+#[inline(always)]
+fn long(data: &[u8], position: &mut usize, end: usize) -> Option<i64> {
+    varint(data, position, end).map(|zigzag| ((zigzag >> 1) as i64) ^ -((zigzag & 1) as i64))
+}
+
+impl Column {
+    fn new(kind: u8, value_branch: i64, null_branch: i64, symbols: i64, rows: usize) -> Self {
+        let width = match kind {
+            FLOAT => 4,
+            STRING | BYTES => 16,
+            _ => 8,
+        };
+        let mut offsets = Vec::new();
+        if kind == STRING || kind == BYTES {
+            offsets.reserve(4 * (rows + 1));
+            offsets.extend_from_slice(&0i32.to_le_bytes());
+        }
+        Column {
+            kind,
+            value_branch,
+            null_branch,
+            symbols,
+            values: Vec::with_capacity(rows * width),
+            offsets,
+            present: Vec::with_capacity(if value_branch >= 0 { rows } else { 0 }),
+            nulls: 0,
+        }
+    }
+
+    /// The field of the record at `*position` (its block ends at `end`); false if it is not
+    /// valid Avro of this field's type.
+    #[inline]
+    fn read(&mut self, data: &[u8], position: &mut usize, end: usize) -> bool {
+        if self.value_branch >= 0 {
+            let Some(branch) = long(data, position, end) else {
+                return false;
+            };
+            if branch == self.null_branch {
+                self.present.push(0);
+                self.nulls += 1;
+                self.push_null();
+                return true;
+            }
+            if branch != self.value_branch {
+                return false;
+            }
+            self.present.push(1);
+        }
+        match self.kind {
+            INT | LONG | ENUM => {
+                let Some(value) = long(data, position, end) else {
+                    return false;
+                };
+                let valid = match self.kind {
+                    INT => i32::try_from(value).is_ok(),
+                    ENUM => value >= 0 && value < self.symbols,
+                    _ => true,
+                };
+                if !valid {
+                    return false;
+                }
+                self.values.extend_from_slice(&value.to_le_bytes());
+            }
+            FLOAT | DOUBLE => {
+                let width = if self.kind == FLOAT { 4 } else { 8 };
+                if end - *position < width {
+                    return false;
+                }
+                self.values.extend_from_slice(&data[*position..*position + width]);
+                *position += width;
+            }
+            _ => {
+                let Some(length) = long(data, position, end) else {
+                    return false;
+                };
+                if length < 0 || (end - *position) < length as usize {
+                    return false;
+                }
+                let value = &data[*position..*position + length as usize];
+                *position += length as usize;
+                if self.kind == STRING && !value.is_ascii() && std::str::from_utf8(value).is_err()
+                {
+                    return false;
+                }
+                if self.values.len() + value.len() > MAX_COLUMN_BYTES {
+                    return false;
+                }
+                self.values.extend_from_slice(value);
+                self.offsets.extend_from_slice(&(self.values.len() as i32).to_le_bytes());
+            }
+        }
+        true
+    }
+
+    fn push_null(&mut self) {
+        match self.kind {
+            FLOAT => self.values.extend_from_slice(&[0; 4]),
+            STRING | BYTES => self.offsets.extend_from_slice(&(self.values.len() as i32).to_le_bytes()),
+            _ => self.values.extend_from_slice(&[0; 8]),
+        }
+    }
+}
+
+/// Every record of every block into `columns`; false unless each block is exactly its count
+/// of valid records and the blocks are exactly `data`.
+fn read_blocks(data: &[u8], sizes: &[usize], counts: &[usize], columns: &mut [Column]) -> bool {
+    let mut start = 0usize;
+    for (&size, &count) in sizes.iter().zip(counts) {
+        let Some(end) = start.checked_add(size).filter(|&end| end <= data.len()) else {
+            return false;
+        };
+        let mut position = start;
+        for _ in 0..count {
+            for column in columns.iter_mut() {
+                if !column.read(data, &mut position, end) {
+                    return false;
+                }
+            }
+        }
+        if position != end {
+            return false;
+        }
+        start = end;
+    }
+    start == data.len()
+}
+
+type Decoded<'py> = (Bound<'py, PyBytes>, Option<Bound<'py, PyBytes>>, Option<Bound<'py, PyBytes>>);
+
+/// See the module's documentation.
+#[pyfunction]
+fn decode_blocks<'py>(
+    py: Python<'py>,
+    data: &[u8],
+    sizes: Vec<usize>,
+    counts: Vec<usize>,
+    fields: Vec<(u8, i64, i64, i64)>,
+) -> PyResult<Option<Vec<Decoded<'py>>>> {
+    if sizes.len() != counts.len() || fields.iter().any(|field| field.0 > BYTES) {
+        return Ok(None);
+    }
+    // Each record takes at least a byte per field: a count beyond that must not size anything.
+    let mut rows = 0usize;
+    for (&size, &count) in sizes.iter().zip(&counts) {
+        if count.saturating_mul(fields.len().max(1)) > size {
+            return Ok(None);
+        }
+        rows += count;
+    }
+    let mut columns: Vec<Column> = fields
+        .iter()
+        .map(|&(kind, value_branch, null_branch, symbols)| {
+            Column::new(kind, value_branch, null_branch, symbols, rows)
+        })
+        .collect();
+    if !py.detach(|| read_blocks(data, &sizes, &counts, &mut columns)) {
+        return Ok(None);
+    }
+    Ok(Some(
+        columns
+            .iter()
+            .map(|column| {
+                let offsets = (column.kind == STRING || column.kind == BYTES)
+                    .then(|| PyBytes::new(py, &column.offsets));
+                let present = (column.nulls > 0).then(|| PyBytes::new(py, &column.present));
+                (PyBytes::new(py, &column.values), offsets, present)
+            })
+            .collect(),
+    ))
+}
+
+#[pymodule]
+fn esa_avro_blocks(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_function(wrap_pyfunction!(decode_blocks, module)?)?;
+    Ok(())
+}
