@@ -23,7 +23,9 @@ $(STAMP): setup.py $(PRIO3)/Cargo.toml $(PRIO3)/pyproject.toml $(PRIO3)/src/lib.
 
 venv: $(STAMP)
 
+# compileall: cached bytecode, as an installed package has (also where PYTHONDONTWRITEBYTECODE is set).
 run: $(STAMP)
+	@$(PY) -m compileall -q -j 0 privacy schemas simulators transforms pipelines experiments >/dev/null
 	$(VENV)/bin/esa run --output results --overwrite
 
 # Prism (and Beam's Flink job server when Maven serves it) for the engine tests; CI installs them

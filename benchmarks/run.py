@@ -8,6 +8,7 @@ same-run baseline are what we compare across commits, not absolute numbers).
 from __future__ import annotations
 
 import argparse
+import compileall
 import datetime as dt
 import importlib
 import inspect
@@ -91,6 +92,27 @@ class RunMeta:
         }
 
 
+# The project's packages (setup.py's LAYERS) and the benchmarks themselves.
+SOURCES = (
+    "privacy",
+    "schemas",
+    "simulators",
+    "transforms",
+    "pipelines",
+    "experiments",
+    "benchmarks",
+)
+
+
+def compile_sources() -> None:
+    """Byte-compiles the project's modules before anything is timed, as installing a package
+    does: where ``PYTHONDONTWRITEBYTECODE`` is set Python never caches them, so every child a
+    benchmark times would compile its ~90 modules again (~0.3 s of each stage on 2 cores)."""
+    root = Path(__file__).resolve().parent.parent
+    for package in SOURCES:
+        compileall.compile_dir(root / package, quiet=1, workers=0)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", default="bench-results", help="directory for results")
@@ -103,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     workers = [int(item) for item in args.workers.split(",")] if args.workers else None
+    compile_sources()
 
     rows: list[dict] = []
     failures = 0
