@@ -47,7 +47,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipelines.commandline.flags import with_default_runner
 from pipelines.commandline.main import UsageError
-from pipelines.engines.option_views import views_once
+from pipelines.engines.new_pipeline import new_pipeline
 from schemas.crypto.analyzer_keys import KeyError_, KeyRing, load_public_key
 from schemas.crypto.commit_signing import SignatureError, sign_commit
 from schemas.crypto.prio3_reports import seal_aggregate_share
@@ -263,7 +263,7 @@ def run_verify(
     scratch.mkdir(parents=True)
     spec = AggregatorSpec(agg_id, recipe.to_json(), str(key_ring), str(verify_key))
     paths = [path for r in releases for path in r.message_files]
-    pipeline = beam.Pipeline(options=views_once(options))
+    pipeline = new_pipeline(options)
     phase = (
         pipeline | "Paths" >> beam.Create(paths, reshuffle=False) | "OpenShares" >> OpenShares(spec)
     )
@@ -395,7 +395,7 @@ def run_finish(
     scratch = directory / "private" / "scratch"
     if scratch.exists():
         shutil.rmtree(scratch)
-    pipeline = beam.Pipeline(options=views_once(options))
+    pipeline = new_pipeline(options)
 
     def read(label: str, pattern: Path) -> beam.PCollection:
         return pipeline | label >> beam.io.ReadFromAvro(str(pattern))

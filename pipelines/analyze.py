@@ -91,7 +91,7 @@ from pipelines.commandline import analyzer_key_flags
 from pipelines.commandline.analyze_options import AnalyzeOptions
 from pipelines.commandline.main import UsageError
 from pipelines.commandline.options import temp_location_root, with_default_runner
-from pipelines.engines.option_views import views_once
+from pipelines.engines.new_pipeline import new_pipeline
 from pipelines.release_counts import (
     CheckCrowdCounts,
     check_crowd_counts,
@@ -607,7 +607,7 @@ def run(
         share = math.ceil(messages / (direct.direct_num_workers * RANGES_PER_WORKER))
         range_records = max(1, min(range_records, share))
     started = time.monotonic()
-    pipeline = beam.Pipeline(options=views_once(options))
+    pipeline = new_pipeline(options)
     # Workers read the committed message files and crowd tables from each commit record, pinned
     # to the SHA-256 the driver verified: nothing per file or crowd is pickled into the job.
     commits = pipeline | "CommitRecords" >> beam.Create(

@@ -92,7 +92,7 @@ from pipelines.commandline.options import (
     with_default_runner,
 )
 from pipelines.commandline.shuffle_options import ShuffleOptions
-from pipelines.engines.option_views import views_once
+from pipelines.engines.new_pipeline import new_pipeline
 from schemas import SUPPORTED_SCHEMA_VERSIONS
 from schemas.regular_files import kind_of
 from schemas.release import commit as release_format
@@ -497,7 +497,7 @@ def run(
 
     started = time.monotonic()
     try:
-        pipeline = beam.Pipeline(options=views_once(options))
+        pipeline = new_pipeline(options)
         input_paths = pipeline | "InputPaths" >> beam.Create(paths)
         workers = worker_processes_of(options)
         if workers > 1:  # block headers walked: ~30 ms for 131 MiB

@@ -65,7 +65,7 @@ from pipelines.commandline.options import with_default_runner
 from pipelines.commandline.progress import counted_stage
 from pipelines.commandline.simulate_options import SimulateOptions, parse_start_ms
 from pipelines.default_populations import default_population
-from pipelines.engines.option_views import views_once
+from pipelines.engines.new_pipeline import new_pipeline
 from schemas import SCHEMA_VERSION
 from schemas.recipes import load_recipe
 from schemas.release import commit
@@ -354,7 +354,7 @@ def run(options: PipelineOptions) -> dict[str, Any]:
             counted_stage(  # device rounds, counted by every worker (schemas/progress_counts.py)
                 "simulate", total=context.population.size * plan.rounds, unit="devices"
             ),
-            beam.Pipeline(options=views_once(options)) as pipeline,
+            new_pipeline(options) as pipeline,
         ):
             _ = (
                 pipeline

@@ -38,7 +38,6 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import apache_beam as beam
 from apache_beam.io import fileio
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 from apache_beam.runners.runner import PipelineState
@@ -49,7 +48,7 @@ from pipelines.commandline.flags import parse_lateness_ms
 from pipelines.commandline.main import UsageError
 from pipelines.commandline.shuffle_options import ShuffleOptions
 from pipelines.engines import runners as engines
-from pipelines.engines.option_views import views_once
+from pipelines.engines.new_pipeline import new_pipeline
 from schemas.release import commit as release_format
 from transforms.shuffler import report_rows, stream
 from transforms.shuffler.config import REJECTED_PREFIX, UNKNOWN_PREFIX, ShuffleConfig
@@ -342,7 +341,7 @@ def run(
     if shuffle_options.watch_for is not None:
         match["stop_timestamp"] = Timestamp.now() + shuffle_options.watch_for
     started = time.monotonic()
-    pipeline = beam.Pipeline(options=views_once(streaming_options))
+    pipeline = new_pipeline(streaming_options)
     _ = (
         pipeline
         | "WatchInput" >> fileio.MatchContinuously(shuffle_options.input, **match)

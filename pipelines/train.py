@@ -87,7 +87,7 @@ from pipelines.commandline.flags import deletion_errors
 from pipelines.commandline.main import UsageError
 from pipelines.commandline.options import with_default_runner
 from pipelines.engines import runners
-from pipelines.engines.option_views import views_once
+from pipelines.engines.new_pipeline import new_pipeline
 from privacy.accounting.ldp_sgd import LdpSgdGuarantee, ldp_sgd_guarantee
 from schemas.ldp_sgd import SgdChannel
 from schemas.release import commit as release_format
@@ -407,7 +407,7 @@ def _run_devices(
     channel: SgdChannel, theta: np.ndarray, reports_dir: Path,
 ) -> dict[str, int]:  # fmt: skip
     counts_path = reports_dir / "counts.json"
-    pipeline = beam.Pipeline(options=views_once(with_default_runner(PipelineOptions(flags))))
+    pipeline = new_pipeline(with_default_runner(PipelineOptions(flags)))
     _ = (
         pipeline
         | "Shards" >> beam.Create(plan.shards(data.devices))
@@ -470,7 +470,7 @@ def _run_server(
                 "learning_rate": 0.0, "gradient_norm": 0.0, "adds_up": True}  # fmt: skip
         np.savez(checkpoint, theta=theta, info=np.array(json.dumps(info)))
         return theta, info
-    pipeline = beam.Pipeline(options=views_once(with_default_runner(PipelineOptions(flags))))
+    pipeline = new_pipeline(with_default_runner(PipelineOptions(flags)))
     _ = (
         pipeline
         | "Commits" >> beam.Create([item.pinned for item in releases])
