@@ -26,6 +26,10 @@ setup(
         "fastavro",
         "pyarrow",
         "google-crc32c",
+        # Deflate blocks of Avro containers: Intel's ISA-L (python-isal, a zlib-compatible
+        # module) inflates them about 1.7x as fast as zlib, the reader's largest cost after the
+        # record walk; the bytes are the same (zlib stays the fallback).
+        "isal",
         # Snappy blocks of Avro containers (--codec snappy; fastavro reads them with it too).
         "cramjam",
         # Root-finding, binomial tails and statistical tests: reimplementing these would be worse.

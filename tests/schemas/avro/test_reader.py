@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import zlib
 from pathlib import Path
 
 import fastavro
@@ -195,9 +196,14 @@ def test_a_file_whose_schema_does_not_resolve_is_dead_lettered_whole() -> None:
     assert chunk.detail == "not readable as Report: field 'origin' is missing"
 
 
-def test_a_block_that_inflates_too_far_is_corrupt(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("inflate", ["isal", "zlib"])  # ISA-L, and zlib where it is missing
+def test_a_block_that_inflates_too_far_is_corrupt(
+    monkeypatch: pytest.MonkeyPatch, inflate: str
+) -> None:
     records = _records(500)
     data = _file(records, "deflate")
+    if inflate == "zlib":
+        monkeypatch.setattr(container, "_inflate", zlib)
     monkeypatch.setattr(container, "MAX_DECOMPRESSED_BYTES", 1000)  # every block inflates more
     batches, chunks = _split(list(read_container_bytes(data, "b")))
     assert not batches and all("inflates to more than 1000" in chunk.detail for chunk in chunks)
@@ -220,3 +226,15 @@ def test_one_writer_schema_is_worked_out_once_per_expected_schema() -> None:
     assert not chunks and sum(batch.rows for batch in batches) == 21
     (chunk,) = list(read_container_bytes(data, "mem", expect=schema_json("shuffled_message")))
     assert isinstance(chunk, UnreadableChunk) and chunk.reason == reader.SCHEMA_MISMATCH
+
+
+def test_isal_and_zlib_inflate_every_block_the_same(monkeypatch: pytest.MonkeyPatch) -> None:
+    from isal import isal_zlib
+
+    assert container._inflate is isal_zlib  # installed with the project (setup.py)
+    data = _file(_records(3000), "deflate")
+    with_isal = _split(list(read_container_bytes(data, "f", 700)))
+    monkeypatch.setattr(container, "_inflate", zlib)
+    with_zlib = _split(list(read_container_bytes(data, "f", 700)))
+    assert [b.columns for b in with_isal[0]] == [b.columns for b in with_zlib[0]]
+    assert with_isal[0] and not with_isal[1] and not with_zlib[1]
