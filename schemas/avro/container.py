@@ -28,13 +28,13 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from schemas.avro.encode import encode_rows
+from schemas.avro.schema import schema_for_header
+from schemas.avro.varint import encode_bytes, encode_long
 
 try:  # Intel's ISA-L inflates raw deflate about 1.7x as fast as zlib, byte for byte the same
     from isal import isal_zlib as _inflate
 except ImportError:  # pragma: no cover - a platform without its wheel
     _inflate = zlib
-from schemas.avro.schema import schema_for_header
-from schemas.avro.varint import encode_bytes, encode_long
 
 __all__ = [
     "MAGIC",

@@ -542,8 +542,6 @@ def _decode_column(
             present = None
     sub_q = q if present is None else q[present]
     sub_limit = limit if present is None else limit[present]
-    validity = None if present is None else pa.py_buffer(np.packbits(present, bitorder="little"))
-    nulls = 0 if present is None else rows - int(np.count_nonzero(present))
     if field.kind in ("string", "bytes"):
         zigzag, begin, complete = _varints(buf, sub_q)
         lengths = _signed(zigzag)
@@ -553,9 +551,7 @@ def _decode_column(
         if int(lengths.sum()) >= 2**31:  # Arrow string/binary offsets are int32
             return None
         offsets, data = _gather(buf, _fill(begin, present), _fill(lengths, present))
-        array = pa.Array.from_buffers(
-            field.arrow_type, rows, [validity, pa.py_buffer(offsets), data], null_count=nulls
-        )
+        array = _arrow_column(field, rows, present, data, offsets)
         if field.kind == "string" and not _is_ascii(data):
             try:
                 array.validate(full=True)  # UTF-8, as fastavro checks it
@@ -572,11 +568,7 @@ def _decode_column(
                 return None
             if field.kind == "enum" and (low < 0 or high >= len(field.symbols)):
                 return None
-        if field.kind == "enum":
-            indices = pa.array(_fill(values, present), mask=_mask(present), type=pa.int64())
-            array = pa.array(field.symbols, type=pa.string()).take(indices)
-        else:
-            array = pa.array(_fill(values, present), type=field.arrow_type, mask=_mask(present))
+        array = _arrow_column(field, rows, present, _fill(values, present))
     else:
         width = _FIXED_SIZES[field.kind]
         sub_end = sub_q + width
@@ -584,12 +576,35 @@ def _decode_column(
             return None
         raw = buf.take(sub_q[:, None] + np.arange(width))
         values = raw.view("<f4" if field.kind == "float" else "<f8").reshape(-1)
-        array = pa.array(_fill(values, present), type=field.arrow_type, mask=_mask(present))
+        array = _arrow_column(field, rows, present, _fill(values, present))
     if present is None:
         return array, sub_end
     end = q.copy()
     end[present] = sub_end
     return array, end
+
+
+def _arrow_column(
+    field: FlatField,
+    rows: int,
+    present: np.ndarray | None,
+    values: Any,
+    offsets: Any = None,
+) -> pa.Array:
+    """``field``'s Arrow array of ``rows`` records, whichever path decoded them: ``values`` one
+    number per record (0 where null), or for strings and bytes their bytes back to back with
+    int32 ``offsets``; ``present``: where the value is not null (None: nowhere null)."""
+    if field.kind in ("string", "bytes"):
+        validity = (
+            None if present is None else pa.py_buffer(np.packbits(present, bitorder="little"))
+        )
+        nulls = 0 if present is None else rows - int(np.count_nonzero(present))
+        buffers = [validity, pa.py_buffer(offsets), pa.py_buffer(values)]
+        return pa.Array.from_buffers(field.arrow_type, rows, buffers, null_count=nulls)
+    if field.kind == "enum":
+        indices = pa.array(values, mask=_mask(present), type=pa.int64())
+        return pa.array(field.symbols, type=pa.string()).take(indices)
+    return pa.array(values, type=field.arrow_type, mask=_mask(present))
 
 
 def _constant_fields(
@@ -717,15 +732,18 @@ def _decode_records(
     return pa.RecordBatch.from_arrays(columns, names=[field.name for field in fields])
 
 
-# The kind codes of esa_avro_blocks.decode_blocks (schemas/avro_blocks/src/lib.rs).
+# The kind codes of esa_avro_blocks.decode_blocks (schemas/avro_blocks/src/lib.rs), and the
+# dtypes of its values that are not int64.
 _NATIVE_KINDS = {"int": 0, "long": 1, "enum": 2, "float": 3, "double": 4, "string": 5, "bytes": 6}
+_NATIVE_NUMBERS = {"float": "<f4", "double": "<f8"}
 
 
 def _decode_natively(
     fields: tuple[FlatField, ...], contents: list[bytes], counts: list[int], records: int
 ) -> pa.RecordBatch | None:
     """:func:`decode_flat_blocks` by the compiled walk (``esa_avro_blocks``): the columns'
-    buffers from it, wrapped as the numpy path wraps its own (None where it refuses)."""
+    buffers from it, wrapped as the numpy path wraps its own (:func:`_arrow_column`; None where
+    it refuses)."""
     specs = [
         (_NATIVE_KINDS[field.kind], field.value_branch, field.null_branch, len(field.symbols))
         for field in fields
@@ -734,30 +752,11 @@ def _decode_natively(
     decoded = _native.decode_blocks(b"".join(contents), sizes, [int(n) for n in counts], specs)
     if decoded is None:
         return None
-    columns = [
-        _native_column(field, records, *buffers)
-        for field, buffers in zip(fields, decoded, strict=True)
-    ]
+    columns = []
+    for field, (values, offsets, present) in zip(fields, decoded, strict=True):
+        if field.kind not in ("string", "bytes"):  # int64s (int, long, enum) or raw floats
+            values = np.frombuffer(values, dtype=_NATIVE_NUMBERS.get(field.kind, "<i8"))
+        if present is not None:  # one byte per record
+            present = np.frombuffer(present, dtype=np.bool_)
+        columns.append(_arrow_column(field, records, present, values, offsets))
     return pa.RecordBatch.from_arrays(columns, names=[field.name for field in fields])
-
-
-def _native_column(
-    field: FlatField, rows: int, values: bytes, offsets: bytes | None, present_bytes: bytes | None
-) -> pa.Array:
-    """One column from ``esa_avro_blocks``' buffers: ``values`` (int64s, raw floats or the
-    strings' bytes), int32 ``offsets`` of strings and bytes, one byte per row ``present``."""
-    present = None if present_bytes is None else np.frombuffer(present_bytes, dtype=np.bool_)
-    if field.kind in ("string", "bytes"):
-        validity = None if present is None else np.packbits(present, bitorder="little")
-        nulls = 0 if present is None else rows - int(np.count_nonzero(present))
-        buffers = [None if validity is None else pa.py_buffer(validity)]
-        buffers += [pa.py_buffer(offsets), pa.py_buffer(values)]
-        return pa.Array.from_buffers(field.arrow_type, rows, buffers, null_count=nulls)
-    if field.kind in _FIXED_SIZES:
-        numbers = np.frombuffer(values, dtype="<f4" if field.kind == "float" else "<f8")
-    else:
-        numbers = np.frombuffer(values, dtype="<i8")
-    if field.kind == "enum":
-        indices = pa.array(numbers, mask=_mask(present), type=pa.int64())
-        return pa.array(field.symbols, type=pa.string()).take(indices)
-    return pa.array(numbers, type=field.arrow_type, mask=_mask(present))
