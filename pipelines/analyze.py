@@ -80,7 +80,6 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import (
-    DirectOptions,
     GoogleCloudOptions,
     PipelineOptions,
     StandardOptions,
@@ -90,7 +89,11 @@ from pipelines import pictures, release_keys, report_html, runs_ledger, withheld
 from pipelines.commandline import analyzer_key_flags
 from pipelines.commandline.analyze_options import AnalyzeOptions
 from pipelines.commandline.main import UsageError
-from pipelines.commandline.options import temp_location_root, with_default_runner
+from pipelines.commandline.options import (
+    temp_location_root,
+    with_default_runner,
+    worker_processes_of,
+)
 from pipelines.engines.new_pipeline import new_pipeline
 from pipelines.release_counts import (
     CheckCrowdCounts,
@@ -600,11 +603,11 @@ def run(
     }
     with_default_runner(options, worker_processes(messages, sealed))
     range_records = values.analyze_range_records
-    direct = options.view_as(DirectOptions)
-    if direct.direct_running_mode == "multi_processing" and direct.direct_num_workers > 1:
+    workers = worker_processes_of(options)
+    if workers > 1:
         # Each worker is handed a fixed share of the ranges (round robin): many small ones even
         # the shares out.
-        share = math.ceil(messages / (direct.direct_num_workers * RANGES_PER_WORKER))
+        share = math.ceil(messages / (workers * RANGES_PER_WORKER))
         range_records = max(1, min(range_records, share))
     started = time.monotonic()
     pipeline = new_pipeline(options)

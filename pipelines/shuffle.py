@@ -77,7 +77,6 @@ from typing import Any
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import (
-    DirectOptions,
     GoogleCloudOptions,
     PipelineOptions,
     StandardOptions,
@@ -90,6 +89,7 @@ from pipelines.commandline.options import (
     stage_option_values,
     temp_location_root,
     with_default_runner,
+    worker_processes_of,
 )
 from pipelines.commandline.shuffle_options import ShuffleOptions
 from pipelines.engines.new_pipeline import new_pipeline
@@ -137,15 +137,6 @@ def worker_processes(input_bytes: int) -> int:
     if input_bytes >= SPREAD_MIN_INPUT_BYTES:
         return min(os.cpu_count() or 1, MAX_WORKER_PROCESSES)
     return 1
-
-
-def worker_processes_of(options: PipelineOptions) -> int:
-    """The worker processes ``options`` run the pipeline on: the multi-process DirectRunner's
-    workers, else 1 (with several, report files are read in ranges: :func:`range_records`)."""
-    direct = options.view_as(DirectOptions)
-    if direct.direct_running_mode != "multi_processing":
-        return 1
-    return direct.direct_num_workers or 1
 
 
 def register(subparsers: Any) -> None:

@@ -45,6 +45,7 @@ __all__ = [
     "stage_option_values",
     "unknown_beam_flags",
     "with_default_runner",
+    "worker_processes_of",
 ]
 
 # Batch runs default to the in-process portable runner: Beam 2.77's plain DirectRunner first tries
@@ -109,6 +110,15 @@ def with_default_runner(options: PipelineOptions, worker_processes: int = 1) -> 
     if standard.runner is None:
         standard.runner = "DirectRunner" if standard.streaming else DEFAULT_BATCH_RUNNER
     return options
+
+
+def worker_processes_of(options: PipelineOptions) -> int:
+    """The worker processes ``options`` run the pipeline on: the multi-process DirectRunner's
+    workers, else 1 (the shuffler and the analyzer cut their files into more ranges for more)."""
+    direct = options.view_as(DirectOptions)
+    if direct.direct_running_mode != "multi_processing":
+        return 1
+    return direct.direct_num_workers or 1
 
 
 _UNITS_MS = (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1))

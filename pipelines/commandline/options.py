@@ -27,6 +27,7 @@ from pipelines.commandline.flags import (
     stage_option_values,
     unknown_beam_flags,
     with_default_runner,
+    worker_processes_of,
 )
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "stage_option_values",
     "unknown_beam_flags",
     "with_default_runner",
+    "worker_processes_of",
 ]
 
 
