@@ -170,8 +170,10 @@ def _handle(args: argparse.Namespace, pipeline_args: list[str]) -> int:
         )
         return 0
     from pipelines.commandline.progress import counted_stage
+    from pipelines.engines.forked_workers import serving_this_process
 
-    with counted_stage("analyze", unit="messages") as line:  # total: once verified
+    # Workers forked from this process as it is before the progress line's thread starts.
+    with serving_this_process(), counted_stage("analyze", unit="messages") as line:
         summary = run(options, line.set_total)
     print(summary_table(summary))
     print(f"results: {summary['inputs']['output']}")

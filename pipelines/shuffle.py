@@ -157,7 +157,9 @@ def _handle(args: argparse.Namespace, pipeline_args: list[str]) -> int:
     values = stage_option_values(args, ShuffleOptions)
     options = PipelineOptions(pipeline_args, **values)
     from pipelines.commandline import progress
+    from pipelines.engines.forked_workers import serving_this_process
 
+    forking = not options.view_as(StandardOptions).streaming
     if options.view_as(StandardOptions).streaming:  # input that grows: elapsed time only
         line = progress.stage_progress("shuffle")
     else:  # records read against the records the input's Avro block headers state
@@ -166,7 +168,8 @@ def _handle(args: argparse.Namespace, pipeline_args: list[str]) -> int:
             progress.avro_input_records([pattern]) if pattern and progress.line_wanted() else None
         )
         line = progress.counted_stage("shuffle", total)
-    with line:
+    # Batch workers forked from this process as it is before the progress line's thread starts.
+    with serving_this_process() if forking else contextlib.nullcontext(), line:
         summary = run(options)
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))

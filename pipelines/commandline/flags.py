@@ -92,21 +92,30 @@ def with_default_runner(options: PipelineOptions, worker_processes: int = 1) -> 
 
     ``worker_processes`` > 1: the caller's work is large enough to spread over processes; then a
     batch pipeline given no runner and no ``--direct_*`` setting runs on the multi-process
-    DirectRunner with that many workers, at most one per CPU (one CPU: in this process), forked
-    by the fork server of ``esa run`` when one is running (``pipelines/engines/forked_workers.py``)."""
+    DirectRunner with that many workers, at most one per CPU (one CPU: in this process).
+
+    Multi-process batch pipelines on FnApiRunner (chosen here or named with
+    ``--direct_running_mode=multi_processing``) run on its subclass ForkedWorkerRunner, whose
+    workers are forked, not spawned: by ``esa run``'s fork server, else by a fork of this driver
+    where that is safe (``pipelines/engines/forked_workers.py``)."""
     from pipelines.engines.dofn_specs import remember_dofn_specs
     from pipelines.engines.worker_shutdown import close_workers_together
 
     close_workers_together()
     remember_dofn_specs()
     standard = options.view_as(StandardOptions)
+    direct = options.view_as(DirectOptions)
     workers = min(worker_processes, os.cpu_count() or 1)
     if workers > 1 and not standard.streaming and not runner_chosen(options):
-        direct = options.view_as(DirectOptions)
         direct.direct_running_mode = "multi_processing"
         direct.direct_num_workers = workers
-        if forked_workers.running() is not None:  # esa run's: workers forked, not spawned
-            standard.runner = forked_workers.RUNNER
+        standard.runner = forked_workers.RUNNER
+    if (
+        standard.runner == DEFAULT_BATCH_RUNNER
+        and direct.direct_running_mode == "multi_processing"
+        and not standard.streaming
+    ):
+        standard.runner = forked_workers.RUNNER
     if standard.runner is None:
         standard.runner = "DirectRunner" if standard.streaming else DEFAULT_BATCH_RUNNER
     return options

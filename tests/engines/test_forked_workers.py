@@ -51,7 +51,8 @@ def test_a_failing_worker_reports_its_exit_status_like_a_spawned_one():
 
 def test_workers_are_spawned_as_beam_does_when_the_server_has_died(monkeypatch):
     """A server that could not import its modules has exited: the pipeline still runs, on
-    workers Beam spawns itself."""
+    workers it did not fork (Beam's spawned ones here, where pytest's threads keep this process
+    from forking a server of its own)."""
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     with forked_workers.serving(["no_such_module_anywhere"]) as server:
         server._process.wait(60)
@@ -62,3 +63,92 @@ def test_workers_are_spawned_as_beam_does_when_the_server_has_died(monkeypatch):
             server_pid = server._process.pid
             forked = numbers | beam.Map(lambda _: os.getppid() == server_pid) | beam.Distinct()
             assert_that(forked, equal_to([False]))
+
+
+# A multi-process pipeline run by a fresh interpreter (this one has pytest's threads, so it
+# never forks itself): what its workers see of their parents, their descriptors and their random
+# draws, as JSON on the last line.
+_DRIVER = r"""
+import fcntl, json, os, signal, sys, threading
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+from pipelines.commandline.flags import with_default_runner
+
+marker, handled, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+locked = open(marker, "w")
+fcntl.flock(locked, fcntl.LOCK_EX)
+signal.signal(signal.SIGTERM, lambda *_: open(handled, "w").close())
+if mode == "thread":  # another Python thread: no fork of this process
+    stop = threading.Event()
+    threading.Thread(target=stop.wait, daemon=True).start()
+
+def seen(element):
+    from privacy.rng import secure_generator
+    descriptors = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            descriptors.append(os.readlink(f"/proc/self/fd/{name}"))
+        except OSError:
+            pass
+    with open(f"/proc/{os.getppid()}/stat") as stat:
+        grandparent = int(stat.read().rsplit(")", 1)[1].split()[1])
+    with open("/proc/self/cmdline", "rb") as command:  # a spawned worker runs Beam's module
+        spawned = b"-m\x00apache_beam.runners.worker.sdk_worker_main" in command.read()
+    with open(os.path.join(os.path.dirname(marker), f"worker-{element}.json"), "w") as out:
+        json.dump({"pid": os.getpid(), "parent": os.getppid(), "grandparent": grandparent,
+                   "spawned": spawned,
+                   "descriptors": descriptors, "draw": int(secure_generator().integers(2**62))},
+                  out)
+
+flags = ["--runner=FnApiRunner", "--direct_running_mode=multi_processing",
+         "--direct_num_workers=2"]
+options = with_default_runner(PipelineOptions(flags))
+with beam.Pipeline(options=options) as pipeline:
+    pipeline | beam.Create(range(40)) | beam.Reshuffle() | beam.Map(seen)
+print(json.dumps({"driver": os.getpid(), "runner": options.get_all_options()["runner"]}))
+"""
+
+
+def _run_driver(tmp_path, mode: str) -> dict:
+    import json
+    import sys
+
+    marker, handled = tmp_path / "output.lock", tmp_path / "sigterm-handled"
+    done = subprocess.run(
+        [sys.executable, "-c", _DRIVER, str(marker), str(handled), mode],
+        capture_output=True, text=True, timeout=240, cwd=os.getcwd(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    workers = [json.loads(path.read_text()) for path in tmp_path.glob("worker-*.json")]
+    result.update(marker=str(marker), handled=handled.exists(), workers=workers)
+    return result
+
+
+def test_a_driver_forks_its_own_workers_when_no_server_runs(tmp_path):
+    """Outside esa run, a multi-process FnApiRunner pipeline (named with Beam's flags) runs on
+    workers forked from a copy of the driver: each worker's parent is that copy, whose parent is
+    the driver. The copy holds none of the driver's descriptors (the lock on the output stays
+    the driver's alone), does not run the driver's SIGTERM handler when it is closed, and the
+    workers' CSPRNG-seeded generators differ (40 elements: every worker draws once each)."""
+    result = _run_driver(tmp_path, "plain")
+    assert result["runner"] == forked_workers.RUNNER
+    workers = result["workers"]
+    assert len(workers) == 40
+    servers = {worker["parent"] for worker in workers}
+    assert len(servers) == 1 and result["driver"] not in servers
+    assert {worker["grandparent"] for worker in workers} == {result["driver"]}
+    assert not any(worker["spawned"] for worker in workers)
+    for worker in workers:
+        assert result["marker"] not in worker["descriptors"]
+    assert len({worker["draw"] for worker in workers}) == 40
+    assert not result["handled"]  # the server was terminated; the driver's handler stayed put
+
+
+def test_a_driver_with_another_thread_spawns_its_workers_as_beam_does(tmp_path):
+    """A driver with a second Python thread (a progress line's) is not forked: Beam spawns its
+    workers (each a fresh ``sdk_worker_main``, started by a shell of the driver's)."""
+    result = _run_driver(tmp_path, "thread")
+    assert len(result["workers"]) == 40
+    assert all(worker["spawned"] for worker in result["workers"])
+    assert {worker["grandparent"] for worker in result["workers"]} == {result["driver"]}

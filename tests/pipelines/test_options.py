@@ -16,6 +16,7 @@ from pipelines.commandline.options import format_duration_ms, unknown_beam_flags
 from pipelines.commandline.run_options import RunOptions
 from pipelines.commandline.shuffle_options import ShuffleOptions
 from pipelines.commandline.simulate_options import SimulateOptions
+from pipelines.engines import forked_workers
 from simulators.plan import SimulationPlan
 from transforms.analyzer.analyze import AnalysisConfig
 from transforms.shuffler.report_rows import WindowSpec, parse_duration_ms
@@ -88,17 +89,25 @@ def test_a_runner_is_chosen_only_by_a_runner_or_direct_runner_flag():
     assert flags.runner_chosen(PipelineOptions(["--direct_running_mode=multi_threading"]))
 
 
+FORKED = forked_workers.RUNNER
+
+
 @pytest.mark.parametrize(
     ("given", "processes", "cpus", "expected"),
     [
-        ([], 8, 2, ("FnApiRunner", "multi_processing", 2)),  # one worker per CPU at most
-        ([], 2, 16, ("FnApiRunner", "multi_processing", 2)),
+        ([], 8, 2, (FORKED, "multi_processing", 2)),  # one worker per CPU at most, forked
+        ([], 2, 16, (FORKED, "multi_processing", 2)),
         ([], 1, 16, ("FnApiRunner", "in_memory", 1)),  # small work: this process
         ([], 8, 1, ("FnApiRunner", "in_memory", 1)),  # one CPU: this process
         (["--runner=FnApiRunner"], 8, 2, ("FnApiRunner", "in_memory", 1)),  # the user's runner
         (["--direct_num_workers=3"], 8, 2, ("FnApiRunner", "in_memory", 3)),  # and settings
         (["--streaming"], 8, 2, ("DirectRunner", "in_memory", 1)),
-    ],
+        # The user's multi-process FnApiRunner: the same runner, its workers forked.
+        (["--runner=FnApiRunner", "--direct_running_mode=multi_processing",
+          "--direct_num_workers=3"], 1, 2, (FORKED, "multi_processing", 3)),
+        (["--runner=DirectRunner", "--direct_running_mode=multi_processing"], 1, 2,
+         ("DirectRunner", "multi_processing", 1)),
+    ],  # fmt: skip
 )
 def test_large_work_runs_on_a_worker_process_per_cpu_unless_a_runner_was_chosen(
     monkeypatch, given, processes, cpus, expected
