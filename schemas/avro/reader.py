@@ -30,7 +30,7 @@ import copy
 import functools
 import io
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO, NamedTuple
 
@@ -230,7 +230,14 @@ def block_windows(
     file, each of at most ``max_records`` records (a larger block is a run of its own), covering
     every block: the windows :func:`read_container` reads separately. None when the file must be
     read from start to end: a header or block walk that fails (``container.walk_blocks``), a
-    schema or codec it cannot decode, or no block at all."""
+    schema or codec it cannot decode, or no block at all.
+
+    The windows are as even as the blocks allow: as few as ``max_records`` permits (W, what
+    filling each run while it fits gives), their largest as small as W runs of whole blocks can
+    make it (the least cap under which runs so filled are still W, found by bisection). A
+    file of 20,127 records in blocks of 2,100 read at 10,030 is 6,300 + 6,300 + 7,527 records,
+    not 8,400 + 8,400 + 3,327: workers handed a fixed number of windows each then get about the
+    same work."""
     if max_records < 1:
         raise ValueError(f"max_records must be >= 1, got {max_records}")
     try:
@@ -239,15 +246,37 @@ def block_windows(
         return None
     if not blocks or _file_problem(header, expect).reason:
         return None
+    counts = [block.count for block in blocks]
+    cap = max_records
+    wanted = len(_run_ends(counts, cap))  # the fewest runs within max_records
+    low = -(-sum(counts) // wanted)
+    while low < cap:  # the least cap that still gives that many
+        middle = (low + cap) // 2
+        if len(_run_ends(counts, middle)) <= wanted:
+            cap = middle
+        else:
+            low = middle + 1
     windows: list[tuple[int, int, int, int]] = []
-    start, first, records = blocks[0].offset, 0, 0
-    for block in blocks:
-        if records and records + block.count > max_records:
-            windows.append((start, block.offset, first, records))
-            start, first, records = block.offset, first + records, 0
-        records += block.count
-    windows.append((start, blocks[-1].end, first, records))
+    begin, first = 0, 0
+    for end in _run_ends(counts, cap):
+        records = sum(counts[begin:end])
+        windows.append((blocks[begin].offset, blocks[end - 1].end, first, records))
+        begin, first = end, first + records
     return windows
+
+
+def _run_ends(counts: Sequence[int], cap: int) -> list[int]:
+    """Where runs of consecutive blocks of ``counts`` records end (exclusive block indices),
+    each run filled while it stays within ``cap`` records (a larger block is a run of its own)."""
+    ends: list[int] = []
+    records = 0
+    for index, count in enumerate(counts):
+        if records and records + count > cap:
+            ends.append(index)
+            records = 0
+        records += count
+    ends.append(len(counts))
+    return ends
 
 
 class _SchemaPlan(NamedTuple):

@@ -55,6 +55,17 @@ RELEASE_FORMAT = release_format.RELEASE_FORMAT  # esa-release/2
 CROWD_TOTALS = ("crowds_released", "crowds_withheld", "respondents_released")
 
 
+# Blocks of a released message file: the analyzer reads a file spread over workers as ranges of
+# whole blocks, shared out round robin, a fixed number per worker, so the blocks are what evens
+# the shares out. Sealed messages (~125 bytes) in 1 MiB blocks made ranges of 8,390 records and
+# files' tails of ~3,000: sixteen workers' shares of bench_scaling's release (192 such ranges)
+# came out at 1.17x their mean for the largest on average (16 round-robin shares of the ranges in
+# random order), and the analysis waits for that one; in blocks of 256 KiB (~2,100 sealed
+# messages, ~8,700 clear ones) its ranges are within a block of one another and the largest
+# share 1.01x the mean.
+MESSAGE_BLOCK_BYTES = 256 << 10
+
+
 class ReleasedGroup(NamedTuple):
     """Messages of one group of a crowd bucket released together (one output file): rows
     grouped by crowd in ``crowd_order`` (``crowds`` with ``crowd_rows`` rows each), each crowd's
@@ -145,6 +156,15 @@ def shuffled_message_rows(group: ReleasedGroup) -> tuple[np.ndarray, np.ndarray]
     )
 
 
+def message_file(group: ReleasedGroup, codec: str = "null") -> bytes:
+    """The ShuffledMessage container file of a released group, in blocks of about
+    :data:`MESSAGE_BLOCK_BYTES`."""
+    schema = schema_json("shuffled_message")
+    return encode_encoded_container(
+        schema, *shuffled_message_rows(group), codec, block_bytes=MESSAGE_BLOCK_BYTES
+    )
+
+
 def _index_name(path: str) -> str:
     """``index/<dir>-<file>.json`` of a release file's relative path."""
     return f"{INDEX_DIR}/{path.replace('/', '-').replace('.avro', '.json')}"
@@ -188,9 +208,7 @@ class WriteShuffledMessages(beam.PTransform):
         run_id = self._run_id
 
         def write(group: ReleasedGroup) -> dict[str, Any]:
-            content = encode_encoded_container(
-                schema_json("shuffled_message"), *shuffled_message_rows(group), codec
-            )
+            content = message_file(group, codec)
             path = message_file_path(group.key, group.group)
             return _publish(output_dir, private_dir, path, content, group.messages, run_id)
 

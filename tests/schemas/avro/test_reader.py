@@ -238,3 +238,28 @@ def test_isal_and_zlib_inflate_every_block_the_same(monkeypatch: pytest.MonkeyPa
     with_zlib = _split(list(read_container_bytes(data, "f", 700)))
     assert [b.columns for b in with_isal[0]] == [b.columns for b in with_zlib[0]]
     assert with_isal[0] and not with_isal[1] and not with_zlib[1]
+
+
+def test_block_windows_are_as_few_and_as_even_as_whole_blocks_allow() -> None:
+    """As few windows of whole blocks as max_records allows (W: as many as filling each while
+    it fits makes), contiguous, the largest at most ceil(records / W) plus one block (filling
+    alone gave full windows and a small tail: a worker handed the tails did less work than
+    one handed full windows)."""
+    data = _file(_records(3000), sync=4000)
+    counts = [block.count for block in corpus.blocks(data)]
+    total, largest_block = sum(counts), max(counts)
+    assert len(counts) > 20
+    for max_records in (largest_block, 2 * largest_block + 1, 700, 1234, total - 1, total, 10**9):
+        windows = reader.block_windows(io.BytesIO(data), max_records, REPORT)
+        sizes = [records for _, _, _, records in windows]
+        wanted = len(reader._run_ends(counts, max_records))  # the fewest
+        assert wanted >= -(-total // max_records)
+        assert len(windows) == wanted and sum(sizes) == total
+        assert max(sizes) <= min(max_records, -(-total // wanted) + largest_block - 1)
+        for (_, stop, first, records), (start, _, following, _) in zip(
+            windows, windows[1:], strict=False
+        ):
+            assert stop == start and first + records == following
+    # A block larger than max_records is a window of its own.
+    windows = reader.block_windows(io.BytesIO(data), 1, REPORT)
+    assert [records for _, _, _, records in windows] == counts

@@ -233,6 +233,36 @@ def test_shuffled_message_rows_are_the_bytes_of_the_columns_encoded_row_by_row()
     assert [r["payload_crc32c"] for r in records] == crcs.tolist()
 
 
+def test_released_message_files_are_written_in_small_blocks_that_cut_into_even_ranges(
+    tmp_path: Path,
+) -> None:
+    """A released file of 20,000 sealed-size messages is written in blocks of about
+    MESSAGE_BLOCK_BYTES, so the ranges the analyzer reads at a share of 5,000 records are
+    within a block of one another (with 1 MiB blocks they were 8,390 and 3,220 records)."""
+    from schemas.avro.reader import block_windows
+
+    rng = np.random.default_rng(9)
+    rows = 20_000
+    payloads = pa.array([rng.bytes(83) for _ in range(rows)], pa.binary())
+    group = sinks.ReleasedGroup(
+        BucketKey(rf.T0, 0, 0), 0, rf.T0 + rf.DAY_MS, ((rf.CHANNEL, rf.RECIPE, "c"),), (rows,),
+        payloads, rng.integers(0, 2**32, size=rows),
+    )  # fmt: skip
+    path = tmp_path / "messages.avro"
+    path.write_bytes(sinks.message_file(group, "deflate"))
+    with open(path, "rb") as handle:
+        blocks = [block.num_records for block in fastavro.block_reader(handle)]
+    assert sum(blocks) == rows and len(blocks) > 4
+    block_records = max(blocks)
+    assert block_records * 125 <= sinks.MESSAGE_BLOCK_BYTES * 1.1  # ~125 bytes a message
+    with open(path, "rb") as handle:
+        windows = block_windows(handle, 5_000, sinks.schema_json("shuffled_message"))
+    sizes = [records for _, _, _, records in windows]
+    assert sum(sizes) == rows
+    assert max(sizes[:-1]) - min(sizes[:-1]) <= block_records  # all but the file's tail
+    assert max(sizes) <= 5_000
+
+
 def _deletion(tmp_path: Path, origin_codes: list[int] | None, respondents: int) -> list:
     """DeleteAndScatter on one crowd of a shard whose candidates carry ``origin_codes`` (None:
     the shard's respondents of the crowd sent presence messages only)."""
