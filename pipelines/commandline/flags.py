@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import multiprocessing
 import os
 import tempfile
 import weakref
@@ -123,10 +124,13 @@ def with_default_runner(options: PipelineOptions, worker_processes: int = 1) -> 
 
 def worker_processes_of(options: PipelineOptions) -> int:
     """The worker processes ``options`` run the pipeline on: the multi-process DirectRunner's
-    workers, else 1 (the shuffler and the analyzer cut their files into more ranges for more)."""
+    workers (``--direct_num_workers=0``: one per CPU, as FnApiRunner reads it), else 1 (the
+    shuffler and the analyzer cut their files into more ranges for more)."""
     direct = options.view_as(DirectOptions)
     if direct.direct_running_mode != "multi_processing":
         return 1
+    if direct.direct_num_workers == 0:
+        return multiprocessing.cpu_count()
     return direct.direct_num_workers or 1
 
 

@@ -148,3 +148,15 @@ def test_the_shuffler_spreads_large_inputs_over_processes(monkeypatch):
     said = f"from {least >> 20} MiB of report files"  # esa shuffle --help states the figures
     assert said in " ".join(shuffle_pipeline.__doc__.split())
     assert f"(at most {shuffle_pipeline.MAX_WORKER_PROCESSES})" in shuffle_pipeline.__doc__
+
+
+def test_the_worker_processes_of_options_are_those_beam_starts(monkeypatch):
+    """In this process: 1; multi-process: --direct_num_workers, 0 meaning one per CPU (as
+    FnApiRunner reads it), unset meaning 1."""
+    monkeypatch.setattr(flags.multiprocessing, "cpu_count", lambda: 6)
+    multi = ["--direct_running_mode=multi_processing"]
+    assert flags.worker_processes_of(PipelineOptions([])) == 1
+    assert flags.worker_processes_of(PipelineOptions(["--direct_num_workers=4"])) == 1
+    assert flags.worker_processes_of(PipelineOptions(multi)) == 1
+    assert flags.worker_processes_of(PipelineOptions([*multi, "--direct_num_workers=4"])) == 4
+    assert flags.worker_processes_of(PipelineOptions([*multi, "--direct_num_workers=0"])) == 6
