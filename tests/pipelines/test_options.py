@@ -103,11 +103,23 @@ FORKED = forked_workers.RUNNER
         (["--direct_num_workers=3"], 8, 2, ("FnApiRunner", "in_memory", 3)),  # and settings
         (["--streaming"], 8, 2, ("DirectRunner", "in_memory", 1)),
         # The user's multi-process FnApiRunner: the same runner, its workers forked.
-        (["--runner=FnApiRunner", "--direct_running_mode=multi_processing",
-          "--direct_num_workers=3"], 1, 2, (FORKED, "multi_processing", 3)),
-        (["--runner=DirectRunner", "--direct_running_mode=multi_processing"], 1, 2,
-         ("DirectRunner", "multi_processing", 1)),
-    ],  # fmt: skip
+        (
+            [
+                "--runner=FnApiRunner",
+                "--direct_running_mode=multi_processing",
+                "--direct_num_workers=3",
+            ],
+            1,
+            2,
+            (FORKED, "multi_processing", 3),
+        ),
+        (
+            ["--runner=DirectRunner", "--direct_running_mode=multi_processing"],
+            1,
+            2,
+            ("DirectRunner", "multi_processing", 1),
+        ),
+    ],
 )
 def test_large_work_runs_on_a_worker_process_per_cpu_unless_a_runner_was_chosen(
     monkeypatch, given, processes, cpus, expected
