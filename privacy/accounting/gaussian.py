@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass
 
 from privacy.accounting.core import brent_root, check_delta, check_epsilon
+from privacy.accounting.special_functions import ufuncs
 
 __all__ = [
     "GaussianBaseline",
@@ -49,7 +50,7 @@ def gaussian_delta(sigma: float, epsilon: float, sensitivity: float = 1.0) -> fl
 
     computed from log Phi so that the difference keeps its digits.
     """
-    from scipy import special
+    special = ufuncs()
 
     s = check_epsilon(sigma, "sigma")
     eps = check_epsilon(epsilon, "epsilon", allow_zero=True)

@@ -25,6 +25,7 @@ from privacy.accounting.core import (
     check_delta,
     check_epsilon,
 )
+from privacy.accounting.special_functions import ufuncs
 
 __all__ = [
     "DeltaBracket",
@@ -45,7 +46,7 @@ SIMPLIFIED = "simplified"
 def binary_rr_lambda(epsilon_local: float, respondents: int) -> float:
     """Lemma II.6's lambda for eps_l binary randomized response: flip probability
     lambda/(2n) = 1/(1+e^eps_l), so lambda = 2n/(1+e^eps_l) (proof of Theorem III.1)."""
-    from scipy import special
+    special = ufuncs()
 
     eps = check_epsilon(epsilon_local, "epsilon_local", allow_zero=True)
     n = check_count(respondents, "respondents")
@@ -204,7 +205,7 @@ def _conditional_deltas(
     exceeds e^eps, which simplifies to u Pr[A = k-1] - (e^eps - 1) Pr[A >= k] with
     u = alpha - e^eps (1 - alpha). By the symmetry x -> c+1-x, D(Q_c||P_c) is the same number.
     """
-    from scipy import special
+    special = ufuncs()
 
     if epsilon >= epsilon_local:
         zeros = np.zeros(clones.shape, dtype=np.float64)

@@ -72,3 +72,39 @@ def test_accounting_a_crowd_imports_no_scipy_stats():
         "fmt_numerical_delta(2.0, 1000, 1.0)\n"
     )
     assert not imports_module(code, "scipy.stats")
+
+
+def test_accounting_a_crowd_and_solving_a_recipe_import_only_scipy_special_ufuncs():
+    """The analyzer's privacy report of a crowd (the variation-ratio and FMT bounds, binary
+    randomized response) and a recipe whose epsilon_local is solved load scipy.special's ufuncs
+    without running scipy.special's package __init__ (privacy.accounting.special_functions)."""
+    code = (
+        "from privacy.accounting import randomizer_central, fmt_numerical_epsilon\n"
+        "from schemas.recipes import load_recipe\n"
+        "for name in ('image_grid_onehot', 'small_asymmetric_one_hot', 'small_binary_rr'):\n"
+        "    randomizer_central(load_recipe(name).build_randomizer(), 123_457, 5e-8)\n"
+        "fmt_numerical_epsilon(2.0, 1000, 1e-6)\n"
+        "load_recipe('image_grid_sealed')\n"
+        "assert 'scipy.special._ufuncs' in __import__('sys').modules\n"
+    )
+    assert not imports_module(code, "scipy.special")
+
+
+def test_scipy_special_imported_after_the_ufuncs_alone_is_whole_and_shares_them():
+    """After the ufuncs were loaded alone, ``import scipy.special`` runs its package __init__
+    as usual: its ufuncs are the objects already loaded (the same floats), and the rest of it
+    is there (logsumexp, which lives outside the extension)."""
+    import subprocess
+    import sys
+
+    code = (
+        "from privacy.accounting.special_functions import ufuncs\n"
+        "alone = ufuncs()\n"
+        "import scipy.special\n"
+        "assert scipy.special._ufuncs is alone and scipy.special.expit is alone.expit\n"
+        "assert scipy.special.logsumexp([0.0, 0.0]) > 0.69\n"
+        "assert ufuncs() is alone\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
