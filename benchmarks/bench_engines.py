@@ -47,7 +47,7 @@ RECIPE = {
 _RUN = """
 import io, json, sys, time
 from contextlib import redirect_stdout
-from pipelines import cli
+from pipelines.commandline import main as cli
 arguments = json.loads(sys.argv[1])
 started = time.perf_counter()
 with redirect_stdout(io.StringIO()):
