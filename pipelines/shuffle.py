@@ -159,8 +159,8 @@ def _handle(args: argparse.Namespace, pipeline_args: list[str]) -> int:
     from pipelines.commandline import progress
     from pipelines.engines.forked_workers import serving_this_process
 
-    forking = not options.view_as(StandardOptions).streaming
-    if options.view_as(StandardOptions).streaming:  # input that grows: elapsed time only
+    streaming = options.view_as(StandardOptions).streaming
+    if streaming:  # input that grows: elapsed time only
         line = progress.stage_progress("shuffle")
     else:  # records read against the records the input's Avro block headers state
         pattern = options.view_as(ShuffleOptions).input
@@ -169,7 +169,7 @@ def _handle(args: argparse.Namespace, pipeline_args: list[str]) -> int:
         )
         line = progress.counted_stage("shuffle", total)
     # Batch workers forked from this process as it is before the progress line's thread starts.
-    with serving_this_process() if forking else contextlib.nullcontext(), line:
+    with contextlib.nullcontext() if streaming else serving_this_process(), line:
         summary = run(options)
     if args.json:
         print(json.dumps(summary, indent=2, sort_keys=True))

@@ -109,10 +109,6 @@ class ForkServer:
         return cls((), this_process=True)
 
     @property
-    def pid(self) -> int:
-        return self._process.pid
-
-    @property
     def worker_command(self) -> str:
         """The shell command Beam runs as a worker (SubprocessSDKEnvironment's command line)."""
         return f"{sys.executable} -m {__name__} worker {self.socket_path}"
@@ -223,13 +219,8 @@ def running() -> ForkServer | None:
 @contextlib.contextmanager
 def serving(preload: Sequence[str], later: Sequence[str] = ()) -> Iterator[ForkServer]:
     """A fork server (see :class:`ForkServer`) for the pipelines run inside the block."""
-    server = ForkServer(preload, later)
-    _running.append(server)
-    try:
+    with _registered(ForkServer(preload, later)) as server:
         yield server
-    finally:
-        _running.remove(server)
-        server.close()
 
 
 @contextlib.contextmanager
@@ -242,6 +233,13 @@ def serving_this_process() -> Iterator[ForkServer | None]:
     if server is None:
         yield None
         return
+    with _registered(server):
+        yield server
+
+
+@contextlib.contextmanager
+def _registered(server: ForkServer) -> Iterator[ForkServer]:
+    """``server`` as this process's :func:`running` one for the block, closed after it."""
     _running.append(server)
     try:
         yield server

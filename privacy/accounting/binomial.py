@@ -3,7 +3,7 @@ importing ``scipy.stats`` (about a second of imports, paid by every process that
 crowd; ``scipy.special`` costs half of it, its ufuncs alone about 0.03 s:
 ``privacy.accounting.special_functions``).
 
-``scipy.stats.binom`` evaluates Boost's binomial functions (``scipy.special._ufuncs()._binom_*``)
+``scipy.stats.binom`` evaluates Boost's binomial functions (``scipy.special.ufuncs()._binom_*``)
 inside ``rv_discrete``'s argument handling: a point outside the support has mass 0, the cdf is 1
 from n on and the sf 1 below 0, ppf(0) = -1 and ppf(1) = n (isf the other way round), invalid parameters give nan, and the
 values are clipped to [0, 1]. The functions here apply the same rules around the same ufuncs
@@ -27,11 +27,6 @@ def _arrays(x, n, p) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     return x, n, p, valid
 
 
-def _ufuncs():
-    """Boost's binomial functions (``privacy.accounting.special_functions``)."""
-    return ufuncs()
-
-
 def _result(out: np.ndarray) -> np.ndarray | float:
     return out[()] if out.ndim == 0 else out
 
@@ -43,7 +38,7 @@ def pmf(k, n, p) -> np.ndarray | float:
     out = np.zeros(k.shape)
     out[~valid | np.isnan(k)] = np.nan
     if inside.any():
-        out[inside] = np.clip(_ufuncs()._binom_pmf(k[inside], n[inside], p[inside]), 0, 1)
+        out[inside] = np.clip(ufuncs()._binom_pmf(k[inside], n[inside], p[inside]), 0, 1)
     return _result(out)
 
 
@@ -56,7 +51,7 @@ def cdf(k, n, p) -> np.ndarray | float:
     out[np.isneginf(k)] = 0.0
     out[~valid | np.isnan(k)] = np.nan
     if inside.any():
-        values = _ufuncs()._binom_cdf(np.floor(k[inside]), n[inside], p[inside])
+        values = ufuncs()._binom_cdf(np.floor(k[inside]), n[inside], p[inside])
         out[inside] = np.clip(values, 0, 1)
     return _result(out)
 
@@ -69,7 +64,7 @@ def sf(k, n, p) -> np.ndarray | float:
     out[~valid | np.isnan(k)] = np.nan
     out[((k < 0) | np.isneginf(k)) & valid] = 1.0
     if inside.any():
-        values = _ufuncs()._binom_sf(np.floor(k[inside]), n[inside], p[inside])
+        values = ufuncs()._binom_sf(np.floor(k[inside]), n[inside], p[inside])
         out[inside] = np.clip(values, 0, 1)
     return _result(out)
 
@@ -84,7 +79,7 @@ def _quantile(q, n, p, ufunc: str, lowest_at: float) -> np.ndarray | float:
     top = (q == 1 - lowest_at) & valid
     out[top] = n[top]
     if inside.any():
-        solve = getattr(_ufuncs(), ufunc)
+        solve = getattr(ufuncs(), ufunc)
         out[inside] = solve(q[inside], n[inside], p[inside]) + 0  # as scipy: -0 -> 0
     return _result(out)
 

@@ -6,6 +6,16 @@ from __future__ import annotations
 import subprocess
 import sys
 
+# The analyzer's privacy report of a crowd: the variation-ratio and FMT bounds of the shipped
+# one-hot and binary randomized-response recipes.
+ACCOUNTING_A_CROWD = (
+    "from privacy.accounting import randomizer_central, fmt_numerical_epsilon\n"
+    "from schemas.recipes import load_recipe\n"
+    "for name in ('image_grid_onehot', 'small_asymmetric_one_hot', 'small_binary_rr'):\n"
+    "    randomizer_central(load_recipe(name).build_randomizer(), 123_457, 5e-8)\n"
+    "fmt_numerical_epsilon(2.0, 1000, 1e-6)\n"
+)
+
 
 def imports_module(code: str, module: str) -> bool:
     """Run ``code`` in a fresh interpreter (it must succeed); whether ``module`` was imported."""

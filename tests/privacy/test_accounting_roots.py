@@ -8,7 +8,7 @@ import pytest
 from scipy import optimize
 
 from privacy.accounting import core, shuffle
-from tests.privacy.fresh_imports import imports_module
+from tests.privacy.fresh_imports import ACCOUNTING_A_CROWD, imports_module
 
 
 def _scipy(function, low, high, xtol, rtol, maxiter):
@@ -93,11 +93,4 @@ def test_ends_and_refusals_as_scipy():
 
 def test_accounting_a_crowd_imports_no_scipy_optimize():
     """The point of the port: the analyzer's privacy report runs without scipy.optimize."""
-    code = (
-        "from privacy.accounting import randomizer_central, fmt_numerical_epsilon\n"
-        "from schemas.recipes import load_recipe\n"
-        "for name in ('image_grid_onehot', 'small_asymmetric_one_hot', 'small_binary_rr'):\n"
-        "    randomizer_central(load_recipe(name).build_randomizer(), 123_457, 5e-8)\n"
-        "fmt_numerical_epsilon(2.0, 1000, 1e-6)\n"
-    )
-    assert not imports_module(code, "scipy.optimize")
+    assert not imports_module(ACCOUNTING_A_CROWD, "scipy.optimize")

@@ -6,7 +6,7 @@ import pytest
 from scipy import stats
 
 from privacy.accounting import binomial
-from tests.privacy.fresh_imports import imports_module
+from tests.privacy.fresh_imports import ACCOUNTING_A_CROWD, imports_module
 
 N = np.array([0, 1, 2, 3, 7, 40, 999, 10**6, 10**9 + 7, 2.5, -1, np.nan])
 P = np.array([0.0, 1e-300, 1e-9, 0.1, 0.5, 0.73, 1.0 - 1e-12, 1.0, -0.1, 1.5, np.nan])
@@ -78,12 +78,7 @@ def test_accounting_a_crowd_and_solving_a_recipe_import_only_scipy_special_ufunc
     """The analyzer's privacy report of a crowd (the variation-ratio and FMT bounds, binary
     randomized response) and a recipe whose epsilon_local is solved load scipy.special's ufuncs
     without running scipy.special's package __init__ (privacy.accounting.special_functions)."""
-    code = (
-        "from privacy.accounting import randomizer_central, fmt_numerical_epsilon\n"
-        "from schemas.recipes import load_recipe\n"
-        "for name in ('image_grid_onehot', 'small_asymmetric_one_hot', 'small_binary_rr'):\n"
-        "    randomizer_central(load_recipe(name).build_randomizer(), 123_457, 5e-8)\n"
-        "fmt_numerical_epsilon(2.0, 1000, 1e-6)\n"
+    code = ACCOUNTING_A_CROWD + (
         "load_recipe('image_grid_sealed')\n"
         "assert 'scipy.special._ufuncs' in __import__('sys').modules\n"
     )
