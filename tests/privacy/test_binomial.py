@@ -83,6 +83,9 @@ def test_accounting_a_crowd_and_solving_a_recipe_import_only_scipy_special_ufunc
         "assert 'scipy.special._ufuncs' in __import__('sys').modules\n"
     )
     assert not imports_module(code, "scipy.special")
+    # nor any other scipy package's __init__ an extension of scipy.special imports from
+    assert not imports_module(code, "scipy.linalg")
+    assert not imports_module(code, "scipy._lib._array_api")
 
 
 def test_scipy_special_imported_after_the_ufuncs_alone_is_whole_and_shares_them():
@@ -103,3 +106,42 @@ def test_scipy_special_imported_after_the_ufuncs_alone_is_whole_and_shares_them(
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_import_without_package_inits_skips_every_package_init_on_the_way(tmp_path, monkeypatch):
+    """A module whose import reaches into another package of the same root (as scipy 1.18's
+    ``special._ufuncs`` reaches ``linalg``) is imported with neither package's ``__init__``
+    run; the stand-ins are gone afterwards, the modules stay, and importing a package later
+    runs its ``__init__``, which finds them."""
+    import sys
+
+    from privacy.accounting.special_functions import import_without_package_inits
+
+    root = tmp_path / "esa_fake_root"
+    files = {
+        "__init__.py": "inits = []\n",
+        "special/__init__.py": "import esa_fake_root\nesa_fake_root.inits.append('special')\n",
+        "special/_ufuncs.py": "from esa_fake_root.linalg import cython_lapack\n"
+        "VALUE = cython_lapack.VALUE + 1\n",
+        "linalg/__init__.py": "import esa_fake_root\nesa_fake_root.inits.append('linalg')\n"
+        "from esa_fake_root.linalg import cython_lapack\n",
+        "linalg/cython_lapack.py": "VALUE = 41\n",
+    }
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        module = import_without_package_inits("esa_fake_root.special._ufuncs")
+        package = sys.modules["esa_fake_root"]
+        assert module.VALUE == 42 and package.inits == []
+        assert "esa_fake_root.special" not in sys.modules
+        assert "esa_fake_root.linalg" not in sys.modules
+        assert "linalg" not in vars(package) and "special" not in vars(package)
+        lapack = sys.modules["esa_fake_root.linalg.cython_lapack"]
+        import esa_fake_root.linalg  # noqa: F401 - now for real
+
+        assert package.inits == ["linalg"] and package.linalg.cython_lapack is lapack
+    finally:
+        for name in [name for name in sys.modules if name.startswith("esa_fake_root")]:
+            del sys.modules[name]
