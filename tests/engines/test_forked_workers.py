@@ -11,10 +11,23 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from pipelines.commandline.flags import with_default_runner
 from pipelines.engines import forked_workers
+from pipelines.engines.garbage_collection import YOUNG_THRESHOLD
+from pipelines.engines.state_sampling import SAMPLING_PERIOD_MS
 
 
 def _parent_pid(_: int) -> int:
     return os.getppid()
+
+
+def _worker_tuning(_: int) -> tuple[int, int]:
+    """A worker's garbage-collection threshold and Beam state samplers' default period."""
+    import gc
+    import inspect
+
+    from apache_beam.runners.worker import statesampler
+
+    init = inspect.signature(statesampler.StateSampler.__init__)
+    return gc.get_threshold()[0], init.parameters["sampling_period_ms"].default
 
 
 def test_a_multi_process_pipeline_runs_on_workers_forked_by_the_server(monkeypatch):
@@ -29,8 +42,11 @@ def test_a_multi_process_pipeline_runs_on_workers_forked_by_the_server(monkeypat
             numbers = pipeline | beam.Create(range(100)) | beam.Reshuffle()
             total = numbers | beam.CombineGlobally(sum)
             parents = numbers | beam.Map(_parent_pid) | beam.Distinct()
+            tuning = numbers | beam.Map(_worker_tuning) | "OneTuning" >> beam.Distinct()
             assert_that(total, equal_to([4950]), label="sum")
             assert_that(parents, equal_to([server._process.pid]), label="forked")
+            # the server's workers are tuned as the driver is (with_default_runner)
+            assert_that(tuning, equal_to([(YOUNG_THRESHOLD, SAMPLING_PERIOD_MS)]), label="tuned")
         assert options.get_all_options()["runner"] == forked_workers.RUNNER
     assert forked_workers.running() is None
     assert server._process.poll() is not None
