@@ -88,10 +88,9 @@ def multi_process_flags(workers: int) -> list[str]:
 def with_default_runner(options: PipelineOptions, worker_processes: int = 1) -> PipelineOptions:
     """``options`` with a runner when none was given: FnApiRunner for batch, DirectRunner (the
     one that runs TestStream and unbounded sources) for ``--streaming``. FnApiRunner's workers
-    are closed together at the end (``pipelines/engines/worker_shutdown.py``); Beam's DoFn
-    specs are found once per DoFn (``pipelines/engines/dofn_specs.py``); a bundle's end no longer
-    waits out its state sampler's sleep (``pipelines/engines/state_sampling.py``); the garbage
-    collector runs less often (``pipelines/engines/garbage_collection.py``).
+    are closed together at the end (``pipelines/engines/worker_shutdown.py``); the process is
+    tuned for running bundles (``pipelines/engines/process_tuning.py``: Beam's DoFn specs found
+    once per DoFn, short state-sampler sleeps, fewer garbage collections).
 
     ``worker_processes`` > 1: the caller's work is large enough to spread over processes; then a
     batch pipeline given no runner and no ``--direct_*`` setting runs on the multi-process
@@ -101,15 +100,11 @@ def with_default_runner(options: PipelineOptions, worker_processes: int = 1) -> 
     ``--direct_running_mode=multi_processing``) run on its subclass ForkedWorkerRunner, whose
     workers are forked, not spawned: by ``esa run``'s fork server, else by a fork of this driver
     where that is safe (``pipelines/engines/forked_workers.py``)."""
-    from pipelines.engines.dofn_specs import remember_dofn_specs
-    from pipelines.engines.garbage_collection import collect_less_often
-    from pipelines.engines.state_sampling import shorten_state_sampling
+    from pipelines.engines.process_tuning import tune_this_process
     from pipelines.engines.worker_shutdown import close_workers_together
 
     close_workers_together()
-    remember_dofn_specs()
-    shorten_state_sampling()
-    collect_less_often()
+    tune_this_process()
     standard = options.view_as(StandardOptions)
     direct = options.view_as(DirectOptions)
     workers = min(worker_processes, os.cpu_count() or 1)

@@ -338,25 +338,13 @@ def _serve(socket_path: str, preload: Sequence[str], later: Sequence[str]) -> No
     _serve_on(_listen(socket_path), preload, later)
 
 
-def _tune_workers() -> None:
-    """What ``with_default_runner`` sets in a driver that the workers need as well, since they
-    process the bundles: Beam's DoFn specs kept per DoFn, short state-sampler sleeps and fewer
-    garbage collections (workers forked from the driver inherit them; a server's are set
-    here)."""
-    from pipelines.engines.dofn_specs import remember_dofn_specs
-    from pipelines.engines.garbage_collection import collect_less_often
-    from pipelines.engines.state_sampling import shorten_state_sampling
-
-    remember_dofn_specs()
-    shorten_state_sampling()
-    collect_less_often()
-
-
 def _serve_on(listener: socket.socket, preload: Sequence[str], later: Sequence[str]) -> None:
     parent = os.getppid()
     for module in preload:
         importlib.import_module(module)
-    _tune_workers()
+    from pipelines.engines.process_tuning import tune_this_process
+
+    tune_this_process()  # as a driver's (with_default_runner): the workers run the bundles
     later = list(later)
     waiting: dict[int, socket.socket] = {}  # child pid -> its client's connection
     while os.getppid() == parent:
