@@ -1,6 +1,6 @@
 """What a process that builds or runs a pipeline's bundles sets once in Beam and Python: Beam's
-DoFn specs kept per DoFn (``dofn_specs.py``), short state-sampler sleeps (``state_sampling.py``)
-and fewer garbage collections (``garbage_collection.py``). A driver sets it in
+DoFn specs kept per set of methods (``dofn_specs.py``), short state-sampler sleeps
+(``state_sampling.py``) and fewer garbage collections (``garbage_collection.py``). A driver sets it in
 ``pipelines.commandline.flags.with_default_runner``; workers forked from the driver inherit it,
 and ``esa run``'s fork server sets it in itself before forking any worker
 (``forked_workers.py``)."""

@@ -1,8 +1,11 @@
-"""Beam's DoFn specs kept per DoFn object: the same answers as Beam's, asked once per object."""
+"""Beam's DoFn specs kept per DoFn object and per set of methods: the same answers as Beam's,
+asked once per set of methods."""
 
 from __future__ import annotations
 
 import gc
+import types
+import weakref
 
 import apache_beam as beam
 import pytest
@@ -12,7 +15,7 @@ from apache_beam.transforms import userstate
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.transforms.userstate import ReadModifyWriteStateSpec, TimerSpec, on_timer
 
-from pipelines.engines.dofn_specs import remember_dofn_specs, remembering
+from pipelines.engines.dofn_specs import methods_key, remember_dofn_specs, remembering
 
 COUNT = ReadModifyWriteStateSpec("count", VarIntCoder())
 EXPIRY = TimerSpec("expiry", TimeDomain.WATERMARK)
@@ -57,7 +60,7 @@ def _counted():
 
 
 @pytest.mark.parametrize("make", [beam.DoFn, _Counting, _Timed, lambda: beam.Map(len).fn])
-def test_the_same_specs_as_beam_asked_once_per_object(make):
+def test_the_same_specs_as_beam_asked_once_per_set_of_methods(make):
     specs, calls = _counted()
     dofn = make()
     expected = _beams(dofn)
@@ -66,8 +69,42 @@ def test_the_same_specs_as_beam_asked_once_per_object(make):
     assert len(calls) == 1
     first[0].add("changed")  # fresh sets each call, as Beam's
     assert specs(dofn) == expected
-    other = make()
+    other = make()  # another object with the same methods (a bundle processor's copy)
     assert specs(other) == expected
+    assert len(calls) == 1
+
+
+def _timed_process(self, element, count=COUNT_PARAM, expiry=EXPIRY_PARAM):
+    yield element
+
+
+def test_an_object_with_other_methods_is_asked_again():
+    specs, calls = _counted()
+    assert specs(_Counting()) == ({COUNT}, set())
+    changed = _Counting()
+    changed.process = types.MethodType(_timed_process, changed)  # its own process method
+    assert _beams(changed) == ({COUNT}, {EXPIRY})
+    assert specs(changed) == ({COUNT}, {EXPIRY})
+    assert len(calls) == 2
+    assert specs(_Counting()) == ({COUNT}, set())  # the class's answer is still its own
+    assert len(calls) == 2
+
+
+class _Holder:
+    def method(self, element, count=COUNT_PARAM):
+        yield element
+
+
+def test_a_method_with_an_inspect_hook_is_asked_per_object():
+    """``beam.FlatMap(bound_method)``: Beam reads ``process``'s parameters through the DoFn's
+    ``_inspect_process`` hook, whose answer depends on the wrapped callable, so it is never
+    shared between objects."""
+    specs, calls = _counted()
+    first, second = beam.FlatMap(_Holder().method).fn, beam.FlatMap(_Holder().method).fn
+    assert methods_key(first) is None
+    assert specs(first) == _beams(first)
+    assert specs(second) == _beams(second)
+    assert specs(first) == _beams(first)
     assert len(calls) == 2
 
 
@@ -81,16 +118,19 @@ def test_state_and_timer_specs_are_found():
 def test_an_object_is_forgotten_when_it_dies_and_failures_are_never_kept():
     specs, calls = _counted()
     dofn = _Counting()
+    reference = weakref.ref(dofn)
     specs(dofn)
     del dofn
+    calls.clear()
     gc.collect()
+    assert reference() is None  # not held by what was kept
     assert specs(_Counting())[0] == {COUNT}
-    assert len(calls) == 2
+    assert not calls  # kept under its methods
     twice = _Twice()
     for _ in range(2):
         with pytest.raises(ValueError, match="duplicate"):
             specs(twice)
-    assert len(calls) == 4
+    assert len(calls) == 2
 
 
 def test_installed_once_and_a_stateful_pipeline_still_runs():
