@@ -165,12 +165,13 @@ def binary_rr_pair_delta(epsilon_local: float, respondents: int, epsilon: float)
 
     flip = 1.0 / (1.0 + math.exp(eps0))
     keep = 1.0 - flip
-    clones = np.array([float(n - 1)])
     # Count of ones K = Bin(n-1, flip) + victim bit (Bern(keep) for 1, Bern(flip) for 0). D(1||0)
-    # directly; D(0||1) by x -> n - x, which maps K to Bin(n-1, keep) + the complement bit.
-    one, _ = hockey_stick_shifted_binomial(clones, flip, np.array([keep]), np.array([flip]), eps)
-    zero, _ = hockey_stick_shifted_binomial(clones, keep, np.array([keep]), np.array([flip]), eps)
-    return float(max(one[0], zero[0]))
+    # directly; D(0||1) by x -> n - x, which maps K to Bin(n-1, keep) + the complement bit. Both
+    # in one call (elementwise, so each is what a call of its own gives; half the time).
+    one_zero, _ = hockey_stick_shifted_binomial(
+        np.full(2, float(n - 1)), np.array([flip, keep]), np.full(2, keep), np.full(2, flip), eps
+    )
+    return float(max(one_zero[0], one_zero[1]))
 
 
 def binary_rr_pair_epsilon(

@@ -171,6 +171,23 @@ def test_conditional_divergence_matches_mpmath(clones, rho, high, low, epsilon):
     assert value[0] == pytest.approx(float(total), rel=1e-9)
 
 
+def test_divergences_side_by_side_are_each_the_divergence_alone():
+    """hockey_stick_shifted_binomial is elementwise: several pairs in one call give bit for bit
+    what a call per pair gives (binary_rr_pair_delta asks both directions at once)."""
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        clones = np.floor(10 ** rng.uniform(0, 6, size=3))
+        rho, high = rng.uniform(0.01, 0.99, size=3), rng.uniform(0.5, 0.99, size=3)
+        low, epsilon = high * rng.uniform(0.0, 1.0, size=3), float(rng.uniform(0, 5))
+        together = hockey_stick_shifted_binomial(clones, rho, high, low, epsilon)
+        for index in range(3):
+            alone = hockey_stick_shifted_binomial(
+                clones[index : index + 1], rho[index], high[index : index + 1],
+                low[index : index + 1], epsilon,
+            )  # fmt: skip
+            assert together[0][index] == alone[0][0] and together[1][index] == alone[1][0]
+
+
 def test_reference_values():
     assert acc.tight_bound("binary_rr", 4.0, 100_000, 1e-8).upper == pytest.approx(0.151, abs=5e-4)
     assert acc.tight_bound("binary_rr", 4.45, 120_000, 5e-8).upper == pytest.approx(0.163, abs=5e-4)
