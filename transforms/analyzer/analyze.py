@@ -52,6 +52,7 @@ from transforms.analyzer.report_files import (
 )
 from transforms.analyzer.tables import (
     ROWS_PER_BATCH,
+    SPILL_FILE_BYTES,
     WriteParts,
     WriteTableBatches,
     concat_compact,
@@ -62,7 +63,7 @@ from transforms.analyzer.tables import (
     longitudinal_table,
     pack_table,
     shard_of,
-    spill_batch,
+    spill_batches,
 )
 from transforms.common import avro_io
 from transforms.common.combiners import SumCounts
@@ -632,9 +633,11 @@ class EstimateBucket(beam.DoFn):
     reference the rows are tested against (the same lines, and the same table rows up to their
     order within a batch; every part file is sorted when written).
 
-    With ``spill_dir``, each batch is written to a file there (``analysis_tables.spill_batch``,
-    named by bucket key, tag and index) and ``(part, path)`` leaves instead of its bytes: the
-    groupings into parts then hold a path per batch, nothing that grows with the rows."""
+    With ``spill_dir``, a bucket's batches are written together to a file there
+    (``analysis_tables.spill_batches``, named by bucket key and index; a new file every
+    :data:`~transforms.analyzer.tables.SPILL_FILE_BYTES` of them) and ``(part, SpilledBatch)``
+    leaves instead of each batch's bytes: the groupings into parts then hold a file position
+    per batch, nothing that grows with the rows."""
 
     def __init__(
         self,
@@ -661,14 +664,29 @@ class EstimateBucket(beam.DoFn):
         if bucket is None:
             return
         part = shard_of(unit, self._parts)
-        batches: dict[str, int] = {}
+        to_spill: list[tuple[str, bytes]] = []  # batches to spill, with their tags
+        files = [0]  # spill files written for this bucket (the same names on a retry)
 
-        def out(tag: str, data: bytes) -> beam.pvalue.TaggedOutput:
+        def spill() -> list[beam.pvalue.TaggedOutput]:
+            if not to_spill:
+                return []
+            name = f"{unit[0]}-{unit[1]}-{unit[2]}-b{unit[3]:05d}-{files[0]:05d}"
+            files[0] += 1
+            spilled = spill_batches(self._spill_dir, name, [data for _, data in to_spill])
+            tags = [tag for tag, _ in to_spill]
+            to_spill.clear()
+            return [
+                beam.pvalue.TaggedOutput(tag, (part, where))
+                for tag, where in zip(tags, spilled, strict=True)
+            ]
+
+        def out(tag: str, data: bytes) -> list[beam.pvalue.TaggedOutput]:
             if self._spill_dir is None:
-                return beam.pvalue.TaggedOutput(tag, (part, data))
-            index = batches[tag] = batches.get(tag, -1) + 1  # the same names on a retry
-            name = f"{tag}/{unit[0]}-{unit[1]}-{unit[2]}-b{unit[3]:05d}-{index:05d}"
-            return beam.pvalue.TaggedOutput(tag, (part, spill_batch(self._spill_dir, name, data)))
+                return [beam.pvalue.TaggedOutput(tag, (part, data))]
+            to_spill.append((tag, data))
+            if sum(len(data) for _, data in to_spill) < SPILL_FILE_BYTES:
+                return []
+            return spill()
 
         tables = {HISTOGRAM_TAG: _Batches(self._rows_per_batch)}
         tables[LONGITUDINAL_TAG] = _Batches(self._rows_per_batch)
@@ -726,7 +744,7 @@ class EstimateBucket(beam.DoFn):
                     totals["with_notes"] = totals.get("with_notes", 0) + len(rows.positions)
                 batch = tables[HISTOGRAM_TAG].add(rows.table)
                 if batch is not None:
-                    yield out(HISTOGRAM_TAG, pack_table(batch))
+                    yield from out(HISTOGRAM_TAG, pack_table(batch))
                 for picture in rows.pictures:
                     yield beam.pvalue.TaggedOutput(PICTURE_TAG, picture)
         for position in sorted(single):
@@ -745,16 +763,16 @@ class EstimateBucket(beam.DoFn):
                 tag = LONGITUDINAL_TAG if key[0] == arithmetic.LONGITUDINAL else HISTOGRAM_TAG
                 batch = tables[tag].add(table)
                 if batch is not None:
-                    yield out(tag, pack_table(batch))
+                    yield from out(tag, pack_table(batch))
                 if key in pictured:
                     yield beam.pvalue.TaggedOutput(PICTURE_TAG, (report, table))
         for tag, pending in tables.items():
             batch = pending.flush()
             if batch is not None:
-                yield out(tag, pack_table(batch))
+                yield from out(tag, pack_table(batch))
         if positions:  # in the crowds' order (a crowd's several lines in theirs)
             order = np.argsort(np.array(positions, dtype=np.int64), kind="stable").tolist()
-            yield out(
+            yield from out(
                 REPORT_TAG,
                 pack_lines(
                     [heads[i] for i in order],
@@ -771,7 +789,8 @@ class EstimateBucket(beam.DoFn):
         if notes:
             totals["withheld"] = len(notes)
             notes_lines = [json_line(note) for note in notes]
-            yield out(NOTE_TAG, pack_lines(notes_lines, [note_order(note) for note in notes]))
+            yield from out(NOTE_TAG, pack_lines(notes_lines, [note_order(note) for note in notes]))
+        yield from spill()
         yield totals
 
 

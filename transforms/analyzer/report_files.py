@@ -373,7 +373,7 @@ def write_json_part(
     order: Callable[[Mapping[str, Any]], tuple],
 ) -> str:
     """One JSON Lines part: the lines of the shard's :func:`pack_lines` batches (or the paths
-    ``analysis_tables.spill_batch`` wrote them to), sorted by ``order`` of the record each line
+    where ``analysis_tables.spill_batches`` spilled them), sorted by ``order`` of the record each line
     holds (the same order as the records'): the sort keys a batch carries, else each line read
     back. The part's bytes are joined once from the lines' pieces."""
     heads: list[bytes] = []

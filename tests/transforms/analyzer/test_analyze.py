@@ -40,8 +40,10 @@ from transforms.analyzer.tables import (
     WriteTableBatches,
     concat_compact,
     histogram_schema,
+    load_batch,
     pack_table,
     sorted_rows,
+    spill_batches,
     table_parts,
     write_part,
 )
@@ -240,13 +242,14 @@ def test_estimate_and_write_analysis(release_files, tmp_path, spill):
         ) | AggregateReleases(BOOK, {1}, read_crowds=_pairs)
         estimates = aggregated.buckets | EstimateBuckets(config, spill_dir=spill_dir)
         _ = (estimates, aggregated.counts) | WriteAnalysis(str(output), config, {"test": True})
-    if spill:  # one batch per kind of output of the one bucket, named by its key and index
-        spilled = {p.parent.name: p.name for p in (tmp_path / "spilled").glob("*/*")}
-        assert spilled.keys() == {"histogram", "report", "note"}
-        assert (
-            spilled["report"]
-            == f"{arithmetic.HISTOGRAM}-{T0}-{T0 + DAY}-b{arithmetic.bucket_key(KEY)[3]:05d}-00000"
-        )
+    if spill:  # a bucket's batches in one file, named by its key: the crowd's bucket (its
+        # histogram rows and report) and the withheld crowd's, a day later (its note)
+        spilled = {p.name for p in (tmp_path / "spilled").iterdir() if p.name != TEMPORARY_DIR}
+        bucket = arithmetic.bucket_key(KEY)[3]
+        assert spilled == {
+            f"{arithmetic.HISTOGRAM}-{start}-{start + DAY}-b{bucket:05d}-00000"
+            for start in (T0, T0 + DAY)
+        }
     table = pq.read_table(output / "histograms.parquet")
     assert table.schema == histogram_schema(config)
     assert table.column("bucket").to_pylist() == list(range(8))
@@ -271,6 +274,19 @@ def test_estimate_and_write_analysis(release_files, tmp_path, spill):
     [withheld] = reports["withheld"]
     assert withheld["window_start"] == T0 + DAY and not withheld["estimated"]
     assert summary["inputs"] == {"test": True}
+
+
+def test_spilled_batches_are_read_back_and_a_short_file_is_an_error_naming_it(tmp_path):
+    batches = [b"first", b"", bytes(range(256)) * 40, b"last"]
+    spilled = spill_batches(str(tmp_path), "bucket-00000", batches)
+    assert [load_batch(where) for where in spilled] == batches
+    assert {where.path for where in spilled} == {str(tmp_path / "bucket-00000")}
+    assert load_batch(b"inline") == b"inline"
+    path = tmp_path / "bucket-00000"
+    path.write_bytes(path.read_bytes()[:-2])  # truncated after it was written
+    assert load_batch(spilled[1]) == b""
+    with pytest.raises(OSError, match="bucket-00000: a spilled batch of 4 bytes at 10245 holds 2"):
+        load_batch(spilled[3])
 
 
 def test_table_batches_are_written_in_parts_without_a_whole_table_gather(tmp_path):
