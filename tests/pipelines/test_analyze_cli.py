@@ -265,14 +265,14 @@ def test_spilled_estimates_live_under_the_temp_location_and_are_removed(
     from transforms.analyzer import analyze as analyze_transforms
 
     written: list[str] = []
-    spill = analyze_transforms.spill_batch
+    spill = analyze_transforms.spill_batches
 
-    def recording(directory: str, name: str, data: bytes) -> str:
-        path = spill(directory, name, data)
-        written.append(path)
-        return path
+    def recording(directory: str, name: str, batches: list[bytes]) -> list:
+        spilled = spill(directory, name, batches)
+        written.extend(where.path for where in spilled)
+        return spilled
 
-    monkeypatch.setattr(analyze_transforms, "spill_batch", recording)
+    monkeypatch.setattr(analyze_transforms, "spill_batches", recording)
     root, _ = releases
     output, temp = tmp_path / "a", tmp_path / "temp"
     code, _, err = _analyze("--input", str(root), "--output", str(output),

@@ -181,9 +181,12 @@ class DecodeReleaseFile(beam.DoFn):
         dense_limit: int = arithmetic.DENSE_LIMIT,
         key_ring: str | None = None,
         buckets: int = arithmetic.ANALYZER_BUCKETS,
+        release_buckets: Mapping[str, Any] | None = None,
     ) -> None:
         self._book = book
         self._buckets = int(buckets)
+        # release directory -> its crowd_buckets S (release_file_analyzer_bucket)
+        self._release_buckets = dict(release_buckets or {})
         self._versions = tuple(sorted(supported_versions))
         self._batch_records = batch_records
         self._dense_limit = dense_limit
@@ -232,6 +235,7 @@ class DecodeReleaseFile(beam.DoFn):
         expect = schema_json("shuffled_message")  # else the whole file is schema_mismatch
         window = None if piece.whole else (piece.start, piece.stop, piece.first_record)
         bucket = release_bucket(path)
+        every_crowd_in = release_file_analyzer_bucket(bucket, self._buckets, self._release_buckets)
         for item in avro_io.read_counted_batches(path, self._batch_records, expect, window):
             if isinstance(item, avro_io.UnreadableChunk):
                 self._unreadable = True
@@ -288,7 +292,7 @@ class DecodeReleaseFile(beam.DoFn):
                     )
                     accumulators = _with_rejections(accumulators, found)
             buckets = arithmetic.bucket_accumulators(
-                accumulators, self._buckets, rows, self._known_buckets
+                accumulators, self._buckets, rows, self._known_buckets, every_crowd_in
             )
             yield from buckets.items()
         yield beam.pvalue.TaggedOutput(COUNTS_TAG, counts)
@@ -518,6 +522,26 @@ def table_analyzer_bucket(table: CrowdTable, buckets: int) -> int | None:
         return None
     found = release_bucket(table[1])
     return None if found is None else found[1].bucket % buckets
+
+
+def release_file_analyzer_bucket(
+    found: tuple[str, BucketKey] | None, buckets: int, release_buckets: Mapping[str, Any]
+) -> int | None:
+    """The analyzer's bucket (of ``buckets``) of every crowd of a release's message file, from
+    its name (``found``: :func:`release_bucket` of its path) and its release's crowd_buckets S
+    (``release_buckets``: release directory -> S), without hashing a crowd, when ``buckets``
+    divides S: (h mod S) mod A = h mod A, as :func:`table_analyzer_bucket`. Why a crowd's
+    messages in the file of stem bucket b hash to b: every record read is counted for the
+    crowd-count check (``pipelines.release_counts``), which refuses the release unless each
+    crowd of a bucket's files is one its crowd table releases; the driver checked that each
+    crowd of that table hashes to the stem's bucket; and nothing is estimated or written
+    before the check has passed. None otherwise (each crowd is hashed)."""
+    if found is None:
+        return None
+    shuffler_buckets = release_buckets.get(found[0])
+    if type(shuffler_buckets) is not int or shuffler_buckets < 1 or shuffler_buckets % buckets:
+        return None
+    return found[1].bucket % buckets
 
 
 class TableCrowds(Sequence[tuple[int, Mapping[str, Any]]]):
@@ -750,7 +774,8 @@ class AggregateReleases(beam.PTransform):
     ``read_crowd_groups(sources)``, each source is a list of sources, read together into
     ``(source, its pairs)`` (:func:`pinned_crowd_table_group_records`), with
     ``part_bucket`` (:class:`CrowdBuckets`); ``buckets``: the analyzer's number of crowd
-    buckets."""
+    buckets; ``release_buckets``: release directory -> its crowd_buckets, for the bucket of a
+    message file's crowds without hashing them (:func:`release_file_analyzer_bucket`)."""
 
     def __init__(
         self,
@@ -766,11 +791,18 @@ class AggregateReleases(beam.PTransform):
         read_crowd_groups: Callable[[Any], Iterable[tuple[Any, Iterable[tuple[int, Any]]]]]
         | None = None,
         part_bucket: Callable[[Any, int], int | None] | None = None,
+        release_buckets: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self._plan = PlanRanges(range_records)
         self._decode = DecodeReleaseFile(
-            book, supported_versions, batch_records, dense_limit, key_ring=key_ring, buckets=buckets
+            book,
+            supported_versions,
+            batch_records,
+            dense_limit,
+            key_ring=key_ring,
+            buckets=buckets,
+            release_buckets=release_buckets,
         )
         if read_crowd_groups is not None:  # each source a list of sources
             self._crowds = CrowdBuckets(

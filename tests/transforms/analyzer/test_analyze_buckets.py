@@ -285,6 +285,67 @@ def test_a_tables_crowds_are_in_the_analyzer_bucket_its_stem_gives(shuffler, ana
     assert table_analyzer_bucket((0, path, "0" * 64, True), 1) is None  # bool is no count
 
 
+@pytest.mark.parametrize(("shuffler", "analyzer"), [(16, 16), (16, 4), (32, 16), (16, 5)])
+def test_a_message_files_crowds_are_in_the_analyzer_bucket_its_stem_gives(
+    tmp_path, shuffler, analyzer
+):
+    """release_file_analyzer_bucket: a release's message files (each crowd in the file of the
+    stem bucket it hashes to, as the crowd-count check makes sure) give the same buckets read
+    with the release's crowd_buckets as hashing each crowd; None unless the counts divide."""
+    from transforms.analyzer.aggregate import release_bucket, release_file_analyzer_bucket
+
+    rng = seeded_generator(5)
+    release = tmp_path / "release"
+    (release / "messages").mkdir(parents=True)
+    crowds = [(day, f"c{i:03d}") for day in (0, 1) for i in range(120)]
+    stems: dict[tuple[int, int], list[int]] = {}
+    for index, (day, crowd_id) in enumerate(crowds):
+        stem = crowd_bucket(ONE_HOT.channel, ONE_HOT.id, crowd_id, shuffler)
+        stems.setdefault((day, stem), []).append(index)
+    paths = []
+    for (day, stem), members in sorted(stems.items()):
+        sizes = rng.integers(1, 6, size=len(members))
+        row_crowd = np.repeat(members, sizes)
+        payloads = encode_payloads("bucket", {"bucket": rng.integers(0, 16, row_crowd.size)})
+        payloads = payloads.to_arrow()
+        start = T0 + day * DAY
+        columns = {
+            "schema_version": 1,
+            "window_start": np.full(row_crowd.size, start, dtype=np.int64),
+            "window_end": np.full(row_crowd.size, start + DAY, dtype=np.int64),
+            "channel": ONE_HOT.channel,
+            "recipe_id": ONE_HOT.id,
+            "crowd_id": pa.array([crowds[c][1] for c in row_crowd], pa.string()),
+            "payload": payloads,
+            "payload_crc32c": crc32c_many(payloads).astype(np.int64),
+        }
+        path = release / "messages" / f"{start}-u0-b{stem:05d}-g00000.avro"
+        container = encode_container(schema_json("shuffled_message"), columns, row_crowd.size)
+        path.write_bytes(container)
+        paths.append(str(path))
+
+    def buckets(release_buckets):
+        decode = DecodeReleaseFile(BOOK, {1}, buckets=analyzer, release_buckets=release_buckets)
+        decode.setup()
+        combine, merged = CombineBucket(), {}
+        for path in paths:
+            for unit, bucket in (o for o in decode.process(path) if isinstance(o, tuple)):
+                merged[unit] = combine.add_input(merged.get(unit), bucket)
+        return {unit: _snapshot(combine.extract_output(b)) for unit, b in merged.items()}
+
+    given = {str(release): shuffler}
+    known = [release_file_analyzer_bucket(release_bucket(p), analyzer, given) for p in paths]
+    if shuffler % analyzer:
+        assert known == [None] * len(paths)
+    else:
+        assert None not in known
+    assert buckets(given) == buckets(None) and len(buckets(None)) > 2
+    found = release_bucket(paths[0])
+    assert release_file_analyzer_bucket(found, analyzer, {}) is None  # an unknown release
+    assert release_file_analyzer_bucket(found, 1, {str(release): True}) is None  # no count
+    assert release_file_analyzer_bucket(None, 1, given) is None  # not a release file's name
+
+
 def test_a_combined_bucket_is_densified_as_rows_like_its_accumulators():
     """CombineBucket.extract_output densifies a bucket whose added parts still wait packed as
     rows (no accumulator per crowd), with the counts densify gives the same crowds as

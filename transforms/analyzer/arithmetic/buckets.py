@@ -616,15 +616,24 @@ def bucket_accumulators(
     buckets: int = ANALYZER_BUCKETS,
     rows: Sequence[CrowdRows] = (),
     known: dict[tuple[Any, Any, Any], int] | None = None,
+    every_crowd_in: int | None = None,
 ) -> dict[AnalysisBucketKey, CrowdBucket]:
     """Partial accumulators per crowd (one batch's) as partial buckets; ``rows``: more of the
     batch's crowds as :class:`CrowdRows` (``aggregate_batch(as_rows=True)``), put into their
     buckets' rows with numpy (no accumulator per crowd), the crowds of a bucket that also
     holds accumulators made accumulators. ``known``: ``(channel, recipe_id, crowd_id)`` ->
-    bucket of earlier calls with the same ``buckets`` (:func:`crowd_buckets_known`)."""
+    bucket of earlier calls with the same ``buckets`` (:func:`crowd_buckets_known`).
+    ``every_crowd_in``: the crowd bucket of every crowd of the batch, when the caller knows it
+    (no crowd hashed; ``transforms.analyzer.aggregate.release_file_analyzer_bucket``)."""
     out: dict[AnalysisBucketKey, CrowdBucket] = {}
     keys = list(accumulators)
-    for key, bucket in zip(keys, _buckets_of(keys, buckets, known), strict=True):
+
+    def buckets_of(keys: Sequence[CrowdKey]) -> list[int]:
+        if every_crowd_in is not None:
+            return [every_crowd_in] * len(keys)
+        return _buckets_of(keys, buckets, known)
+
+    for key, bucket in zip(keys, buckets_of(keys), strict=True):
         unit = (key[0], int(key[1]), int(key[2]), bucket)
         partial = out.get(unit)
         if partial is None:
@@ -634,7 +643,7 @@ def bucket_accumulators(
     for part in rows:
         if not part.keys:
             continue
-        index, codes = _row_units(part.keys, _buckets_of(part.keys, buckets, known))
+        index, codes = _row_units(part.keys, buckets_of(part.keys))
         order = np.argsort(codes, kind="stable")  # each unit's crowds in the batch's order
         bounds = np.searchsorted(codes[order], np.arange(len(index) + 1)).tolist()
         for code, unit in enumerate(index):
