@@ -559,11 +559,3 @@ def test_a_table_s_columns_count_rows_as_its_crowd_dicts_do() -> None:
         expected = Counter(tuple(row[name] for name in names[:width]) for row in rows)
         assert crowds.count_by(names[:width]) == dict(expected)
     assert crowds.rows() == rows and crowds == rows and list(crowds) == rows
-    holes = pa.table({"recipe_id": ["a", None, "a", None], "status": [None, None, None, "x"]})
-    assert rc.CrowdColumns(holes).count_by(["recipe_id", "status"]) == {
-        ("a", None): 2,
-        (None, None): 1,
-        (None, "x"): 1,
-    }
-    assert rc.CrowdColumns(holes).count_by(["status", "status"]) == {(None, None): 3, ("x", "x"): 1}
-    assert rc.CrowdColumns(holes.slice(0, 0)).count_by(["recipe_id"]) == {}
