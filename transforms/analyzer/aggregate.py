@@ -715,9 +715,9 @@ class CombineBucket(beam.CombineFn):
 
     The empty accumulator is ``None``. Inputs are never modified in value: buckets are added
     lazily as their packed blobs (``CrowdBucket.add``), so every key's accumulator stays mostly
-    compressed while a bundle is combined; ``compact`` packs a bucket into one blob before it
-    crosses the grouping; ``extract_output`` counts small domains densely
-    (``CrowdBucket.densify``).
+    compressed while a bundle is combined; ``compact`` packs a bucket that holds objects before
+    it crosses the grouping, and lets one made of blobs cross as them (``CrowdBucket.compact``);
+    ``extract_output`` counts small domains densely (``CrowdBucket.densify``).
     """
 
     def __init__(self, dense_limit: int = arithmetic.DENSE_LIMIT) -> None:
@@ -747,7 +747,7 @@ class CombineBucket(beam.CombineFn):
         return result
 
     def compact(self, accumulator: arithmetic.CrowdBucket | None) -> arithmetic.CrowdBucket | None:
-        return None if accumulator is None else accumulator.pack()
+        return None if accumulator is None else accumulator.compact()
 
     def extract_output(
         self, accumulator: arithmetic.CrowdBucket | None

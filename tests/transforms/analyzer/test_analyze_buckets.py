@@ -598,6 +598,51 @@ def test_a_bucket_combined_from_one_input_crosses_as_that_inputs_blob():
     assert not extracted.crowds[_key(0, "later")].counts.is_dense
 
 
+def test_a_bucket_combined_from_several_blobs_crosses_as_them_unopened(monkeypatch):
+    """A combiner's bucket made of blobs only (its first input's and those added after it)
+    is not folded by compact: it crosses the grouping as those blobs, and where it is read
+    (merged, extracted) holds what adding the inputs at once holds, densified; a second
+    combine of such buckets takes all of their blobs."""
+    rng = seeded_generator(6)
+    inputs = []
+    for part in range(4):  # counts in the even parts, respondents of the same crowds in the odd
+        crowds = {}
+        for index in range(30):
+            if part % 2:
+                accumulator = arithmetic.CrowdAccumulator.empty(16, 0)
+                accumulator.set_respondents(part, 3)
+            else:
+                accumulator = arithmetic.CrowdAccumulator.empty(16)
+                accumulator.add_messages(rng.integers(0, 16, size=4))
+            crowds[_key(part // 2, f"c{index}")] = accumulator
+        inputs.append(arithmetic.CrowdBucket(crowds))
+    blobs = [bucket.__getstate__() for bucket in inputs]
+    combine = CombineBucket(dense_limit=1 << 12)
+    halves = []
+    for pair in (inputs[:2], inputs[2:]):
+        accumulator = None
+        for bucket in pair:
+            accumulator = combine.add_input(accumulator, pickle.loads(pickle.dumps(bucket)))
+        halves.append(combine.compact(accumulator))
+    opened = []
+    monkeypatch.setattr(arithmetic.buckets, "_unpack", lambda blob: opened.append(blob))
+    crossed = [pickle.loads(pickle.dumps(half)) for half in halves]
+    assert [half.__getstate__() for half in crossed] == [
+        (blobs[0], None, (blobs[1],)),
+        (blobs[2], None, (blobs[3],)),
+    ]
+    merged = combine.merge_accumulators(crossed)
+    assert merged.__getstate__() == (blobs[0], None, tuple(blobs[1:]))
+    assert not opened  # nothing unpacked on the way
+    monkeypatch.undo()
+    reference = arithmetic.CrowdBucket()
+    for bucket in inputs:
+        reference.merge(bucket)
+    reference.densify(1 << 12)
+    assert _snapshot(combine.extract_output(merged)) == _snapshot(reference)
+    assert len(reference) == 60
+
+
 def test_row_units_number_units_in_the_order_of_their_first_crowd() -> None:
     """_row_units (numpy when the crowds share one window) numbers the units as a dict filled
     crowd by crowd would, for keys of one window and of several."""

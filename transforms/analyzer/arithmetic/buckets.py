@@ -515,14 +515,31 @@ class CrowdBucket:
             return
         if self._dense_limit is not None:  # densified before other was added
             self._own_content()
-        if not isinstance(state, bytes):  # other's waiting densify applied to its blob first
+        if isinstance(state, bytes):
+            blobs = [state]
+        elif len(state) == 3 and state[1] is None:  # other's blob and the blobs waiting in it
+            blobs = [state[0], *state[2]]
+        else:  # other's waiting densify applied to its blob first
             other._own_content()
-            state = other.__getstate__()
-        blob = state
-        self._pending.append(blob)
-        self._pending_bytes += len(blob)
+            blobs = [other.__getstate__()]
+        self._pending.extend(blobs)
+        self._pending_bytes += sum(map(len, blobs))
         if self._pending_bytes >= max(PENDING_BYTES, len(self._packed or b"")):
             self.pack()
+
+    def compact(self) -> CrowdBucket:
+        """What a combiner does before a bucket crosses a grouping: :meth:`pack` a bucket that
+        holds objects; a bucket that is only blobs (its own and those :meth:`add` left waiting)
+        is left so, and crosses as them (:meth:`__getstate__`), to be folded where it is read:
+        folding here would unpack them, add them and pack the sum, which the reader would
+        unpack again. Returns ``self``."""
+        if not self._blobs_only():
+            self.pack()
+        return self
+
+    def _blobs_only(self) -> bool:
+        """Whether the content is the packed blob and the waiting ones, nothing unpacked."""
+        return self._crowds is None and self._content is None and self._dense_limit is None
 
     def _is_new(self) -> bool:
         """Whether nothing was put in this bucket yet (as made by ``CrowdBucket()``)."""
@@ -535,19 +552,31 @@ class CrowdBucket:
             and self._dense_limit is None
         )
 
-    def __getstate__(self) -> bytes | tuple[bytes, int]:
-        """The blob (:meth:`pack`), with the limit of a :meth:`densify` still to apply."""
+    def __getstate__(self) -> bytes | tuple[bytes, int] | tuple[bytes, None, tuple[bytes, ...]]:
+        """The blob (:meth:`pack`), with the limit of a :meth:`densify` still to apply; a
+        bucket that is only blobs with some waiting (:meth:`compact`): its blob, None and the
+        waiting blobs, none of them opened."""
+        if self._pending and self._blobs_only():
+            return self._packed or b"", None, tuple(self._pending)
         self.pack()
         if self._dense_limit is not None:
             return self._packed or b"", self._dense_limit
         return self._packed or b""
 
-    def __setstate__(self, state: bytes | tuple[bytes, int]) -> None:
+    def __setstate__(
+        self, state: bytes | tuple[bytes, int] | tuple[bytes, None, tuple[bytes, ...]]
+    ) -> None:
         self._crowds = self._withheld = None
         self._content = None
-        self._packed, self._dense_limit = state if isinstance(state, tuple) else (state, None)
         self._pending = []
-        self._pending_bytes = 0
+        if isinstance(state, bytes):
+            self._packed, self._dense_limit = state, None
+        elif len(state) == 3:
+            self._packed, self._dense_limit = state[0], None
+            self._pending = list(state[2])
+        else:
+            self._packed, self._dense_limit = state
+        self._pending_bytes = sum(map(len, self._pending))
 
     def __len__(self) -> int:
         return len(self._open()[0])
