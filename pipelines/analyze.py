@@ -111,6 +111,7 @@ from schemas.release.crowd_tables import CrowdColumns
 from transforms.analyzer import arithmetic
 from transforms.analyzer.aggregate import (
     AggregateReleases,
+    commit_crowd_buckets,
     crowd_table_bucket,
     pinned_crowd_table_group_records,
     pinned_crowd_table_groups,
@@ -520,18 +521,6 @@ def remove_results(output: str) -> None:
                 FileSystems.delete([path])
 
 
-def release_crowd_buckets(releases: Sequence[Release]) -> dict[str, Any]:
-    """Release directory -> the crowd_buckets its commit record states (None if it states none
-    as a mapping of parameters)."""
-    out: dict[str, Any] = {}
-    for opened in releases:
-        parameters = opened.commit.get("parameters")
-        out[opened.path] = (
-            parameters.get("crowd_buckets") if isinstance(parameters, Mapping) else None
-        )
-    return out
-
-
 def analysis_spill_dir(output: str, temp_location: str | None) -> str:
     """Where the estimates' batches are spilled while the analysis runs (removed by ``run`` on
     success and on failure): ``<--temp_location>/esa-analysis/<digest of OUTPUT>`` when the
@@ -655,7 +644,8 @@ def run(
         buckets=arithmetic.analyzer_buckets(selection.unit_crowds()),
         read_crowd_groups=pinned_crowd_table_group_records,
         part_bucket=table_analyzer_bucket,  # no crowd hashed when the bucket counts divide
-        release_buckets=release_crowd_buckets(releases),  # the same for message files
+        # the same for message files, with each release's crowd_buckets
+        release_buckets={r.path: commit_crowd_buckets(r.commit) for r in releases},
         stated_bucket=crowd_table_bucket,  # the count check's figures, from the same read
     )
     # The estimates' batches are spilled to files; the groupings into parts carry their paths.

@@ -51,11 +51,12 @@ def methods_key(dofn: Any) -> tuple[tuple, tuple] | None:
     parts: list[Any] = [type(dofn)]
     held: list[Any] = [type(dofn)]
     names = dir(dofn)
+    present = set(names)
     for name in names:
         value = getattr(dofn, name, None)
         if not isinstance(value, types.MethodType):
             continue
-        if f"_inspect_{name}" in names:
+        if f"_inspect_{name}" in present:
             return None
         function = value.__func__
         sources = [getattr(function, source, None) for source in _SIGNATURE_SOURCES]

@@ -491,14 +491,20 @@ TABLES_PER_ELEMENT = 8
 CrowdTable = tuple[int, str, str, Any]
 
 
+def commit_crowd_buckets(record: Mapping[str, Any]) -> Any:
+    """The ``crowd_buckets`` parameter a commit record states (None when it states none as a
+    mapping of parameters); checked by whoever uses it."""
+    parameters = record.get("parameters")
+    return parameters.get("crowd_buckets") if isinstance(parameters, Mapping) else None
+
+
 def pinned_crowd_table_groups(commit: tuple[int, str, str | None]) -> Iterator[list[CrowdTable]]:
     """:func:`pinned_crowd_tables` with the record's ``crowd_buckets`` parameter, in lists of
     at most :data:`TABLES_PER_ELEMENT` (one element each: their tables are decoded together,
     :func:`pinned_crowd_table_group_records`)."""
     instance, directory, sha256 = commit
     record = read_pinned_commit(directory, sha256)
-    parameters = record.get("parameters")
-    shuffler_buckets = parameters.get("crowd_buckets") if isinstance(parameters, dict) else None
+    shuffler_buckets = commit_crowd_buckets(record)
     group: list[CrowdTable] = []
     for entry in record["files"]:
         if entry["path"].startswith(CROWDS_DIR + "/"):
@@ -520,10 +526,7 @@ def table_analyzer_bucket(table: CrowdTable, buckets: int) -> int | None:
     (``check_crowd_table``) and a worker reads the table only with the SHA-256 it verified.
     None otherwise (each crowd is hashed)."""
     shuffler_buckets = table[3] if len(table) > 3 else None
-    if type(shuffler_buckets) is not int or shuffler_buckets < 1 or shuffler_buckets % buckets:
-        return None
-    found = release_bucket(table[1])
-    return None if found is None else found[1].bucket % buckets
+    return _stem_analyzer_bucket(release_bucket(table[1]), shuffler_buckets, buckets)
 
 
 def release_file_analyzer_bucket(
@@ -538,12 +541,18 @@ def release_file_analyzer_bucket(
     crowd of a bucket's files is one its crowd table releases; the driver checked that each
     crowd of that table hashes to the stem's bucket; and nothing is estimated or written
     before the check has passed. None otherwise (each crowd is hashed)."""
-    if found is None:
+    shuffler_buckets = None if found is None else release_buckets.get(found[0])
+    return _stem_analyzer_bucket(found, shuffler_buckets, buckets)
+
+
+def _stem_analyzer_bucket(
+    found: tuple[str, BucketKey] | None, shuffler_buckets: Any, buckets: int
+) -> int | None:
+    """The analyzer's bucket of a release file's stem bucket (``found``: :func:`release_bucket`)
+    when ``buckets`` divides the release's ``shuffler_buckets`` (a positive int); else None."""
+    if found is None or type(shuffler_buckets) is not int or shuffler_buckets < 1:
         return None
-    shuffler_buckets = release_buckets.get(found[0])
-    if type(shuffler_buckets) is not int or shuffler_buckets < 1 or shuffler_buckets % buckets:
-        return None
-    return found[1].bucket % buckets
+    return None if shuffler_buckets % buckets else found[1].bucket % buckets
 
 
 class TableCrowds(Sequence[tuple[int, Mapping[str, Any]]]):

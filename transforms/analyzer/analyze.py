@@ -664,29 +664,12 @@ class EstimateBucket(beam.DoFn):
         if bucket is None:
             return
         part = shard_of(unit, self._parts)
-        to_spill: list[tuple[str, bytes]] = []  # batches to spill, with their tags
-        files = [0]  # spill files written for this bucket (the same names on a retry)
-
-        def spill() -> list[beam.pvalue.TaggedOutput]:
-            if not to_spill:
-                return []
-            name = f"{unit[0]}-{unit[1]}-{unit[2]}-b{unit[3]:05d}-{files[0]:05d}"
-            files[0] += 1
-            spilled = spill_batches(self._spill_dir, name, [data for _, data in to_spill])
-            tags = [tag for tag, _ in to_spill]
-            to_spill.clear()
-            return [
-                beam.pvalue.TaggedOutput(tag, (part, where))
-                for tag, where in zip(tags, spilled, strict=True)
-            ]
+        spill = None if self._spill_dir is None else _BucketSpill(self._spill_dir, unit, part)
 
         def out(tag: str, data: bytes) -> list[beam.pvalue.TaggedOutput]:
-            if self._spill_dir is None:
+            if spill is None:
                 return [beam.pvalue.TaggedOutput(tag, (part, data))]
-            to_spill.append((tag, data))
-            if sum(len(data) for _, data in to_spill) < SPILL_FILE_BYTES:
-                return []
-            return spill()
+            return spill.add(tag, data)
 
         tables = {HISTOGRAM_TAG: _Batches(self._rows_per_batch)}
         tables[LONGITUDINAL_TAG] = _Batches(self._rows_per_batch)
@@ -790,8 +773,40 @@ class EstimateBucket(beam.DoFn):
             totals["withheld"] = len(notes)
             notes_lines = [json_line(note) for note in notes]
             yield from out(NOTE_TAG, pack_lines(notes_lines, [note_order(note) for note in notes]))
-        yield from spill()
+        if spill is not None:
+            yield from spill.flush()
         yield totals
+
+
+class _BucketSpill:
+    """One bucket's batches waiting to be spilled together (:class:`EstimateBucket` with a spill
+    directory): written to one file once they weigh :data:`SPILL_FILE_BYTES`, and at the
+    bucket's end, each file named by the bucket key and its index (the same names on a retry);
+    each batch leaves as ``(part, SpilledBatch)`` on its tag."""
+
+    def __init__(self, directory: str, unit: arithmetic.AnalysisBucketKey, part: int) -> None:
+        self._directory, self._unit, self._part = directory, unit, part
+        self._waiting: list[tuple[str, bytes]] = []  # (tag, batch)
+        self._bytes = 0
+        self._files = 0
+
+    def add(self, tag: str, data: bytes) -> list[beam.pvalue.TaggedOutput]:
+        self._waiting.append((tag, data))
+        self._bytes += len(data)
+        return self.flush() if self._bytes >= SPILL_FILE_BYTES else []
+
+    def flush(self) -> list[beam.pvalue.TaggedOutput]:
+        if not self._waiting:
+            return []
+        kind, start, end, bucket = self._unit
+        name = f"{kind}-{start}-{end}-b{bucket:05d}-{self._files:05d}"
+        tags, batches = zip(*self._waiting, strict=True)
+        spilled = spill_batches(self._directory, name, batches)
+        self._waiting, self._bytes, self._files = [], 0, self._files + 1
+        return [
+            beam.pvalue.TaggedOutput(tag, (self._part, where))
+            for tag, where in zip(tags, spilled, strict=True)
+        ]
 
 
 class EstimateOutputs(NamedTuple):

@@ -7,6 +7,7 @@ reach it as compressed Arrow IPC batches (:func:`pack_table`).
 
 from __future__ import annotations
 
+import itertools
 import math
 import struct
 import zlib
@@ -299,14 +300,10 @@ def spill_batches(directory: str, name: str, batches: Sequence[bytes]) -> list[S
     the batches of a bucket: creating a file costs more than writing a batch's few kilobytes
     (0.3-0.5 ms a file on a virtual disk: 475 files, 0.25 s of an analysis of 99,518 crowds,
     written in 160 files instead)."""
-    path = atomic_files.publish(
-        directory, name, lambda sink: [sink.write(batch) for batch in batches]
-    )
-    offsets = np.cumsum([0, *map(len, batches)]).tolist()
-    return [
-        SpilledBatch(path, offset, len(batch))
-        for offset, batch in zip(offsets[:-1], batches, strict=True)
-    ]
+    path = atomic_files.publish_bytes(directory, name, b"".join(batches))
+    sizes = [len(batch) for batch in batches]
+    ends = itertools.accumulate(sizes)
+    return [SpilledBatch(path, end - size, size) for end, size in zip(ends, sizes, strict=True)]
 
 
 def load_batch(batch: bytes | SpilledBatch) -> bytes:

@@ -118,6 +118,26 @@ def test_commit_buckets_hold_released_counts_and_withheld_records_in_their_bucke
         arithmetic.commit_buckets([(0, commit_crowd(T0, "onehot", -1))], BOOK, 4)
 
 
+def _write_message_file(
+    path, starts: np.ndarray, crowd_ids: list, values: np.ndarray, codec="null"
+):
+    """A shuffled-message file of ONE_HOT rows: each row's window start, crowd ID and bucket."""
+    payloads = encode_payloads("bucket", {"bucket": values}).to_arrow()
+    columns = {
+        "schema_version": 1,
+        "window_start": starts,
+        "window_end": starts + DAY,
+        "channel": ONE_HOT.channel,
+        "recipe_id": ONE_HOT.id,
+        "crowd_id": pa.array(crowd_ids, pa.string()),
+        "payload": payloads,
+        "payload_crc32c": crc32c_many(payloads).astype(np.int64),
+    }
+    path.write_bytes(
+        encode_container(schema_json("shuffled_message"), columns, len(crowd_ids), codec)
+    )
+
+
 def test_a_message_file_of_many_crowds_adds_up_per_crowd_in_bucket_elements(tmp_path):
     """Rows of 60 crowds over two windows in one file (grouped by crowd, as a bucket's message
     file is): every crowd's bucket sums equal its rows', one element per batch and bucket."""
@@ -126,22 +146,9 @@ def test_a_message_file_of_many_crowds_adds_up_per_crowd_in_bucket_elements(tmp_
     sizes = rng.integers(1, 40, size=len(crowds))
     row_crowd = np.repeat(np.arange(len(crowds)), sizes)
     values = rng.integers(0, 16, size=row_crowd.size)
-    payloads = encode_payloads("bucket", {"bucket": values}).to_arrow()
     starts = np.array([T0 + crowds[c][0] * DAY for c in row_crowd], dtype=np.int64)
-    columns = {
-        "schema_version": 1,
-        "window_start": starts,
-        "window_end": starts + DAY,
-        "channel": ONE_HOT.channel,
-        "recipe_id": ONE_HOT.id,
-        "crowd_id": pa.array([crowds[c][1] for c in row_crowd], pa.string()),
-        "payload": payloads,
-        "payload_crc32c": crc32c_many(payloads).astype(np.int64),
-    }
     path = tmp_path / "messages.avro"
-    path.write_bytes(
-        encode_container(schema_json("shuffled_message"), columns, row_crowd.size, "deflate")
-    )
+    _write_message_file(path, starts, [crowds[c][1] for c in row_crowd], values, "deflate")
     decode = DecodeReleaseFile(BOOK, {1}, batch_records=256, buckets=4)
     decode.setup()
     outputs = [out for out in decode.process(str(path)) if isinstance(out, tuple)]
@@ -306,22 +313,14 @@ def test_a_message_files_crowds_are_in_the_analyzer_bucket_its_stem_gives(
     for (day, stem), members in sorted(stems.items()):
         sizes = rng.integers(1, 6, size=len(members))
         row_crowd = np.repeat(members, sizes)
-        payloads = encode_payloads("bucket", {"bucket": rng.integers(0, 16, row_crowd.size)})
-        payloads = payloads.to_arrow()
         start = T0 + day * DAY
-        columns = {
-            "schema_version": 1,
-            "window_start": np.full(row_crowd.size, start, dtype=np.int64),
-            "window_end": np.full(row_crowd.size, start + DAY, dtype=np.int64),
-            "channel": ONE_HOT.channel,
-            "recipe_id": ONE_HOT.id,
-            "crowd_id": pa.array([crowds[c][1] for c in row_crowd], pa.string()),
-            "payload": payloads,
-            "payload_crc32c": crc32c_many(payloads).astype(np.int64),
-        }
         path = release / "messages" / f"{start}-u0-b{stem:05d}-g00000.avro"
-        container = encode_container(schema_json("shuffled_message"), columns, row_crowd.size)
-        path.write_bytes(container)
+        _write_message_file(
+            path,
+            np.full(row_crowd.size, start, dtype=np.int64),
+            [crowds[c][1] for c in row_crowd],
+            rng.integers(0, 16, row_crowd.size),
+        )
         paths.append(str(path))
 
     def buckets(release_buckets):
