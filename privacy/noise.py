@@ -184,6 +184,18 @@ def _uniform_below_u64(bounds: np.ndarray, source: RandomSource) -> np.ndarray:
     return result
 
 
+def _uniform_below_power_of_two(n: int, size: int, source: RandomSource) -> np.ndarray:
+    """Exactly uniform integers in {0, ..., n-1} for ``n`` = 2**k <= 2**16: the low k bits of
+    one little-endian byte (k <= 8) or two per value. Every value of the bytes is kept, so the
+    draw is uniform with no rejection, and it reads 1 or 2 bytes of ``source`` per value where
+    the general path reads 8 (the shuffler scatters every released message into 2**k slots)."""
+    width = 1 if n <= 1 << 8 else 2
+    words = np.frombuffer(
+        source.random_bytes(width * size), dtype=np.uint8 if width == 1 else "<u2"
+    )
+    return (words & (n - 1)).astype(np.int64)
+
+
 @overload
 def uniform_below(n: int, source: RandomSource, size: None = None) -> int: ...
 @overload
@@ -204,6 +216,10 @@ def uniform_below(n: int, source: RandomSource, size: int | None = None) -> int 
         raise ValueError(f"size must be >= 0, got {size}")
     if n > _VECTOR_DENOMINATOR_LIMIT:
         raise ValueError(f"n must be <= 2**63 when size is given, got {n}")
+    if n == 1:
+        return np.zeros(size, dtype=np.int64)
+    if n & (n - 1) == 0 and n <= 1 << 16:
+        return _uniform_below_power_of_two(n, size, source)
     bounds = np.full(size, n, dtype=np.uint64)
     return _uniform_below_u64(bounds, source).astype(np.int64)
 

@@ -95,6 +95,30 @@ def test_vector_uniform_below_is_uniform() -> None:
     assert stats.chisquare(np.bincount(values, minlength=7)).pvalue > P_FLOOR
 
 
+@pytest.mark.parametrize("n, width", [(2, 1), (16, 1), (256, 1), (512, 2), (1 << 16, 2)])
+def test_vector_uniform_below_a_power_of_two_keeps_the_low_bits_of_every_byte(
+    n: int, width: int
+) -> None:
+    # Every possible value of the 1 or 2 bytes read per draw is kept (no rejection) and its low
+    # log2(n) bits are the value: each output is hit by the same number of byte values.
+    words = np.arange(1 << (8 * width), dtype=np.uint64)
+    data = words.astype(np.uint8 if width == 1 else "<u2").tobytes()
+    source = ScriptedSource(data)
+    values = noise.uniform_below(n, source, size=words.size)
+    assert source.consumed == len(data)
+    assert values.tolist() == (words % n).tolist()
+    assert np.bincount(values, minlength=n).tolist() == [words.size // n] * n
+
+
+def test_vector_uniform_below_a_power_of_two_is_uniform() -> None:
+    source = noise.seeded_random_source(12)
+    for n in (8, 1024):
+        values = noise.uniform_below(n, source, size=40 * n)
+        assert values.min() >= 0 and values.max() < n
+        assert stats.chisquare(np.bincount(values, minlength=n)).pvalue > P_FLOOR
+    assert noise.uniform_below(1, ScriptedSource(b""), size=5).tolist() == [0] * 5
+
+
 @pytest.mark.parametrize("gamma", [Fraction(0), Fraction(1, 3), Fraction(1), Fraction(5, 2), 0.3])
 def test_bernoulli_exp_vectorized_matches_exp_minus_gamma(gamma: Fraction | float) -> None:
     source = noise.seeded_random_source(21)
