@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -204,6 +204,16 @@ def screen_origin_messages(
     return screen_crowd_messages(np.zeros(hashes.size, np.int64), hashes, presence, caps)
 
 
+class ScreenedMessages(NamedTuple):
+    """:func:`screen_crowd_messages_and_origins`: a screening code per message, the distinct
+    origins of each crowd and each message's origin code in its crowd (the rank of its origin
+    hash among the crowd's distinct ones)."""
+
+    codes: np.ndarray
+    distinct: np.ndarray
+    origins: np.ndarray
+
+
 def screen_crowd_messages(
     crowds: np.ndarray, origin_hashes: np.ndarray, presence: np.ndarray, caps: np.ndarray
 ) -> np.ndarray:
@@ -211,36 +221,72 @@ def screen_crowd_messages(
     each message's crowd (an integer code), ``caps`` its crowd's per-origin cap (-1: none). An
     origin is screened within each crowd separately (a cap is per origin and crowd)."""
     crowds = np.asarray(crowds, dtype=np.int64)
+    count = int(crowds.max()) + 1 if crowds.size else 0
+    return screen_crowd_messages_and_origins(crowds, origin_hashes, presence, caps, count).codes
+
+
+def _by_crowd_origin_kind(
+    crowds: np.ndarray, hashes: np.ndarray, presence: np.ndarray, count: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(order, new_origin, new_run)``: the rows sorted by (crowd, origin hash, presence, row),
+    and in that order where a (crowd, origin) and where a (crowd, origin, presence) begins.
+
+    ``np.lexsort`` as three stable passes, least significant key first: the presence flags and
+    crowd codes sorted by radix (small keys), the hashes by numpy's timsort, fast on a shard's
+    rows, which come as runs sorted by hash (one per spill piece)."""
+    rows = hashes.size
+    order = np.argsort(presence.view(np.uint8), kind="stable") if presence.any() else None
+    ordered = hashes if order is None else hashes[order]
+    by_hash = np.argsort(ordered, kind="stable")
+    order = by_hash if order is None else order[by_hash]
+    if count > 1:
+        order = order[stable_order(crowds[order], count)]
+    sorted_hashes, sorted_crowds = hashes[order], crowds[order]
+    new_origin = np.empty(rows, dtype=bool)
+    new_origin[0] = True
+    np.not_equal(sorted_hashes[1:], sorted_hashes[:-1], out=new_origin[1:])
+    if count > 1:
+        new_origin[1:] |= sorted_crowds[1:] != sorted_crowds[:-1]
+    new_run = new_origin.copy()
+    sorted_presence = presence[order]
+    new_run[1:] |= sorted_presence[1:] != sorted_presence[:-1]
+    return order, new_origin, new_run
+
+
+def screen_crowd_messages_and_origins(
+    crowds: np.ndarray,
+    origin_hashes: np.ndarray,
+    presence: np.ndarray,
+    caps: np.ndarray,
+    count: int,
+) -> ScreenedMessages:
+    """:func:`screen_crowd_messages` of messages of ``count`` crowds, with the distinct origins
+    of each crowd and each message's origin code (what ``steps.origin_codes`` gives for the same
+    rows), from one sort of the rows by (crowd, origin, kind, row)."""
+    crowds = np.asarray(crowds, dtype=np.int64)
     hashes = np.asarray(origin_hashes, dtype=np.uint64)
     presence = np.asarray(presence, dtype=bool)
     caps = np.asarray(caps, dtype=np.int64)
     codes = np.where(presence, PRESENCE, DATA).astype(np.uint8)
-    if hashes.size == 0:
-        return codes
+    rows = hashes.size
+    if rows == 0:
+        return ScreenedMessages(codes, np.zeros(count, dtype=np.int64), np.zeros(0, np.int64))
+    order, new_origin, new_run = _by_crowd_origin_kind(crowds, hashes, presence, count)
     # Rank of each message among its origin's messages of the same kind and crowd, in the given
     # order.
-    # np.lexsort((np.arange(n), presence, hashes, crowds)) as three stable passes, least
-    # significant key first: two of them radix sorts of small keys.
-    order = np.argsort(presence.view(np.uint8), kind="stable")
-    order = order[np.argsort(hashes[order], kind="stable")]
-    order = order[stable_order(crowds[order], int(crowds.max()) + 1)]
-    sorted_crowds, sorted_hashes = crowds[order], hashes[order]
-    sorted_presence = presence[order]
-    new_run = np.ones(hashes.size, dtype=bool)
-    new_run[1:] = (
-        (sorted_hashes[1:] != sorted_hashes[:-1])
-        | (sorted_presence[1:] != sorted_presence[:-1])
-        | (sorted_crowds[1:] != sorted_crowds[:-1])
-    )
-    starts = np.flatnonzero(new_run)
-    rank_sorted = np.arange(hashes.size) - np.repeat(
-        starts, np.diff(np.append(starts, hashes.size))
-    )
-    rank = np.empty(hashes.size, dtype=np.int64)
-    rank[order] = rank_sorted
+    positions = np.arange(rows)
+    rank = np.empty(rows, dtype=np.int64)
+    rank[order] = positions - np.maximum.accumulate(np.where(new_run, positions, 0))
     codes[presence & (rank >= 1)] = DUPLICATE_PRESENCE
     codes[~presence & (caps >= 0) & (rank >= caps)] = OVER_ORIGIN_CAP
-    return codes
+    # Origins: (crowd, origin) pairs numbered in sorted order, less the crowd's first number.
+    sorted_crowds = crowds[order]
+    distinct = np.bincount(sorted_crowds[new_origin], minlength=count).astype(np.int64)
+    bases = np.zeros(count, dtype=np.int64)
+    np.cumsum(distinct[:-1], out=bases[1:])
+    origins = np.empty(rows, dtype=np.int64)
+    origins[order] = np.cumsum(new_origin) - 1 - bases[sorted_crowds]
+    return ScreenedMessages(codes, distinct, origins)
 
 
 RELEASED = "RELEASED"

@@ -109,7 +109,6 @@ from transforms.shuffler.spill import (
 from transforms.shuffler.steps import (
     DRAFT_COLUMNS,
     draft_row,
-    origin_codes,
     screen,
     spilled_dead_letters,
 )
@@ -236,10 +235,8 @@ class CountShard(CountsBundles):
         # A repeated sealed payload counts nobody: its sender is a respondent only by messages
         # of its own (schemas/replays.py).
         counted = np.flatnonzero(codes != decide.DUPLICATE_PAYLOAD)
-        hashes = rows.column("origin_hash").to_numpy()[counted]
-        respondents, counted_codes = origin_codes(crowds[counted], hashes, len(texts))
-        data = codes[counted] == decide.DATA
-        messages = np.bincount(crowds[counted[data]], minlength=len(texts))
+        data = np.flatnonzero(codes == decide.DATA)
+        messages = np.bincount(crowds[data], minlength=len(texts))
         min_crowd = np.zeros(len(texts), dtype=np.int64)
         minimums = rows.column("min_crowd_size").to_numpy()[counted]
         np.maximum.at(min_crowd, crowds[counted], minimums)
@@ -248,10 +245,10 @@ class CountShard(CountsBundles):
             spill.ShardCount(
                 task,
                 pack_texts(texts),
-                pack_ints(respondents),
+                pack_ints(screened.respondents),
                 pack_ints(messages),
                 pack_ints(min_crowd),
-                self._candidates(rows, counted[data], counted_codes[data]),
+                self._candidates(rows, data, screened.origins[data]),
             ),
         )
 

@@ -258,12 +258,16 @@ def origin_cap(rules: report_rows.ValidationRules, instance: int, recipe_id: str
 
 class ScreenedRows(NamedTuple):
     """A shard's rows screened per crowd: a ``release_core`` code and a crowd code per row,
-    the crowds' key texts (sorted) and their per-origin caps (-1: none)."""
+    the crowds' key texts (sorted) and their per-origin caps (-1: none); the distinct origins
+    of each crowd (``respondents``) and each row's origin code in its crowd (``origins``, as
+    :func:`origin_codes`; -1 on a repeated sealed payload, which counts nobody)."""
 
     codes: np.ndarray
     crowds: np.ndarray
     texts: list[str]
     caps: np.ndarray
+    respondents: np.ndarray
+    origins: np.ndarray
 
 
 def screen(
@@ -288,14 +292,21 @@ def screen(
         order = rows.column("event_time").to_numpy() if "event_time" in rows.column_names else None
         repeated = repeated_sealed_payloads(crowds, rows.column("payload"), order)
     if not repeated.any():
-        codes = decide.screen_crowd_messages(crowds, hashes, presence, caps[crowds])
-        return ScreenedRows(codes, crowds, texts, caps)
+        screened = decide.screen_crowd_messages_and_origins(
+            crowds, hashes, presence, caps[crowds], len(texts)
+        )
+        return ScreenedRows(
+            screened.codes, crowds, texts, caps, screened.distinct, screened.origins
+        )
     codes = np.full(crowds.size, decide.DUPLICATE_PAYLOAD, dtype=np.uint8)
+    origins = np.full(crowds.size, -1, dtype=np.int64)
     kept = ~repeated
-    codes[kept] = decide.screen_crowd_messages(
-        crowds[kept], hashes[kept], presence[kept], caps[crowds[kept]]
+    screened = decide.screen_crowd_messages_and_origins(
+        crowds[kept], hashes[kept], presence[kept], caps[crowds[kept]], len(texts)
     )
-    return ScreenedRows(codes, crowds, texts, caps)
+    codes[kept] = screened.codes
+    origins[kept] = screened.origins
+    return ScreenedRows(codes, crowds, texts, caps, screened.distinct, origins)
 
 
 def distinct_per_crowd(crowds: np.ndarray, hashes: np.ndarray, count: int) -> np.ndarray:

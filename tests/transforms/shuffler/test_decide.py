@@ -254,6 +254,45 @@ def test_one_origin_flooding_keeps_at_most_one_presence_and_cap_data() -> None:
     assert np.all(codes[10_000:] == decide.DATA)
 
 
+def _screened_by_definition(crowds, hashes, presence, caps, count):
+    """Screening codes, distinct origins per crowd and origin codes straight from their
+    definitions, one message at a time (a reference for small inputs)."""
+    seen: dict[tuple, int] = {}
+    codes = []
+    for crowd, origin, is_presence, cap in zip(crowds, hashes, presence, caps, strict=True):
+        key = (int(crowd), int(origin), bool(is_presence))
+        earlier = seen.get(key, 0)
+        seen[key] = earlier + 1
+        if is_presence:
+            codes.append(decide.DUPLICATE_PRESENCE if earlier else decide.PRESENCE)
+        else:
+            codes.append(decide.OVER_ORIGIN_CAP if 0 <= cap <= earlier else decide.DATA)
+    pairs = list(zip(crowds.tolist(), hashes.tolist(), strict=True))
+    origins_of = [sorted({h for c, h in pairs if c == k}) for k in range(count)]
+    origins = [origins_of[c].index(h) for c, h in pairs]
+    return codes, [len(o) for o in origins_of], origins
+
+
+def test_screening_and_origin_codes_of_many_crowds_match_their_definitions() -> None:
+    rng = np.random.default_rng(15)
+    for _ in range(60):
+        rows = int(rng.integers(1, 300))
+        count = int(rng.integers(1, 5))
+        crowds = rng.integers(0, count, rows)
+        # Few distinct origins, so that origins repeat within and across crowds.
+        hashes = rng.integers(0, int(rng.integers(1, 40)), rows).astype(np.uint64) * np.uint64(
+            0x9E3779B97F4A7C15
+        )
+        presence = rng.random(rows) < 0.3
+        caps = rng.integers(-1, 4, count)[crowds]
+        screened = decide.screen_crowd_messages_and_origins(crowds, hashes, presence, caps, count)
+        codes, distinct, origins = _screened_by_definition(crowds, hashes, presence, caps, count)
+        assert screened.codes.tolist() == codes
+        assert screened.distinct.tolist() == distinct
+        assert screened.origins.tolist() == origins
+        assert decide.screen_crowd_messages(crowds, hashes, presence, caps).tolist() == codes
+
+
 def _tail(m: int, n1: int, p1: float, n2: int, p2: float) -> float:
     """P(X1 + X2 > m) by direct convolution of the two pmfs (a reference for small n)."""
     pmf = np.convolve(
