@@ -10,6 +10,11 @@ byte position per vectorized numpy step, longest first so the ones still running
 once few remain, the native ``google_crc32c.extend`` finishes each; strings longer than
 :data:`_NATIVE_MIN_BYTES` go to the native CRC one by one from the start. Single values:
 ``schemas.crc32c`` (native).
+
+Where the compiled module ``esa_avro_blocks`` (``schemas/avro_blocks``) is installed, strings
+without nulls go to its ``crc32c_many`` instead, one call for all of them: 10,000,000 payloads of
+16 bytes are a few nanoseconds each there, about 85 ns each by the table look-ups above. The
+numpy paths stay for an installation from ``setup.py`` alone, and the tests run both.
 """
 
 from __future__ import annotations
@@ -22,6 +27,11 @@ import numpy as np
 import pyarrow as pa
 
 from schemas.avro.columns import binary_buffers
+
+try:  # the compiled CRCs (schemas/avro_blocks); numpy without it
+    from esa_avro_blocks import crc32c_many as _native_crc32c_many
+except ImportError:  # pragma: no cover - an installation from setup.py alone
+    _native_crc32c_many = None
 
 __all__ = ["crc32c_many"]
 
@@ -164,6 +174,15 @@ def crc32c_many(payloads: pa.Array | pa.ChunkedArray | Sequence[bytes] | Any) ->
     result = np.full(count, -1, dtype=np.int64)
     if count <= 0:
         return np.zeros(0, dtype=np.int64)
+    if valid is None and _native_crc32c_many is not None:
+        first = int(offsets[0])
+        computed = _native_crc32c_many(
+            np.asarray(data[first : int(offsets[-1])], dtype=np.uint8).tobytes(),
+            np.ascontiguousarray(offsets - first, dtype="<i8").tobytes(),
+        )
+        if computed is not None:
+            result[:] = np.frombuffer(computed, dtype="<u4")
+            return result
     lengths = np.diff(offsets)
     if valid is not None:
         lengths = np.where(valid, lengths, 0)

@@ -25,6 +25,9 @@
 //! a string or bytes column (else None); `present` one byte per record, 1 where the value is not
 //! null, or None when none is null. A null's value is 0 (or empty). The GIL is released while
 //! the blocks are read.
+//!
+//! `crc32c_many(data, offsets)`: the CRC32C of every string of a binary column, for the check of
+//! each report's `payload_crc32c` (`schemas/avro/crc32c.py`); see its documentation below.
 
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -242,8 +245,46 @@ fn decode_blocks<'py>(
     ))
 }
 
+/// `crc32c_many(data, offsets)`: the CRC32C (Castagnoli, RFC 3720) of each string
+/// `data[offsets[i]..offsets[i + 1]]`, as little-endian u32 values back to back; `offsets` is
+/// little-endian int64 values back to back (one more than the strings), as an Arrow binary
+/// column's (widened) or a payload batch's. `None` when the offsets are not that, decrease or
+/// leave `data`. The `crc32c` crate computes each CRC (SSE 4.2's or ARMv8's CRC32C instruction
+/// where the processor has it, found at run time; tables otherwise). The GIL is released while
+/// they are computed.
+#[pyfunction]
+fn crc32c_many<'py>(
+    py: Python<'py>,
+    data: &[u8],
+    offsets: &[u8],
+) -> PyResult<Option<Bound<'py, PyBytes>>> {
+    if !offsets.len().is_multiple_of(8) || offsets.len() < 8 {
+        return Ok(None);
+    }
+    let bounds: Vec<i64> = offsets
+        .chunks_exact(8)
+        .map(|chunk| i64::from_le_bytes(chunk.try_into().unwrap()))
+        .collect();
+    let valid = bounds[0] >= 0
+        && bounds.windows(2).all(|pair| pair[0] <= pair[1])
+        && (bounds[bounds.len() - 1] as u64) <= data.len() as u64;
+    if !valid {
+        return Ok(None);
+    }
+    let values = py.detach(|| {
+        let mut out = Vec::with_capacity(4 * (bounds.len() - 1));
+        for pair in bounds.windows(2) {
+            let crc = crc32c::crc32c(&data[pair[0] as usize..pair[1] as usize]);
+            out.extend_from_slice(&crc.to_le_bytes());
+        }
+        out
+    });
+    Ok(Some(PyBytes::new(py, &values)))
+}
+
 #[pymodule]
 fn esa_avro_blocks(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(decode_blocks, module)?)?;
+    module.add_function(wrap_pyfunction!(crc32c_many, module)?)?;
     Ok(())
 }
