@@ -5,6 +5,11 @@ a long length then the bytes, a union the branch index (long) then the value, bo
 float/double little-endian IEEE 754. Every field of every row is encoded as a "ragged" byte
 segment (lengths per row + the concatenated bytes); Arrow then joins the segments row by row.
 The container framing of the records is :mod:`schemas.avro.container`.
+
+Where the compiled module ``esa_avro_blocks`` (``schemas/avro_blocks``) is installed, records
+whose column fields are all int, long, string or bytes without nulls (logical types over them
+too; constant fields of any type) are written by its ``encode_rows`` in one pass over the rows
+instead: the same bytes (the tests hold both paths to fastavro), about a tenth of the time.
 """
 
 from __future__ import annotations
@@ -19,6 +24,11 @@ import pyarrow.compute as pc
 
 from schemas.avro import varint
 from schemas.avro.columns import binary_buffers
+
+try:  # the compiled writer of flat records (schemas/avro_blocks); numpy without it
+    from esa_avro_blocks import encode_rows as _native_encode_rows
+except ImportError:  # pragma: no cover - an installation from setup.py alone
+    _native_encode_rows = None
 
 __all__ = ["encode_rows"]
 
@@ -202,11 +212,76 @@ def _ragged_array(segment: _Ragged) -> pa.Array:
     )
 
 
+def _binary_piece(array: pa.Array, kind: int) -> tuple | None:
+    """A binary or string Arrow array without nulls as an ``esa_avro_blocks.encode_rows`` piece
+    (its data from the first value's first byte, offsets from 0); None with nulls."""
+    if array.null_count:
+        return None
+    offsets, data = binary_buffers(array)
+    first = int(offsets[0])
+    return (
+        kind,
+        data[first : int(offsets[-1])].tobytes(),
+        (offsets - first).astype("<i8").tobytes(),
+        None,
+    )
+
+
+def _native_pieces(
+    schema: Mapping[str, Any],
+    columns: Mapping[str, Any],
+    rows: int,
+    prefix: pa.Array | None,
+    prefix_index: np.ndarray | None,
+) -> list[tuple] | None:
+    """The fields of :func:`encode_rows` as pieces of ``esa_avro_blocks.encode_rows``, or None
+    where a column is not an int, long, string or bytes without nulls."""
+    pieces: list[tuple] = []
+    if prefix is not None:
+        piece = _binary_piece(prefix, 3)
+        if piece is None:
+            return None
+        index = None if prefix_index is None else np.asarray(prefix_index, "<i8").tobytes()
+        pieces.append((*piece[:3], index))
+    for avro_field in schema["fields"]:
+        name = avro_field["name"]
+        value = columns[name] if name in columns else avro_field.get("default")
+        if name not in columns and "default" not in avro_field:
+            return None  # the slow path names the missing column
+        avro_type = avro_field["type"]
+        if isinstance(avro_type, dict) and avro_type.get("type") in (
+            "int",
+            "long",
+            "string",
+            "bytes",
+        ):
+            avro_type = avro_type["type"]
+        if not _is_column(value):
+            constant = _value_segments(avro_field["type"], value, 1).data.tobytes()
+            pieces.append((0, constant, None, None))
+        elif avro_type in ("int", "long"):
+            if isinstance(value, pa.Array | pa.ChunkedArray):
+                if value.null_count:
+                    return None
+                value = value.to_numpy(zero_copy_only=False)
+            pieces.append((1, np.asarray(value, dtype="<i8").tobytes(), None, None))
+        elif avro_type in ("string", "bytes"):
+            array = value.combine_chunks() if isinstance(value, pa.ChunkedArray) else value
+            piece = _binary_piece(pa.array(array) if isinstance(array, np.ndarray) else array, 2)
+            if piece is None:
+                return None
+            pieces.append(piece)
+        else:
+            return None
+    return pieces
+
+
 def encode_rows(
     schema: Mapping[str, Any],
     columns: Mapping[str, Any],
     rows: int,
     prefix: pa.Array | None = None,
+    prefix_index: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Avro binary of ``rows`` records of a flat record schema: ``(bytes, row offsets)``.
 
@@ -214,10 +289,21 @@ def encode_rows(
     shared by all rows. Supported field types: null-free primitives, enums, ``[null, T]`` unions,
     logical types over int/long/string/bytes. Each field becomes ragged per-row segments (or
     bytes shared by all rows, merged with their constant neighbours); Arrow concatenates them
-    row by row. ``prefix`` (``large_binary``, one value per row, no nulls): bytes each row
-    starts with, the encoding of fields that come before ``schema``'s (an Avro record is its
-    fields' encodings back to back), joined in the same pass.
+    row by row. ``prefix`` (binary, no nulls): bytes each row starts with, the encoding of
+    fields that come before ``schema``'s (an Avro record is its fields' encodings back to back),
+    joined in the same pass: one value per row, or with ``prefix_index`` value
+    ``prefix_index[row]`` (a few encodings many rows share, each stored once).
     """
+    if _native_encode_rows is not None and rows > 0:
+        native = _native_pieces(schema, columns, rows, prefix, prefix_index)
+        encoded = None if native is None else _native_encode_rows(rows, native)
+        if encoded is not None:
+            data, row_offsets = encoded
+            return np.frombuffer(data, dtype=np.uint8), np.frombuffer(row_offsets, dtype="<i8")
+    if prefix is not None and prefix_index is not None:
+        prefix = prefix.take(pa.array(np.asarray(prefix_index, dtype=np.int64)))
+    if prefix is not None and not pa.types.is_large_binary(prefix.type):
+        prefix = prefix.cast(pa.large_binary())
     pieces: list[_Ragged | bytes | pa.Array] = [] if prefix is None else [prefix]
     for avro_field in schema["fields"]:
         name = avro_field["name"]

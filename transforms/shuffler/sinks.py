@@ -147,12 +147,13 @@ def shuffled_message_rows(group: ReleasedGroup) -> tuple[np.ndarray, np.ndarray]
     if names[:split] != list(leading) or names[split:] != ["payload", "payload_crc32c"]:
         raise RuntimeError(f"ShuffledMessage fields changed: {names}")
     heads = _binary(*encode_rows({**schema, "fields": schema["fields"][:split]}, leading, crowds))
-    crowd_of_row = pa.array(np.repeat(np.arange(crowds), np.asarray(group.crowd_rows)))
+    crowd_of_row = np.repeat(np.arange(crowds), np.asarray(group.crowd_rows))
     return encode_rows(
         {**schema, "fields": schema["fields"][split:]},
         {"payload": group.payloads, "payload_crc32c": group.crcs},
         rows,
-        prefix=heads.take(crowd_of_row),
+        prefix=heads,
+        prefix_index=crowd_of_row,
     )
 
 

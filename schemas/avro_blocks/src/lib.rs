@@ -26,8 +26,10 @@
 //! null, or None when none is null. A null's value is 0 (or empty). The GIL is released while
 //! the blocks are read.
 //!
-//! `crc32c_many(data, offsets)`: the CRC32C of every string of a binary column, for the check of
-//! each report's `payload_crc32c` (`schemas/avro/crc32c.py`); see its documentation below.
+//! `encode_rows(rows, pieces)`: the other way, flat records from column buffers, for the writers
+//! (`schemas/avro/encode.py`); `crc32c_many(data, offsets)`: the CRC32C of every string of a
+//! binary column, for the check of each report's `payload_crc32c` (`schemas/avro/crc32c.py`).
+//! Both are documented below.
 
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
@@ -282,9 +284,193 @@ fn crc32c_many<'py>(
     Ok(Some(PyBytes::new(py, &values)))
 }
 
+/// One field (or run of fields) of every row for `encode_rows`.
+enum Piece<'a> {
+    /// The same bytes in every row (constant fields, already encoded).
+    Constant(&'a [u8]),
+    /// An int or long per row: its zig-zag varint.
+    Long(Vec<i64>),
+    /// A string or bytes value per row: its length (a long), then its bytes.
+    Binary(&'a [u8], Vec<i64>),
+    /// Bytes already encoded, entry `index[row]` of a list (or entry `row` without an index).
+    Pick(&'a [u8], Vec<i64>, Option<Vec<i64>>),
+}
+
+fn int64s(bytes: &[u8]) -> Option<Vec<i64>> {
+    if !bytes.len().is_multiple_of(8) {
+        return None;
+    }
+    Some(
+        bytes
+            .chunks_exact(8)
+            .map(|chunk| i64::from_le_bytes(chunk.try_into().unwrap()))
+            .collect(),
+    )
+}
+
+/// Offsets that start at 0 or more, never decrease and end inside `data`, `count + 1` of them.
+fn valid_offsets(offsets: &[i64], count: usize, data: &[u8]) -> bool {
+    offsets.len() == count + 1
+        && offsets[0] >= 0
+        && offsets.windows(2).all(|pair| pair[0] <= pair[1])
+        && (offsets[count] as u64) <= data.len() as u64
+}
+
+#[inline(always)]
+fn zigzag(value: i64) -> u64 {
+    ((value << 1) ^ (value >> 63)) as u64
+}
+
+#[inline(always)]
+fn varint_length(value: i64) -> usize {
+    let bits = 64 - (zigzag(value) | 1).leading_zeros() as usize;
+    bits.div_ceil(7)
+}
+
+/// Writes the zig-zag varint of `value` at `out[*at..]`, moving past it.
+#[inline(always)]
+fn put_long(out: &mut [u8], at: &mut usize, value: i64) {
+    let mut rest = zigzag(value);
+    while rest >= 0x80 {
+        out[*at] = (rest as u8) | 0x80;
+        *at += 1;
+        rest >>= 7;
+    }
+    out[*at] = rest as u8;
+    *at += 1;
+}
+
+#[inline(always)]
+fn put_bytes(out: &mut [u8], at: &mut usize, bytes: &[u8]) {
+    out[*at..*at + bytes.len()].copy_from_slice(bytes);
+    *at += bytes.len();
+}
+
+fn picked(offsets: &[i64], index: &Option<Vec<i64>>, row: usize) -> std::ops::Range<usize> {
+    let entry = index.as_ref().map_or(row, |index| index[row] as usize);
+    offsets[entry] as usize..offsets[entry + 1] as usize
+}
+
+/// The bytes every row takes: the first pass, so that the second writes into one buffer of the
+/// exact size (no growing, each page of it touched once).
+fn encoded_size(rows: usize, pieces: &[Piece]) -> usize {
+    let mut total = 0usize;
+    for piece in pieces {
+        total += match piece {
+            Piece::Constant(bytes) => bytes.len() * rows,
+            Piece::Long(values) => values.iter().map(|&value| varint_length(value)).sum(),
+            Piece::Binary(_, offsets) => offsets
+                .windows(2)
+                .map(|pair| {
+                    let length = (pair[1] - pair[0]) as usize;
+                    varint_length(length as i64) + length
+                })
+                .sum(),
+            Piece::Pick(_, offsets, index) => {
+                (0..rows).map(|row| picked(offsets, index, row).len()).sum()
+            }
+        };
+    }
+    total
+}
+
+fn join_rows(rows: usize, pieces: &[Piece], out: &mut [u8], row_offsets: &mut [u8]) {
+    let mut at = 0usize;
+    row_offsets[..8].copy_from_slice(&0i64.to_le_bytes());
+    for row in 0..rows {
+        for piece in pieces {
+            match piece {
+                Piece::Constant(bytes) => put_bytes(out, &mut at, bytes),
+                Piece::Long(values) => put_long(out, &mut at, values[row]),
+                Piece::Binary(data, offsets) => {
+                    let (begin, end) = (offsets[row] as usize, offsets[row + 1] as usize);
+                    put_long(out, &mut at, (end - begin) as i64);
+                    put_bytes(out, &mut at, &data[begin..end]);
+                }
+                Piece::Pick(data, offsets, index) => {
+                    put_bytes(out, &mut at, &data[picked(offsets, index, row)])
+                }
+            }
+        }
+        row_offsets[8 * (row + 1)..8 * (row + 2)].copy_from_slice(&(at as i64).to_le_bytes());
+    }
+}
+
+type PieceArgument<'py> = (
+    u8,
+    Bound<'py, PyBytes>,
+    Option<Bound<'py, PyBytes>>,
+    Option<Bound<'py, PyBytes>>,
+);
+
+/// `encode_rows(rows, pieces)`: the Avro binary of `rows` records whose encoding is the
+/// `pieces` one after another in every row, as `(bytes, row offsets)` (the row offsets
+/// little-endian int64, `rows + 1` of them). A piece is `(kind, a, b, c)`: kind 0, the bytes `a`
+/// in every row (constant fields, already encoded); 1, a long per row (`a`: little-endian int64
+/// values), written as a zig-zag varint (Avro's int and long, an enum's index); 2, a string or
+/// bytes per row (`a` the values back to back, `b` their little-endian int64 offsets), written
+/// as its length and its bytes; 3, already encoded bytes per row, entry `c[row]` (or entry `row`
+/// when `c` is None) of the list `a` with offsets `b`. `None` when a piece is not that (a count
+/// other than `rows`, offsets that decrease or leave their data, an index out of its list):
+/// the caller then encodes the slow way. The GIL is released while the rows are written.
+#[pyfunction]
+fn encode_rows<'py>(
+    py: Python<'py>,
+    rows: usize,
+    pieces: Vec<PieceArgument<'py>>,
+) -> PyResult<Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)>> {
+    let mut parsed: Vec<Piece> = Vec::with_capacity(pieces.len());
+    for (kind, a, b, c) in &pieces {
+        let a = a.as_bytes();
+        let piece = match kind {
+            0 => Some(Piece::Constant(a)),
+            1 => int64s(a)
+                .filter(|values| values.len() == rows)
+                .map(Piece::Long),
+            2 => b
+                .as_ref()
+                .and_then(|b| int64s(b.as_bytes()))
+                .filter(|offsets| valid_offsets(offsets, rows, a))
+                .map(|offsets| Piece::Binary(a, offsets)),
+            3 => {
+                let offsets = b.as_ref().and_then(|b| int64s(b.as_bytes()));
+                let entries = offsets
+                    .as_ref()
+                    .map_or(0, |offsets| offsets.len().saturating_sub(1));
+                let offsets = offsets.filter(|offsets| valid_offsets(offsets, entries, a));
+                match (offsets, c) {
+                    (Some(offsets), None) if entries == rows => Some(Piece::Pick(a, offsets, None)),
+                    (Some(offsets), Some(c)) => int64s(c.as_bytes())
+                        .filter(|index| {
+                            index.len() == rows
+                                && index
+                                    .iter()
+                                    .all(|&entry| entry >= 0 && (entry as usize) < entries)
+                        })
+                        .map(|index| Piece::Pick(a, offsets, Some(index))),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        match piece {
+            Some(piece) => parsed.push(piece),
+            None => return Ok(None),
+        }
+    }
+    let size = py.detach(|| encoded_size(rows, &parsed));
+    let mut row_offsets = vec![0u8; 8 * (rows + 1)];
+    let data = PyBytes::new_with(py, size, |out| {
+        py.detach(|| join_rows(rows, &parsed, out, &mut row_offsets));
+        Ok(())
+    })?;
+    Ok(Some((data, PyBytes::new(py, &row_offsets))))
+}
+
 #[pymodule]
 fn esa_avro_blocks(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(decode_blocks, module)?)?;
     module.add_function(wrap_pyfunction!(crc32c_many, module)?)?;
+    module.add_function(wrap_pyfunction!(encode_rows, module)?)?;
     Ok(())
 }

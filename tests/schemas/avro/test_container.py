@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from schemas import crc32c, parsed_schema, schema_json
-from schemas.avro import varint
+from schemas.avro import encode, varint
 from schemas.avro.container import (
     ByteStream,
     ContainerWriter,
@@ -31,6 +31,17 @@ from transforms.common import avro_io
 
 REPORT = schema_json("report")
 EDGES = [0, 1, -1, 63, 64, -64, -65, 2**31 - 1, -(2**31), 2**62, -(2**63), 2**63 - 1]
+
+
+@pytest.fixture(autouse=True, params=["numpy", "native"])
+def encoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test once with the numpy encoder and once with the compiled ``encode_rows``
+    (``esa_avro_blocks``) where the fields allow it."""
+    if request.param == "numpy":
+        monkeypatch.setattr(encode, "_native_encode_rows", None)
+    else:
+        assert encode._native_encode_rows is not None, "esa_avro_blocks is not installed"
+    return request.param
 
 
 def test_varints_match_fastavro_for_every_length() -> None:
@@ -106,6 +117,74 @@ def test_rows_after_a_prefix_are_the_whole_records() -> None:
     expected_data, expected_offsets = encode_rows(REPORT, whole, len(records))
     assert np.array_equal(offsets, expected_offsets)
     assert np.array_equal(data, expected_data)
+
+
+FLAT = {
+    "type": "record",
+    "name": "Flat",
+    "fields": [
+        {"name": "version", "type": "int"},
+        {"name": "time", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "name", "type": "string"},
+        {"name": "maybe", "type": ["null", "string"], "default": None},
+        {"name": "blob", "type": "bytes"},
+        {"name": "number", "type": "long"},
+    ],
+}
+
+
+def test_flat_rows_with_a_shared_prefix_are_byte_identical_to_fastavro(encoder: str) -> None:
+    """Int, long, string and bytes columns, constants and a prefix picked per row from a few
+    encodings (``prefix_index``): what the compiled writer takes, the same bytes either way."""
+    rng = np.random.default_rng(9)
+    rows = 400
+    values = np.array(EDGES * (rows // len(EDGES) + 1))[:rows]
+    names = ["", "é", "x" * 200] + [f"n{i}" for i in range(rows - 3)]
+    blobs = pa.array([rng.bytes(int(n)) for n in rng.integers(0, 40, rows + 5)]).slice(5)
+    heads = [b"", b"\x02", b"\x04ab"]  # encodings of a leading field: null, "", "ab" as unions
+    index = rng.integers(0, len(heads), rows)
+    columns = {
+        "version": 3,
+        "time": values,
+        "name": pa.array(names),
+        "maybe": None,
+        "blob": blobs,
+        "number": pa.array(values[::-1].copy()),
+    }
+    prefix = pa.array(heads, pa.binary())
+    data, offsets = encode_rows(FLAT, columns, rows, prefix=prefix, prefix_index=index)
+    if encoder == "native":  # every field is one the compiled writer takes
+        assert encode._native_pieces(FLAT, columns, rows, prefix, index) is not None
+    schema = fastavro.parse_schema(FLAT)
+    for row in range(rows):
+        expected = io.BytesIO()
+        expected.write(heads[index[row]])
+        record = {
+            "version": 3,
+            "time": int(values[row]),
+            "name": names[row],
+            "maybe": None,
+            "blob": blobs[row].as_py(),
+            "number": int(values[::-1][row]),
+        }
+        fastavro.schemaless_writer(expected, schema, record)
+        assert data[offsets[row] : offsets[row + 1]].tobytes() == expected.getvalue(), row
+
+
+def test_the_compiled_writer_refuses_pieces_that_do_not_fit_the_rows(encoder: str) -> None:
+    native = encode._native_encode_rows
+    if native is None:
+        pytest.skip("numpy path")
+    longs = np.arange(3, dtype="<i8").tobytes()
+    offsets = np.array([0, 1, 2, 3], dtype="<i8").tobytes()
+    assert native(3, [(1, longs, None, None), (2, b"abc", offsets, None)]) is not None
+    assert native(4, [(1, longs, None, None)]) is None  # three values for four rows
+    assert native(3, [(2, b"ab", offsets, None)]) is None  # offsets past the data
+    decreasing = np.array([0, 2, 1, 3], dtype="<i8").tobytes()
+    assert native(3, [(2, b"abc", decreasing, None)]) is None
+    out_of_list = np.array([0, 3, 1], dtype="<i8").tobytes()
+    assert native(3, [(3, b"abc", offsets, out_of_list)]) is None
+    assert native(3, [(9, b"", None, None)]) is None  # no such kind
 
 
 def read_with_apache_avro(data: bytes) -> list[dict]:
