@@ -120,13 +120,16 @@ def crowd_codes(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, list[st
     if len(column) == 0:
         return np.zeros(0, dtype=np.int64), []
     indices = column.indices.to_numpy(zero_copy_only=False)
-    used, codes = np.unique(indices, return_inverse=True)
+    # The dictionary entries in use, by marking them (its codes are dense), not by sorting rows.
+    present = np.zeros(len(column.dictionary), dtype=bool)
+    present[indices] = True
+    used = np.flatnonzero(present)
     texts = column.dictionary.take(pa.array(used)).to_pylist()
     # Codes in the order of the texts, so that every shard lists its crowds the same way.
     by_text = np.argsort(np.asarray(texts, dtype=object), kind="stable")
-    rank = np.empty(used.size, dtype=np.int64)
-    rank[by_text] = np.arange(used.size)
-    return rank[codes.reshape(-1)], [texts[index] for index in by_text.tolist()]
+    code_of_entry = np.zeros(present.size, dtype=np.int64)
+    code_of_entry[used[by_text]] = np.arange(used.size)
+    return code_of_entry[indices], [texts[index] for index in by_text.tolist()]
 
 
 def spilled_dead_letters(

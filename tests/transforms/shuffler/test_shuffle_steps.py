@@ -32,6 +32,19 @@ def _item(records: list[dict], first_record: int = 0) -> avro_io.ColumnBatch:
     return avro_io.ColumnBatch("in.avro", first_record, batch)
 
 
+def test_crowd_codes_number_the_crowds_present_in_text_order() -> None:
+    dictionary = pa.array(["b|x|1", "unused|y|2", "a|z|3", "c|w|4"])
+    indices = pa.array([3, 0, 0, 2, 3, 0], type=pa.int32())
+    column = pa.DictionaryArray.from_arrays(indices, dictionary)
+    codes, texts = steps.crowd_codes(column)
+    assert texts == ["a|z|3", "b|x|1", "c|w|4"]  # sorted, without the unused entry
+    assert [texts[code] for code in codes.tolist()] == column.to_pylist()
+    chunked = pa.chunked_array([column.slice(0, 2), column.slice(2)])
+    assert [texts[code] for code in steps.crowd_codes(chunked)[0].tolist()] == column.to_pylist()
+    empty_codes, empty_texts = steps.crowd_codes(column.slice(0, 0))
+    assert empty_codes.size == 0 and empty_texts == []
+
+
 def test_bucket_rows_sort_by_bucket_and_hash_name_crowds_and_drop_the_origin() -> None:
     records = (
         rf.crowd(6, 2, prefix="a")
