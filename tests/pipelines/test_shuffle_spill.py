@@ -52,8 +52,8 @@ def spilled(monkeypatch) -> list[tuple[str, bytes, list[pa.RecordBatch]]]:
     seen: list[tuple[str, bytes, list[pa.RecordBatch]]] = []
     original = spill.write_spill
 
-    def write_spill(path, batches, chunk_rows=None):
-        positions = original(path, batches, chunk_rows)
+    def write_spill(path, batches, chunk_rows=None, trailers=None):
+        positions = original(path, batches, chunk_rows, trailers)
         seen.append((path, Path(path).read_bytes(), _batches(path, positions)))
         return positions
 

@@ -30,6 +30,7 @@ from transforms.common.memory import release_freed_memory
 from transforms.shuffler import report_rows, spill
 from transforms.shuffler.bundles import CountsBundles
 from transforms.shuffler.config import READ, REJECTED_PREFIX, STAGE_READ, UNKNOWN_PREFIX
+from transforms.shuffler.replays import piece_replay_keys
 from transforms.shuffler.spill import Piece
 from transforms.shuffler.steps import bucket_rows, rejected_dead_letters
 from transforms.shuffler.steps import count as _count
@@ -172,7 +173,11 @@ class SpillBatch(beam.DoFn):
         bounds = list(zip(keyed.starts[:-1].tolist(), keyed.starts[1:].tolist(), strict=True))
         path = spill.spill_path(self._spill_dir, "reports")
         positions = spill.write_spill(
-            path, [rows.slice(b, e - b) for b, e in bounds], spill.CHUNK_ROWS
+            path,
+            [rows.slice(b, e - b) for b, e in bounds],
+            spill.CHUNK_ROWS,
+            # Each piece's replay keys after it: the bucket-wide replay check reads those.
+            piece_replay_keys(rows, bounds) if sealed[-1] else None,
         )
         for key, (begin, end), (offset, length, fences) in zip(
             keyed.keys, bounds, positions, strict=True

@@ -8,26 +8,31 @@ then spill position) anywhere in the bucket, the same rule ``steps.screen`` appl
 shard; each shard gets its own repeats in its task (:func:`shard_repeat_keys`) and marks them
 (:func:`shard_repeats`), so every shard of the bucket keeps the same single copy.
 
-Cost per bucket of m messages, s of them sealed: one read of its spill pieces that hold sealed
-payloads (pieces without any, ``Piece.sealed == 0``, are not read), 25 bytes per sealed message
-for crowd codes, the first 8 bytes of each encapsulated key and event times, one
-``O(s log s)`` integer sort, and a second read of the pieces only when some crowd holds two
-sealed payloads with equal 8-byte prefixes (a replay, or about s**2 / 2**65 by chance), to
-compare those few byte for byte. The shards read nothing more.
+The work per message is done where the messages are spread, not per bucket: ``SpillBatch``
+writes after each report piece its replay keys (:func:`piece_replay_keys`), one uint64 per
+sealed row (the payload's fingerprint, ``schemas.replays.payload_fingerprints``, mixed with a
+64-bit hash of its crowd) and its position. Per bucket of m messages, s of them sealed,
+:func:`bucket_repeats` then reads 12 bytes per sealed message (pieces without any,
+``Piece.sealed == 0``, not at all), sorts the s keys once (``O(s log s)``, integers), and reads
+pieces again only when two keys are equal (a replay, or about s**2 / 2**65 by chance), to compare
+those few payloads byte for byte with their crowds. A key names candidates only: equal payloads
+of one crowd have equal keys, and every candidate is checked exactly, so a collision costs a
+comparison, never a message. The shards read nothing more.
 """
 
 from __future__ import annotations
+
+import hashlib
 
 import numpy as np
 import pyarrow as pa
 
 from schemas.payloads import EncodedPayloads
-from schemas.replays import repeated_sealed_payloads, sealed_rows
+from schemas.replays import payload_fingerprints, repeated_sealed_payloads, sealed_rows
 from transforms.shuffler import spill
 
-__all__ = ["bucket_repeats", "shard_repeat_keys", "shard_repeats"]
+__all__ = ["bucket_repeats", "piece_replay_keys", "shard_repeat_keys", "shard_repeats"]
 
-_PREFIX = np.arange(9, 17)  # the first 8 bytes of the encapsulated key (enc)
 # A row of a bucket is named by (its piece's index in the bucket's list, its record_index):
 # one int64, the record index in the low bits (an input file holds fewer than 2**40 records).
 _RECORD_BITS = 40
@@ -40,51 +45,87 @@ def _crowd_codes(column, codes: dict[str, int]) -> np.ndarray:
     return mapped[column.indices.to_numpy(zero_copy_only=False)]
 
 
+def _crowd_mixes(dictionary: pa.Array) -> np.ndarray:
+    """A 64-bit hash (BLAKE2b) of each crowd text of a dictionary, to mix into replay keys."""
+    return np.array(
+        [
+            int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+            for text in dictionary.to_pylist()
+        ],
+        dtype=np.uint64,
+    )
+
+
+def piece_replay_keys(rows: pa.RecordBatch, bounds: list[tuple[int, int]]) -> list[bytes]:
+    """The replay keys (``spill.replay_key_bytes``) of each piece ``rows[begin:end]`` of a
+    batch of spill rows: for each sealed row, its payload's fingerprint XOR its crowd's hash,
+    and its position in the piece (empty bytes: no sealed row)."""
+    payloads = EncodedPayloads.from_arrow(rows.column("payload"))
+    sealed = np.flatnonzero(sealed_rows(payloads))
+    if not sealed.size:
+        return [b""] * len(bounds)
+    crowd = rows.column("crowd")
+    indices = crowd.indices.to_numpy(zero_copy_only=False)[sealed]
+    keys = payload_fingerprints(payloads) ^ _crowd_mixes(crowd.dictionary)[indices]
+    out = []
+    for begin, end in bounds:
+        first, last = np.searchsorted(sealed, [begin, end])
+        if first == last:
+            out.append(b"")
+        else:
+            out.append(spill.replay_key_bytes(keys[first:last], sealed[first:last] - begin))
+    return out
+
+
 def row_keys(piece_index: np.ndarray, record_index: np.ndarray) -> np.ndarray:
     """One int64 per row naming it within its bucket (see ``_RECORD_BITS``)."""
     return (np.asarray(piece_index, np.int64) << _RECORD_BITS) | np.asarray(record_index, np.int64)
+
+
+def _replay_keys(piece: spill.Piece) -> tuple[np.ndarray, np.ndarray]:
+    """A report piece's replay keys: its trailer, or, where its sealed rows were not counted
+    (``sealed == -1``), made from its rows."""
+    if piece.sealed > 0:
+        return spill.read_replay_keys(piece)
+    batch = spill.read_spill(piece, spill.REPORT_SPILL_SCHEMA)
+    trailer = piece_replay_keys(batch, [(0, batch.num_rows)])[0]
+    count = len(trailer) // spill.REPLAY_KEY_BYTES
+    keys = np.frombuffer(trailer, "<u8", count=count).astype(np.uint64)
+    return keys, np.frombuffer(trailer, "<u4", count=count, offset=8 * count).astype(np.int64)
 
 
 def bucket_repeats(pieces: list[spill.Piece]) -> np.ndarray:
     """The rows of a bucket (its pieces, in list order) whose sealed payload an earlier row of
     the bucket holds in the same crowd: an ``(n, 2)`` int64 array of (origin hash as int64 bits,
     :func:`row_keys`) (see the module docstring)."""
-    crowd_codes: dict[str, int] = {}
-    columns: dict[str, list[np.ndarray]] = {
-        name: [] for name in ("piece", "row", "crowd", "prefix", "time")
-    }
+    piece_parts, row_parts, key_parts = [], [], []
     for index, piece in enumerate(pieces):
         if piece.sealed == 0:  # no sealed payload here: nothing to read
             continue
-        batch = spill.read_spill(piece, spill.REPORT_SPILL_SCHEMA)
-        payloads = EncodedPayloads.from_arrow(batch.column("payload"))
-        rows = np.flatnonzero(sealed_rows(payloads))
-        if not rows.size:
-            continue
-        prefix = payloads.data[payloads.offsets[:-1][rows][:, None] + _PREFIX]
-        columns["piece"].append(np.full(rows.size, index, dtype=np.int64))
-        columns["row"].append(rows)
-        columns["crowd"].append(_crowd_codes(batch.column("crowd"), crowd_codes)[rows])
-        columns["prefix"].append(np.ascontiguousarray(prefix).view(np.uint64).ravel())
-        columns["time"].append(batch.column("event_time").to_numpy()[rows])
-    if not columns["row"]:
+        keys, rows = _replay_keys(piece)
+        piece_parts.append(np.full(rows.size, index, dtype=np.int64))
+        row_parts.append(rows)
+        key_parts.append(keys)
+    if not row_parts:
         return _EMPTY
-    piece, row, crowd, prefix, time = (np.concatenate(columns[n]) for n in columns)
-    by_prefix = np.lexsort((prefix, crowd))
-    same = (crowd[by_prefix][1:] == crowd[by_prefix][:-1]) & (
-        prefix[by_prefix][1:] == prefix[by_prefix][:-1]
-    )
+    piece, row, key = (np.concatenate(parts) for parts in (piece_parts, row_parts, key_parts))
+    by_key = np.argsort(key)
+    sorted_keys = key[by_key]
+    same = sorted_keys[1:] == sorted_keys[:-1]
     if not same.any():
         return _EMPTY
     candidate = np.zeros(row.size, dtype=bool)
-    candidate[by_prefix[1:][same]] = True
-    candidate[by_prefix[:-1][same]] = True
+    candidate[by_key[1:][same]] = True
+    candidate[by_key[:-1][same]] = True
     chosen = np.flatnonzero(candidate)
-    # The candidates' bytes, hashes and record indices, read again piece by piece (few:
-    # replays, or chance equal prefixes).
+    # The candidates' bytes, crowds, times, hashes and record indices, read again piece by piece
+    # (few: replays, or chance equal keys).
     payloads: list[bytes] = [b""] * chosen.size
+    crowd = np.zeros(chosen.size, dtype=np.int64)
+    time = np.zeros(chosen.size, dtype=np.int64)
     hashes = np.zeros(chosen.size, dtype=np.int64)
     records = np.zeros(chosen.size, dtype=np.int64)
+    crowd_codes: dict[str, int] = {}
     for index in np.unique(piece[chosen]).tolist():
         at = np.flatnonzero(piece[chosen] == index)
         batch = spill.read_spill(pieces[index], spill.REPORT_SPILL_SCHEMA)
@@ -93,12 +134,14 @@ def bucket_repeats(pieces: list[spill.Piece]) -> np.ndarray:
             at.tolist(), batch.column("payload").take(take).to_pylist(), strict=True
         ):
             payloads[position] = value
+        crowd[at] = _crowd_codes(batch.column("crowd").take(take), crowd_codes)
+        time[at] = batch.column("event_time").take(take).to_numpy()
         hashes[at] = batch.column("origin_hash").take(take).to_numpy().view(np.int64)
         records[at] = batch.column("record_index").take(take).to_numpy()
     # First copy: earliest event time, then spill position (as steps.screen within one shard).
     order = np.empty(chosen.size, dtype=np.int64)
-    order[np.lexsort((row[chosen], piece[chosen], time[chosen]))] = np.arange(chosen.size)
-    found = repeated_sealed_payloads(crowd[chosen], payloads, order)
+    order[np.lexsort((row[chosen], piece[chosen], time))] = np.arange(chosen.size)
+    found = repeated_sealed_payloads(crowd, payloads, order)
     return np.stack([hashes[found], row_keys(piece[chosen][found], records[found])], axis=1)
 
 

@@ -106,7 +106,10 @@ class Piece(NamedTuple):
     (:data:`FENCE_COLUMNS`), so that an origin shard reads only the chunks its hash range
     touches (:func:`read_shard_range`) and a bucket's shards together read it about once,
     whatever their number. ``sealed``: how many rows hold sealed-shaped payloads (-1: unknown),
-    so that the replay check skips pieces with none (``replays.shard_repeats``).
+    so that the replay check skips pieces with none (``replays.shard_repeats``). A report piece
+    with ``sealed`` > 0 is followed in its file, right after its stream, by its replay keys
+    (:func:`replay_key_bytes`: 12 bytes per sealed row), all the bucket-wide replay check reads
+    of it unless a key repeats (``replays.bucket_repeats``).
 
     Unpickled pieces share their path strings (:func:`_piece`): every bucket of an input batch
     points into one spill file from one input file, and a runner that holds grouped values
@@ -330,20 +333,51 @@ def _empty_like(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 
 def write_spill(
-    path: str, batches: list[pa.RecordBatch], chunk_rows: int | None = None
+    path: str,
+    batches: list[pa.RecordBatch],
+    chunk_rows: int | None = None,
+    trailers: list[bytes] | None = None,
 ) -> list[Spilled]:
     """Write record batches to a new spill file at ``path`` as consecutive Arrow IPC streams
     (each with its schema and dictionaries); returns where each one went. ``chunk_rows``: rows
-    sorted by ``origin_hash`` are fenced (see :class:`Piece`)."""
+    sorted by ``origin_hash`` are fenced (see :class:`Piece`). ``trailers``: bytes written right
+    after each batch's stream (outside its ``length``), e.g. its replay keys."""
+    if trailers is not None and len(trailers) != len(batches):
+        raise ValueError(f"{len(trailers)} trailers for {len(batches)} batches")
     positions = []
     offset = 0
     with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-        for batch in batches:
+        for index, batch in enumerate(batches):
             message, fences = _stream(batch, chunk_rows)
             handle.write(memoryview(message))
             positions.append(Spilled(offset, message.size, fences))
             offset += message.size
+            if trailers is not None and trailers[index]:
+                handle.write(trailers[index])
+                offset += len(trailers[index])
     return positions
+
+
+# Replay keys (Piece): per sealed row, a uint64 key then, after all keys, the row's uint32
+# position in the piece.
+REPLAY_KEY_BYTES = 12
+
+
+def replay_key_bytes(keys: np.ndarray, rows: np.ndarray) -> bytes:
+    """A report piece's replay keys as written after its stream: ``keys`` (uint64, one per
+    sealed row) then ``rows`` (the rows' positions in the piece), little-endian."""
+    return np.asarray(keys, "<u8").tobytes() + np.asarray(rows, "<u4").tobytes()
+
+
+def read_replay_keys(piece: Piece, files: OpenSpill | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(keys, rows)`` of a report piece with ``sealed`` > 0 (:func:`replay_key_bytes`): its
+    trailer alone is read, 12 bytes per sealed row."""
+    count = max(piece.sealed, 0)
+    begin = piece.offset + piece.length
+    data = _read_ranges(piece.path, [(begin, begin + REPLAY_KEY_BYTES * count)], files)
+    keys = np.frombuffer(data, dtype="<u8", count=count)
+    rows = np.frombuffer(data, dtype="<u4", count=count, offset=8 * count)
+    return keys.astype(np.uint64), rows.astype(np.int64)
 
 
 class OpenSpill:
