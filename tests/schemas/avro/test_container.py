@@ -171,22 +171,6 @@ def test_flat_rows_with_a_shared_prefix_are_byte_identical_to_fastavro(encoder: 
         assert data[offsets[row] : offsets[row + 1]].tobytes() == expected.getvalue(), row
 
 
-def test_the_compiled_writer_refuses_pieces_that_do_not_fit_the_rows(encoder: str) -> None:
-    native = encode._native_encode_rows
-    if native is None:
-        pytest.skip("numpy path")
-    longs = np.arange(3, dtype="<i8").tobytes()
-    offsets = np.array([0, 1, 2, 3], dtype="<i8").tobytes()
-    assert native(3, [(1, longs, None, None), (2, b"abc", offsets, None)]) is not None
-    assert native(4, [(1, longs, None, None)]) is None  # three values for four rows
-    assert native(3, [(2, b"ab", offsets, None)]) is None  # offsets past the data
-    decreasing = np.array([0, 2, 1, 3], dtype="<i8").tobytes()
-    assert native(3, [(2, b"abc", decreasing, None)]) is None
-    out_of_list = np.array([0, 3, 1], dtype="<i8").tobytes()
-    assert native(3, [(3, b"abc", offsets, out_of_list)]) is None
-    assert native(3, [(9, b"", None, None)]) is None  # no such kind
-
-
 def read_with_apache_avro(data: bytes) -> list[dict]:
     reader = avro.datafile.DataFileReader(io.BytesIO(data), avro.io.DatumReader())
     try:

@@ -24,19 +24,6 @@ def crc_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
     return request.param
 
 
-def test_the_compiled_crcs_refuse_offsets_that_leave_the_data() -> None:
-    native = crc32c._native_crc32c_many
-    if native is None:
-        pytest.skip("numpy path")
-    offsets = np.array([0, 3, 2], dtype="<i8").tobytes()  # decreasing
-    assert native(b"abc", offsets) is None
-    assert native(b"abc", np.array([0, 4], dtype="<i8").tobytes()) is None  # past the end
-    assert native(b"abc", b"\x00" * 7) is None  # not whole int64 values
-    assert native(b"abc", np.array([-1, 2], dtype="<i8").tobytes()) is None
-    empty = native(b"", np.array([0, 0], dtype="<i8").tobytes())
-    assert np.frombuffer(empty, "<u4").tolist() == [google_crc32c.value(b"")]
-
-
 @pytest.mark.parametrize("arrow_type", [pa.binary(), pa.large_binary(), pa.string()])
 def test_matches_the_native_crc_on_arrow_arrays(arrow_type: pa.DataType) -> None:
     rng = np.random.default_rng(11)
