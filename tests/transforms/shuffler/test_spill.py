@@ -159,3 +159,21 @@ def test_a_bundle_holds_at_most_its_limit_of_spill_files_open(tmp_path: Path) ->
         assert len(files._files) == 2
     files.close()
     assert not files._files
+
+
+def test_a_local_spill_file_holds_the_streams_a_remote_one_would(tmp_path: Path) -> None:
+    """Local spill files are written straight through a buffer; other file systems get each
+    stream made in memory (``spill._stream``). Both give the same bytes, positions and fences,
+    and a trailer follows its stream outside the stream's length."""
+    batches = [_report_batch(ROWS, 4), _report_batch(CHUNK // 2, 5)]
+    trailers = [b"\x01" * 24, b""]
+    path = tmp_path / "local.arrow"
+    written = spill.write_spill(str(path), batches, CHUNK, trailers)
+    expected, offset = b"", 0
+    for batch, trailer, at in zip(batches, trailers, written, strict=True):
+        stream, fences = spill._stream(batch, CHUNK)
+        assert (at.offset, at.length, at.fences) == (offset, stream.size, fences)
+        expected += stream.to_pybytes() + trailer
+        offset += stream.size + len(trailer)
+    assert path.read_bytes() == expected
+    assert written[0].fences  # the big batch is chunked
