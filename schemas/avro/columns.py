@@ -15,7 +15,14 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["binary_buffers", "arrow_type", "arrow_schema", "records_to_batch", "ColumnError"]
+__all__ = [
+    "binary_buffers",
+    "packed_binary",
+    "arrow_type",
+    "arrow_schema",
+    "records_to_batch",
+    "ColumnError",
+]
 
 _PRIMITIVE_ARROW_TYPES = {
     "boolean": pa.bool_(),
@@ -51,6 +58,17 @@ def binary_buffers(array: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         else np.zeros(1, np.uint8)
     )
     return offsets.astype(np.int64), data
+
+
+def packed_binary(offsets: np.ndarray, data: np.ndarray) -> tuple[bytes, bytes]:
+    """Strings given by int64 ``offsets`` into ``data`` (:func:`binary_buffers`) as the two
+    buffers the compiled helpers of ``esa_avro_blocks`` take: their bytes from the first
+    string's first byte, and their offsets from 0 as little-endian int64 values."""
+    first = int(offsets[0])
+    return (
+        np.asarray(data[first : int(offsets[-1])], dtype=np.uint8).tobytes(),
+        np.ascontiguousarray(offsets - first, dtype="<i8").tobytes(),
+    )
 
 
 def arrow_type(avro_type: Any) -> pa.DataType | None:

@@ -26,7 +26,7 @@ import google_crc32c
 import numpy as np
 import pyarrow as pa
 
-from schemas.avro.columns import binary_buffers
+from schemas.avro.columns import binary_buffers, packed_binary
 
 try:  # the compiled CRCs (schemas/avro_blocks); numpy without it
     from esa_avro_blocks import crc32c_many as _native_crc32c_many
@@ -175,11 +175,7 @@ def crc32c_many(payloads: pa.Array | pa.ChunkedArray | Sequence[bytes] | Any) ->
     if count <= 0:
         return np.zeros(0, dtype=np.int64)
     if valid is None and _native_crc32c_many is not None:
-        first = int(offsets[0])
-        computed = _native_crc32c_many(
-            np.asarray(data[first : int(offsets[-1])], dtype=np.uint8).tobytes(),
-            np.ascontiguousarray(offsets - first, dtype="<i8").tobytes(),
-        )
+        computed = _native_crc32c_many(*packed_binary(offsets, data))
         if computed is not None:
             result[:] = np.frombuffer(computed, dtype="<u4")
             return result

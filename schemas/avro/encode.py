@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from schemas.avro import varint
-from schemas.avro.columns import binary_buffers
+from schemas.avro.columns import binary_buffers, packed_binary
 
 try:  # the compiled writer of flat records (schemas/avro_blocks); numpy without it
     from esa_avro_blocks import encode_rows as _native_encode_rows
@@ -80,11 +80,24 @@ def _concat_ragged(parts: list[_Ragged], rows: int) -> _Ragged:
     return _Ragged(np.diff(offsets), data)
 
 
+def _written_type(avro_type: Any) -> Any:
+    """The type whose values are written: a logical type's underlying int, long, string or
+    bytes, else ``avro_type`` itself."""
+    if isinstance(avro_type, dict) and avro_type.get("type") in ("int", "long", "string", "bytes"):
+        return avro_type["type"]
+    return avro_type
+
+
+def _binary_array(column: pa.Array | pa.ChunkedArray | np.ndarray) -> pa.Array:
+    """A string or bytes column as one Arrow array."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    return pa.array(array) if isinstance(array, np.ndarray) else array
+
+
 def _value_segments(avro_type: Any, column: Any, rows: int) -> _Ragged:
     """Encoded bytes of one field for every row; ``column`` is an Arrow array, a numpy array or
     one Python value for all rows."""
-    if isinstance(avro_type, dict) and avro_type.get("type") in ("int", "long", "string", "bytes"):
-        avro_type = avro_type["type"]  # logical types: the underlying value is written
+    avro_type = _written_type(avro_type)
     if isinstance(avro_type, dict) and avro_type.get("type") == "enum":
         symbols = list(avro_type["symbols"])
         if not isinstance(column, pa.Array | pa.ChunkedArray | np.ndarray):
@@ -116,9 +129,7 @@ def _value_segments(avro_type: Any, column: Any, rows: int) -> _Ragged:
                 1,
             )
             return _broadcast(single, rows)
-        array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-        array = pa.array(array) if isinstance(array, np.ndarray) else array
-        payload = _binary_payload_segments(array)
+        payload = _binary_payload_segments(_binary_array(column))
         return _concat_ragged([_varint_segments(payload.lengths), payload], rows)
     if avro_type == "boolean":
         if not isinstance(column, pa.Array | pa.ChunkedArray | np.ndarray):
@@ -192,12 +203,8 @@ def _field_pieces(avro_type: Any, column: Any, rows: int) -> list[_Ragged | byte
     if not _is_column(column):
         single = _value_segments(avro_type, column, 1)
         return [single.data.tobytes()]
-    if isinstance(avro_type, dict) and avro_type.get("type") in ("string", "bytes"):
-        avro_type = avro_type["type"]
-    if avro_type in ("string", "bytes"):
-        array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-        array = pa.array(array) if isinstance(array, np.ndarray) else array
-        payload = _binary_payload_segments(array)
+    if _written_type(avro_type) in ("string", "bytes"):
+        payload = _binary_payload_segments(_binary_array(column))
         return [_varint_segments(payload.lengths), payload]
     return [_value_segments(avro_type, column, rows)]
 
@@ -212,19 +219,12 @@ def _ragged_array(segment: _Ragged) -> pa.Array:
     )
 
 
-def _binary_piece(array: pa.Array, kind: int) -> tuple | None:
+def _binary_piece(array: pa.Array, kind: int, index: bytes | None = None) -> tuple | None:
     """A binary or string Arrow array without nulls as an ``esa_avro_blocks.encode_rows`` piece
-    (its data from the first value's first byte, offsets from 0); None with nulls."""
+    of ``kind`` (``index``: a pick's entry per row); None with nulls."""
     if array.null_count:
         return None
-    offsets, data = binary_buffers(array)
-    first = int(offsets[0])
-    return (
-        kind,
-        data[first : int(offsets[-1])].tobytes(),
-        (offsets - first).astype("<i8").tobytes(),
-        None,
-    )
+    return (kind, *packed_binary(*binary_buffers(array)), index)
 
 
 def _native_pieces(
@@ -238,24 +238,17 @@ def _native_pieces(
     where a column is not an int, long, string or bytes without nulls."""
     pieces: list[tuple] = []
     if prefix is not None:
-        piece = _binary_piece(prefix, 3)
+        index = None if prefix_index is None else np.asarray(prefix_index, "<i8").tobytes()
+        piece = _binary_piece(prefix, 3, index)
         if piece is None:
             return None
-        index = None if prefix_index is None else np.asarray(prefix_index, "<i8").tobytes()
-        pieces.append((*piece[:3], index))
+        pieces.append(piece)
     for avro_field in schema["fields"]:
         name = avro_field["name"]
-        value = columns[name] if name in columns else avro_field.get("default")
         if name not in columns and "default" not in avro_field:
             return None  # the slow path names the missing column
-        avro_type = avro_field["type"]
-        if isinstance(avro_type, dict) and avro_type.get("type") in (
-            "int",
-            "long",
-            "string",
-            "bytes",
-        ):
-            avro_type = avro_type["type"]
+        value = columns[name] if name in columns else avro_field["default"]
+        avro_type = _written_type(avro_field["type"])
         if not _is_column(value):
             constant = _value_segments(avro_field["type"], value, 1).data.tobytes()
             pieces.append((0, constant, None, None))
@@ -266,8 +259,7 @@ def _native_pieces(
                 value = value.to_numpy(zero_copy_only=False)
             pieces.append((1, np.asarray(value, dtype="<i8").tobytes(), None, None))
         elif avro_type in ("string", "bytes"):
-            array = value.combine_chunks() if isinstance(value, pa.ChunkedArray) else value
-            piece = _binary_piece(pa.array(array) if isinstance(array, np.ndarray) else array, 2)
+            piece = _binary_piece(_binary_array(value), 2)
             if piece is None:
                 return None
             pieces.append(piece)

@@ -279,14 +279,23 @@ def screen_crowd_messages_and_origins(
     rank[order] = positions - np.maximum.accumulate(np.where(new_run, positions, 0))
     codes[presence & (rank >= 1)] = DUPLICATE_PRESENCE
     codes[~presence & (caps >= 0) & (rank >= caps)] = OVER_ORIGIN_CAP
-    # Origins: (crowd, origin) pairs numbered in sorted order, less the crowd's first number.
-    sorted_crowds = crowds[order]
+    distinct, origins = number_origins(order, new_origin, crowds[order], count)
+    return ScreenedMessages(codes, distinct, origins)
+
+
+def number_origins(
+    order: np.ndarray, new_origin: np.ndarray, sorted_crowds: np.ndarray, count: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(distinct, origins)`` of rows sorted by (crowd, origin hash) (``order``; in that order,
+    ``new_origin`` where a (crowd, origin) begins and ``sorted_crowds`` the crowd codes): the
+    distinct origins of each of ``count`` crowds and each row's origin code in its crowd, the
+    (crowd, origin) pairs numbered in sorted order less the crowd's first number."""
     distinct = np.bincount(sorted_crowds[new_origin], minlength=count).astype(np.int64)
     bases = np.zeros(count, dtype=np.int64)
     np.cumsum(distinct[:-1], out=bases[1:])
-    origins = np.empty(rows, dtype=np.int64)
+    origins = np.empty(order.size, dtype=np.int64)
     origins[order] = np.cumsum(new_origin) - 1 - bases[sorted_crowds]
-    return ScreenedMessages(codes, distinct, origins)
+    return distinct, origins
 
 
 RELEASED = "RELEASED"

@@ -88,10 +88,7 @@ def _replay_keys(piece: spill.Piece) -> tuple[np.ndarray, np.ndarray]:
     if piece.sealed > 0:
         return spill.read_replay_keys(piece)
     batch = spill.read_spill(piece, spill.REPORT_SPILL_SCHEMA)
-    trailer = piece_replay_keys(batch, [(0, batch.num_rows)])[0]
-    count = len(trailer) // spill.REPLAY_KEY_BYTES
-    keys = np.frombuffer(trailer, "<u8", count=count).astype(np.uint64)
-    return keys, np.frombuffer(trailer, "<u4", count=count, offset=8 * count).astype(np.int64)
+    return spill.replay_keys_of(piece_replay_keys(batch, [(0, batch.num_rows)])[0])
 
 
 def bucket_repeats(pieces: list[spill.Piece]) -> np.ndarray:

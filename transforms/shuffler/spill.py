@@ -408,15 +408,21 @@ def replay_key_bytes(keys: np.ndarray, rows: np.ndarray) -> bytes:
     return np.asarray(keys, "<u8").tobytes() + np.asarray(rows, "<u4").tobytes()
 
 
-def read_replay_keys(piece: Piece, files: OpenSpill | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """``(keys, rows)`` of a report piece with ``sealed`` > 0 (:func:`replay_key_bytes`): its
-    trailer alone is read, 12 bytes per sealed row."""
-    count = max(piece.sealed, 0)
-    begin = piece.offset + piece.length
-    data = _read_ranges(piece.path, [(begin, begin + REPLAY_KEY_BYTES * count)], files)
+def replay_keys_of(data: bytes | memoryview) -> tuple[np.ndarray, np.ndarray]:
+    """``(keys, rows)`` of bytes :func:`replay_key_bytes` wrote."""
+    count = len(data) // REPLAY_KEY_BYTES
     keys = np.frombuffer(data, dtype="<u8", count=count)
     rows = np.frombuffer(data, dtype="<u4", count=count, offset=8 * count)
     return keys.astype(np.uint64), rows.astype(np.int64)
+
+
+def read_replay_keys(piece: Piece) -> tuple[np.ndarray, np.ndarray]:
+    """``(keys, rows)`` of a report piece with ``sealed`` > 0 (:func:`replay_key_bytes`): its
+    trailer alone is read, 12 bytes per sealed row."""
+    begin = piece.offset + piece.length
+    return replay_keys_of(
+        _read_ranges(piece.path, [(begin, begin + REPLAY_KEY_BYTES * max(piece.sealed, 0))])
+    )
 
 
 class OpenSpill:

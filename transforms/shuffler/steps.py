@@ -334,14 +334,7 @@ def origin_codes(
     first[1:] = (sorted_crowds[1:] != sorted_crowds[:-1]) | (
         sorted_hashes[1:] != sorted_hashes[:-1]
     )
-    distinct = np.bincount(sorted_crowds[first], minlength=count).astype(np.int64)
-    # Distinct (crowd, hash) pairs numbered over all crowds, less the crowd's first number.
-    numbers = np.cumsum(first) - 1
-    bases = np.zeros(count, dtype=np.int64)
-    np.cumsum(distinct[:-1], out=bases[1:])
-    codes = np.empty(crowds.size, dtype=np.int64)
-    codes[order] = numbers - bases[sorted_crowds]
-    return distinct, codes
+    return decide.number_origins(order, first, sorted_crowds, count)
 
 
 def released_crowd(manifest: Mapping[str, Any]) -> dict[str, Any]:

@@ -260,19 +260,11 @@ fn crc32c_many<'py>(
     data: &[u8],
     offsets: &[u8],
 ) -> PyResult<Option<Bound<'py, PyBytes>>> {
-    if !offsets.len().is_multiple_of(8) || offsets.len() < 8 {
+    let Some(bounds) = int64s(offsets)
+        .filter(|bounds| !bounds.is_empty() && valid_offsets(bounds, bounds.len() - 1, data))
+    else {
         return Ok(None);
-    }
-    let bounds: Vec<i64> = offsets
-        .chunks_exact(8)
-        .map(|chunk| i64::from_le_bytes(chunk.try_into().unwrap()))
-        .collect();
-    let valid = bounds[0] >= 0
-        && bounds.windows(2).all(|pair| pair[0] <= pair[1])
-        && (bounds[bounds.len() - 1] as u64) <= data.len() as u64;
-    if !valid {
-        return Ok(None);
-    }
+    };
     let values = py.detach(|| {
         let mut out = Vec::with_capacity(4 * (bounds.len() - 1));
         for pair in bounds.windows(2) {
