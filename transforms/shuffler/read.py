@@ -26,7 +26,7 @@ from schemas import schema_json
 from schemas.payloads import EncodedPayloads
 from schemas.replays import sealed_rows
 from transforms.common import avro_io
-from transforms.common.memory import release_freed_memory
+from transforms.common.memory import MemoryReleaser
 from transforms.shuffler import report_rows, spill
 from transforms.shuffler.bundles import CountsBundles
 from transforms.shuffler.config import READ, REJECTED_PREFIX, STAGE_READ, UNKNOWN_PREFIX
@@ -149,6 +149,7 @@ class SpillBatch(beam.DoFn):
         self._window = window
         self._spill_dir = spill_dir
         self._buckets = buckets
+        self._release_memory = MemoryReleaser()
 
     def process(
         self, element: tuple[avro_io.ColumnBatch, np.ndarray], hash_key: np.ndarray
@@ -194,9 +195,10 @@ class SpillBatch(beam.DoFn):
             )
             # A plain tuple key: Beam has a fast deterministic coder for it.
             yield beam_window.TimestampedValue((tuple(key), piece), Timestamp(micros=key[0] * 1000))
-        # The batch is spilled and freed: its pages go back (issue: memory flat in the input).
+        # The batch is spilled and freed: its pages go back once they add up (memory flat in
+        # the input, within MemoryReleaser's margin).
         del item, batch, keyed, rows, element
-        release_freed_memory()
+        self._release_memory()
 
 
 def draw_origin_key(_: Any) -> np.ndarray:
