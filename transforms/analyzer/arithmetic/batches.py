@@ -142,6 +142,15 @@ def _reject(reasons: np.ndarray, rows: np.ndarray, reason: str) -> None:
     reasons[target] = _REASON_CODE[reason]
 
 
+def _dictionary_codes(column: pa.Array) -> tuple[np.ndarray, list[Any]]:
+    """``column``'s values as int64 codes into a list of its distinct values (a null is one of
+    them, None)."""
+    encoded = pc.dictionary_encode(column, null_encoding="encode")
+    return encoded.indices.to_numpy(zero_copy_only=False).astype(
+        np.int64
+    ), encoded.dictionary.to_pylist()
+
+
 def aggregate_batch(
     batch: pa.RecordBatch,
     book: RecipeBook,
@@ -205,42 +214,49 @@ def aggregate_batch(
     firsts = order[starts[:-1]]  # each crowd's first row
     group_of = np.empty(rows, dtype=np.int64)
     group_of[order] = np.repeat(np.arange(firsts.size), sizes)
-    recipe_ids = batch.column("recipe_id").take(pa.array(firsts)).to_pylist()
-    channels = batch.column("channel").take(pa.array(firsts)).to_pylist()
-    crowd_ids = batch.column("crowd_id").take(pa.array(firsts)).to_pylist()
-    # A known recipe on its own channel, per crowd (looked up once per recipe and channel).
-    verdicts: dict[tuple[Any, Any], Recipe | str] = {}
-    recipes: list[Recipe | None] = []
-    refused = np.zeros(firsts.size, dtype=np.int8)  # 1: unknown recipe, 2: wrong channel
-    for group, pair in enumerate(zip(recipe_ids, channels, strict=True)):
-        verdict = verdicts.get(pair)
-        if verdict is None:
-            recipe = book.get(pair[0]) if pair[0] is not None else None
-            if recipe is None:
-                verdict = UNKNOWN_RECIPE
-            elif pair[1] != recipe.channel:
-                verdict = RECIPE_CHANNEL_MISMATCH
-            else:
-                verdict = recipe
-            verdicts[pair] = verdict
-        if isinstance(verdict, str):
-            refused[group] = 1 if verdict == UNKNOWN_RECIPE else 2
-            recipes.append(None)
+    first_rows = pa.array(firsts)
+    recipe_column = batch.column("recipe_id").take(first_rows)
+    channel_column = batch.column("channel").take(first_rows)
+    recipe_ids = recipe_column.to_pylist()
+    channels = channel_column.to_pylist()
+    crowd_ids = batch.column("crowd_id").take(first_rows).to_pylist()
+    # A known recipe on its own channel, per crowd: looked up once per distinct (recipe ID,
+    # channel) pair, the crowds' pairs as dictionary codes (no Python step per crowd).
+    recipe_codes, recipe_names = _dictionary_codes(recipe_column)
+    channel_codes, channel_names = _dictionary_codes(channel_column)
+    pairs, pair_of = np.unique(
+        recipe_codes * len(channel_names) + channel_codes, return_inverse=True
+    )
+    pair_refused = np.zeros(pairs.size, dtype=np.int8)  # 1: unknown recipe, 2: wrong channel
+    recipe_of_code: dict[int, Recipe] = {}
+    for index, pair in enumerate(pairs.tolist()):
+        recipe_id = recipe_names[pair // len(channel_names)]
+        recipe = book.get(recipe_id) if recipe_id is not None else None
+        if recipe is None:
+            pair_refused[index] = 1
+        elif channel_names[pair % len(channel_names)] != recipe.channel:
+            pair_refused[index] = 2
         else:
-            recipes.append(verdict)
+            recipe_of_code[pair // len(channel_names)] = recipe
+    refused = pair_refused[pair_of.reshape(-1)]
     row_refused = refused[group_of]
     _reject(reasons, everything[row_refused == 1], UNKNOWN_RECIPE)
     _reject(reasons, everything[row_refused == 2], RECIPE_CHANNEL_MISMATCH)
     live_rows = order[(reasons[order] == 0) & (row_refused[order] == 0)]  # in crowd order
     live_sizes = np.bincount(group_of[live_rows], minlength=firsts.size)
     # Each crowd's accumulator, made per recipe: histogram crowds of small dense domains at once
-    # (one bincount over crowd x bucket), the others crowd by crowd.
+    # (one bincount over crowd x bucket), the others crowd by crowd. Recipes in the order their
+    # first live crowd comes, each one's crowds ascending.
     made: dict[int, Accumulator] = {}
-    by_recipe: dict[str, list[int]] = {}
-    for group in np.flatnonzero(live_sizes).tolist():
-        by_recipe.setdefault(recipe_ids[group], []).append(group)
-    for groups in by_recipe.values():
-        recipe = recipes[groups[0]]
+    live_groups = np.flatnonzero(live_sizes)
+    live_codes = recipe_codes[live_groups]
+    codes, first_live = np.unique(live_codes, return_index=True)
+    by_recipe: dict[int, list[int]] = {
+        code: live_groups[live_codes == code].tolist()
+        for code in codes[np.argsort(first_live)].tolist()
+    }
+    for code, groups in by_recipe.items():
+        recipe = recipe_of_code[code]
         chosen = np.zeros(firsts.size, dtype=bool)
         chosen[groups] = True
         recipe_rows = live_rows[chosen[group_of[live_rows]]]  # crowd after crowd, as read
