@@ -95,6 +95,33 @@ def test_aggregate_batch_counts_crowds_and_dead_letters_every_bad_message():
     assert counts["rejected:census_not_counted"] == 4
 
 
+def test_aggregate_batch_checks_recipes_per_pair_of_recipe_and_channel():
+    """Null recipe IDs and channels, and one recipe ID named on several channels, each crowd
+    judged by its own (recipe ID, channel) pair; the counted crowds' accumulators as before."""
+    rows = [
+        (T0, "onehot", None, "a", bucket_payload(1)),  # no recipe ID: unknown_recipe
+        (T0, None, "onehot@1", "b", bucket_payload(2)),  # no channel: recipe_channel_mismatch
+        (T0, "tree", "onehot@1", "c", bucket_payload(3)),  # another recipe's channel
+        (T0, "onehot", "onehot@1", "d", bucket_payload(4)),
+        (T0, "onehot", "nobody@1", "e", bucket_payload(5)),  # unknown_recipe
+        (T0, "onehot", "onehot@1", "b", bucket_payload(6)),  # crowd b on its right channel
+        (T0, None, None, "f", bucket_payload(7)),  # neither: unknown_recipe
+    ]
+    result = aggregate_batch(message_batch(rows), BOOK, {1})
+    reasons = dict(zip(result.rejected_rows.tolist(), result.rejected_reasons, strict=True))
+    assert reasons == {
+        0: "unknown_recipe",
+        1: "recipe_channel_mismatch",
+        2: "recipe_channel_mismatch",
+        4: "unknown_recipe",
+        6: "unknown_recipe",
+    }
+    counted = {
+        key[5]: acc.counts.dense().nonzero()[0].tolist() for key, acc in result.accumulators.items()
+    }
+    assert counted == {"d": [4], "b": [6]}
+
+
 def test_aggregate_batch_rejects_a_batch_without_the_message_columns():
     batch = pa.RecordBatch.from_pydict({"payload": [b"x", b"y"]})
     result = aggregate_batch(batch, BOOK, {1})
