@@ -145,6 +145,8 @@ def _reject(reasons: np.ndarray, rows: np.ndarray, reason: str) -> None:
 def _dictionary_codes(column: pa.Array) -> tuple[np.ndarray, list[Any]]:
     """``column``'s values as int64 codes into a list of its distinct values (a null is one of
     them, None)."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
     encoded = pc.dictionary_encode(column, null_encoding="encode")
     return encoded.indices.to_numpy(zero_copy_only=False).astype(
         np.int64
