@@ -11,8 +11,8 @@ validated and spilled one after another: RSS +70 MB after the last batch, +22 MB
 at about one batch's, whatever the number of batches; it costs a few milliseconds.
 
 Returning pages has a price beyond the call: the next batch takes them back from the operating
-system, a page fault and a zeroed page each (a third of the CPU time of bench_shuffle's
-10,000,000-message shuffle was the kernel's). :class:`MemoryReleaser` therefore returns them only
+system, a page fault and a zeroed page each (a quarter to a third of the CPU time of
+bench_shuffle's 10,000,000-message shuffle was the kernel's). :class:`MemoryReleaser` therefore returns them only
 once the resident set has grown :data:`RELEASE_MARGIN_BYTES` past where the last release left
 it: memory stays flat in the input (within that margin), and most batches reuse the pages the
 one before freed.
@@ -54,8 +54,8 @@ def release_freed_memory() -> None:
 
 
 # How far a worker's resident set may grow past where its last release left it before freed
-# pages are returned again: about one batch of bench_crowds' (51,567 reports read, validated
-# and spilled).
+# pages are returned again: a few batches' growth without releases (about 10 MB per batch of
+# 51,567 reports, above); the 200 batches of bench_shuffle's 10,000,000 messages release once.
 RELEASE_MARGIN_BYTES = 32 << 20
 
 

@@ -148,9 +148,8 @@ def _dictionary_codes(column: pa.Array) -> tuple[np.ndarray, list[Any]]:
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
     encoded = pc.dictionary_encode(column, null_encoding="encode")
-    return encoded.indices.to_numpy(zero_copy_only=False).astype(
-        np.int64
-    ), encoded.dictionary.to_pylist()
+    codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    return codes, encoded.dictionary.to_pylist()
 
 
 def aggregate_batch(
