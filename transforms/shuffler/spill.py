@@ -268,6 +268,15 @@ def remove_spill(spill_root: str) -> bool:
     return False
 
 
+def entries_in_use(column: pa.DictionaryArray) -> tuple[np.ndarray, np.ndarray]:
+    """A dictionary column's indices and, per dictionary entry, whether a row uses it: found by
+    marking them (a dictionary's codes are dense), not by sorting the rows."""
+    indices = column.indices.to_numpy(zero_copy_only=False)
+    present = np.zeros(len(column.dictionary), dtype=bool)
+    present[indices] = True
+    return indices, present
+
+
 def own_dictionary(batch: pa.RecordBatch) -> pa.RecordBatch:
     """``batch`` with its ``crowd`` column (if any) re-encoded over only the crowds it holds (a
     slice keeps its parent's whole dictionary, which would be spilled with every piece)."""
@@ -275,9 +284,7 @@ def own_dictionary(batch: pa.RecordBatch) -> pa.RecordBatch:
     if index < 0 or batch.num_rows == 0:
         return batch
     column = batch.column(index)
-    indices = column.indices.to_numpy(zero_copy_only=False)
-    present = np.zeros(len(column.dictionary), dtype=bool)
-    present[indices] = True  # no sort: a dictionary's codes are dense
+    indices, present = entries_in_use(column)
     if present.all():
         return batch
     used = np.flatnonzero(present)

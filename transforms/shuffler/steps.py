@@ -119,10 +119,7 @@ def crowd_codes(column: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, list[st
         column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
     if len(column) == 0:
         return np.zeros(0, dtype=np.int64), []
-    indices = column.indices.to_numpy(zero_copy_only=False)
-    # The dictionary entries in use, by marking them (its codes are dense), not by sorting rows.
-    present = np.zeros(len(column.dictionary), dtype=bool)
-    present[indices] = True
+    indices, present = spill.entries_in_use(column)
     used = np.flatnonzero(present)
     texts = column.dictionary.take(pa.array(used)).to_pylist()
     # Codes in the order of the texts, so that every shard lists its crowds the same way.

@@ -23,17 +23,22 @@ class _Process:
         self.resident = self.after_release
 
 
-def test_first_call_releases_and_sets_the_floor():
+def _released_once() -> tuple[_Process, memory.MemoryReleaser]:
+    """A releaser with a 50-byte margin after its first call, which released (500 -> 100)."""
     process = _Process(resident=500, after_release=100)
     releaser = memory.MemoryReleaser(50, process.read, process.release)
     assert releaser() is True
     assert process.releases == 1
+    return process, releaser
+
+
+def test_first_call_releases_and_sets_the_floor():
+    process, _ = _released_once()
+    assert process.resident == 100
 
 
 def test_growth_within_the_margin_keeps_the_pages():
-    process = _Process(resident=500, after_release=100)
-    releaser = memory.MemoryReleaser(50, process.read, process.release)
-    releaser()
+    process, releaser = _released_once()
     for resident in (120, 150, 149, 100):  # the floor is 100: 150 is still within 50
         process.resident = resident
         assert releaser() is False
@@ -41,9 +46,7 @@ def test_growth_within_the_margin_keeps_the_pages():
 
 
 def test_growth_past_the_margin_releases_and_moves_the_floor():
-    process = _Process(resident=500, after_release=100)
-    releaser = memory.MemoryReleaser(50, process.read, process.release)
-    releaser()
+    process, releaser = _released_once()
     process.resident, process.after_release = 151, 130
     assert releaser() is True
     process.resident = 175  # the new floor is 130: within 50 of it
