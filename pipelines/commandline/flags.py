@@ -88,7 +88,8 @@ def multi_process_flags(workers: int) -> list[str]:
 def with_default_runner(options: PipelineOptions, worker_processes: int = 1) -> PipelineOptions:
     """``options`` with a runner when none was given: FnApiRunner for batch, DirectRunner (the
     one that runs TestStream and unbounded sources) for ``--streaming``. FnApiRunner's workers
-    are closed together at the end (``pipelines/engines/worker_shutdown.py``); the process is
+    are closed together at the end (``pipelines/engines/worker_shutdown.py``) and a stage is
+    sent only to the workers its input reaches (``pipelines/engines/busy_bundles.py``); the process is
     tuned for running bundles (``pipelines/engines/process_tuning.py``: Beam's DoFn specs found
     once per DoFn, short state-sampler sleeps, fewer garbage collections).
 
@@ -100,10 +101,12 @@ def with_default_runner(options: PipelineOptions, worker_processes: int = 1) -> 
     ``--direct_running_mode=multi_processing``) run on its subclass ForkedWorkerRunner, whose
     workers are forked, not spawned: by ``esa run``'s fork server, else by a fork of this driver
     where that is safe (``pipelines/engines/forked_workers.py``)."""
+    from pipelines.engines.busy_bundles import send_only_busy_bundles
     from pipelines.engines.process_tuning import tune_this_process
     from pipelines.engines.worker_shutdown import close_workers_together
 
     close_workers_together()
+    send_only_busy_bundles()
     tune_this_process()
     standard = options.view_as(StandardOptions)
     direct = options.view_as(DirectOptions)
