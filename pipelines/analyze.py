@@ -618,8 +618,9 @@ def run(
     pipeline = new_pipeline(options)
     # Workers read the committed message files and crowd tables from each commit record, pinned
     # to the SHA-256 the driver verified: nothing per file or crowd is pickled into the job.
+    # (Not reshuffled: SpreadFiles and SpreadTables spread what each record lists.)
     commits = pipeline | "CommitRecords" >> beam.Create(
-        [(r.instance, r.path, r.commit_sha256) for r in releases]
+        [(r.instance, r.path, r.commit_sha256) for r in releases], reshuffle=False
     )
     release_files = (
         commits

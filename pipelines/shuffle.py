@@ -492,7 +492,8 @@ def run(
     started = time.monotonic()
     try:
         pipeline = new_pipeline(options)
-        input_paths = pipeline | "InputPaths" >> beam.Create(paths)
+        # Not reshuffled here: SpreadFiles spreads the files (or their ranges) over the workers.
+        input_paths = pipeline | "InputPaths" >> beam.Create(paths, reshuffle=False)
         workers = worker_processes_of(options)
         if workers > 1:  # block headers walked: ~30 ms for 131 MiB
             planner = PlanReportRanges(range_records(input_bytes, workers))
