@@ -42,7 +42,10 @@ run: start-up dominates its speed-ups).
         [--engines direct,prism,flink] [--no-reference] [--json PATH]
 
 Each measurement prints one line on stderr as it is made (1 worker first, then the most workers
-down), so a run stopped by a time limit still shows what it measured.
+down), so a run stopped by a time limit still shows what it measured. On FnApiRunner the line and
+the row's note also name the slowest stages with their seconds and the seconds outside any stage
+(``benchmarks/stage_log.py``; the row's ``stage_log``): a stage whose time does not fall with more
+workers is what does not spread.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common import run_child
+from benchmarks.stage_log import describe
 from pipelines.engines import runners
 from pipelines.engines.flink_cluster import FlinkCluster
 
@@ -90,25 +94,31 @@ print(json.dumps({"messages": summary["messages"], "chaff": summary["chaff_messa
 _SHUFFLE = """
 import json, sys, time
 from apache_beam.options.pipeline_options import PipelineOptions
+from benchmarks.stage_log import record_stages, stage_summary
 from pipelines import shuffle
 a = json.loads(sys.argv[1])
+record_stages()
 started = time.perf_counter()
 summary = shuffle.run(PipelineOptions(a["flags"], input=a["input"], output=a["output"],
     private_output=a["private"], instance=a["instance"], recipe=[a["recipe"]]))
-print(json.dumps({"wall": time.perf_counter() - started, "read": summary["read"],
-                  "released": summary["released"], "adds_up": summary["adds_up"]}))
+wall = time.perf_counter() - started
+print(json.dumps({"wall": wall, "read": summary["read"], "released": summary["released"],
+                  "adds_up": summary["adds_up"], "stage_log": stage_summary(wall)}))
 """
 _ANALYZE = """
 import json, sys, time
 from apache_beam.options.pipeline_options import PipelineOptions
+from benchmarks.stage_log import record_stages, stage_summary
 from pipelines import analyze
 a = json.loads(sys.argv[1])
+record_stages()
 started = time.perf_counter()
 summary = analyze.run(PipelineOptions(a["flags"], analyze_input=[a["input"]],
     analyze_output=a["output"], analyze_recipe=[a["recipe"]], analyze_no_pictures=True,
     analyze_key_ring=a["key_ring"]))
-print(json.dumps({"wall": time.perf_counter() - started, "read": summary["metrics"]["read"],
-                  "adds_up": summary["metrics"]["adds_up"]}))
+wall = time.perf_counter() - started
+print(json.dumps({"wall": wall, "read": summary["metrics"]["read"],
+                  "adds_up": summary["metrics"]["adds_up"], "stage_log": stage_summary(wall)}))
 """
 
 
@@ -252,7 +262,10 @@ def _rows_for(engine: str, measured: dict[tuple[str, int], dict], workers: list[
                     "ratio": speedup,
                     "note": f"speed-up vs 1 worker of {engine} in this run"
                     + (f" (target >= {target:g}x with {n} free cores)" if target else "")
-                    + f"; {result['read']:,} messages in {result['wall']:.1f} s; {context}",
+                    + f"; {result['read']:,} messages in {result['wall']:.1f} s; "
+                    + (f"{stages}; " if (stages := describe(result.get("stage_log"))) else "")
+                    + context,
+                    "stage_log": result.get("stage_log"),
                 }
             )
     return rows
@@ -266,9 +279,10 @@ def measuring_order(workers: list[int]) -> list[int]:
 
 def _progress(engine: str, stage: str, workers: int, result: dict) -> None:
     """One line on stderr per measurement, as it is made."""
+    stages = describe(result.get("stage_log"))
     print(f"scaling: {stage} on {engine} with {workers} worker(s): {result['read']:,} messages in "
-          f"{result['wall']:.1f} s, {result['rate']:,.0f}/s; load {_load()}",
-          file=sys.stderr, flush=True)  # fmt: skip
+          f"{result['wall']:.1f} s, {result['rate']:,.0f}/s; load {_load()}"
+          + (f"; {stages}" if stages else ""), file=sys.stderr, flush=True)  # fmt: skip
 
 
 def run(quick: bool, workers: list[int] | None = None, devices: int | None = None,

@@ -40,6 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from benchmarks.common import RAW_READ_SCRIPT, raw_read_note, run_child
+from benchmarks.stage_log import describe
 from schemas import SCHEMA_VERSION, schema_json
 from schemas.avro.container import encode_container
 from schemas.avro.crc32c import crc32c_many
@@ -60,6 +61,7 @@ _SHUFFLE = """
 import json, sys, time
 from benchmarks.common import peak_rss_mb
 from apache_beam.options.pipeline_options import PipelineOptions
+from benchmarks.stage_log import record_stages, stage_summary
 from pipelines import shuffle
 from transforms.shuffler.params import RecipeRoute
 arguments = json.loads(sys.argv[1])
@@ -69,11 +71,13 @@ options = PipelineOptions(
     crowd_threshold=100, deletion_epsilon=1.0, deletion_delta=1e-6, window="1d", instance=None,
     recipe=None, batch_records=50000, watch_interval=10.0, watch_for=None,
 )
+record_stages()
 start = time.perf_counter()
 summary = shuffle.run(options, routes=routes)
-print(json.dumps({"seconds": time.perf_counter() - start, "records": summary["read"],
+seconds = time.perf_counter() - start
+print(json.dumps({"seconds": seconds, "records": summary["read"],
                   "adds_up": summary["adds_up"], "released": summary["released"],
-                  "peak_rss_mb": peak_rss_mb()}))
+                  "peak_rss_mb": peak_rss_mb(), "stage_log": stage_summary(seconds)}))
 """
 
 
@@ -200,7 +204,9 @@ def run(
                 f"multi-process DirectRunner, {workers} workers (the machine's cores; load "
                 f"{load:.2f} at start; esa shuffle given no runner flags runs this input on "
                 f"{_default_processes(paths)}); released "
-                f"{parallel['released']:,}, accounting adds up: {parallel['adds_up']}",
+                f"{parallel['released']:,}, accounting adds up: {parallel['adds_up']}; "
+                f"{describe(parallel['stage_log'])}",
+                "stage_log": parallel["stage_log"],
             },
             {
                 "benchmark": "shuffle",
@@ -230,7 +236,9 @@ def run(
                     "ratio": parallel_rate / one_rate,
                     "note": f"multi-process DirectRunner, {workers} workers vs 1 worker "
                     f"({one['seconds']:.1f} s vs {parallel['seconds']:.1f} s, start-up included); "
-                    f"{target}load {load:.2f} at start; adds up: {one['adds_up']}",
+                    f"{target}load {load:.2f} at start; adds up: {one['adds_up']}; 1 worker's "
+                    f"{describe(one['stage_log'])}",
+                    "stage_log": one["stage_log"],
                 }
             )
         if not quick:
