@@ -115,14 +115,16 @@ def with_default_runner(options: PipelineOptions, worker_processes: int = 1) -> 
         direct.direct_running_mode = "multi_processing"
         direct.direct_num_workers = workers
         standard.runner = forked_workers.RUNNER
+    if standard.runner is None:
+        standard.runner = "DirectRunner" if standard.streaming else DEFAULT_BATCH_RUNNER
+    # After the default: --direct_running_mode=multi_processing given without --runner is
+    # FnApiRunner's multi-process mode too (Beam's DirectRunner runs batch on it).
     if (
         standard.runner == DEFAULT_BATCH_RUNNER
         and direct.direct_running_mode == "multi_processing"
         and not standard.streaming
     ):
         standard.runner = forked_workers.RUNNER
-    if standard.runner is None:
-        standard.runner = "DirectRunner" if standard.streaming else DEFAULT_BATCH_RUNNER
     return options
 
 

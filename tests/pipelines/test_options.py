@@ -113,6 +113,13 @@ FORKED = forked_workers.RUNNER
             2,
             (FORKED, "multi_processing", 3),
         ),
+        # The same without --runner (as esa shuffle --help shows it): forked too.
+        (
+            ["--direct_running_mode=multi_processing", "--direct_num_workers=3"],
+            1,
+            2,
+            (FORKED, "multi_processing", 3),
+        ),
         (
             ["--runner=DirectRunner", "--direct_running_mode=multi_processing"],
             1,
