@@ -45,6 +45,7 @@ import numpy as np
 import pyarrow as pa
 
 from benchmarks.common import peak_rss_mb, run_child
+from benchmarks.stage_log import describe
 from pipelines.engines import runners
 from pipelines.engines.flink_cluster import FlinkCluster
 from schemas import SCHEMA_VERSION, schema_json
@@ -71,8 +72,10 @@ _STAGES = """
 import json, sys, time
 from benchmarks.common import peak_rss_mb
 from apache_beam.options.pipeline_options import PipelineOptions
+from benchmarks.stage_log import record_stages, stage_summary
 from pipelines import analyze, shuffle
 a = json.loads(sys.argv[1])
+record_stages()
 start = time.perf_counter()
 if a["stage"] == "shuffle":
     summary = shuffle.run(PipelineOptions(
@@ -86,7 +89,8 @@ else:
         analyze_recipe=a["recipes"], analyze_no_pictures=True))
     result = {"records": summary["metrics"]["read"], "adds_up": summary["metrics"]["adds_up"],
               "crowds": summary["reports"]["histograms"]}
-result.update(seconds=time.perf_counter() - start, peak_rss_mb=peak_rss_mb())
+seconds = time.perf_counter() - start
+result.update(seconds=seconds, peak_rss_mb=peak_rss_mb(), stage_log=stage_summary(seconds))
 print(json.dumps(result))
 """
 
@@ -236,6 +240,8 @@ def run(quick: bool) -> list[dict]:
         note = (
             f"{big['seconds']:.1f} s vs {little['seconds']:.1f} s; baseline: a tenth of the crowds"
         )
+        if stages := describe(big.get("stage_log")):
+            note += f"; {stages}"
         if stage == "analyze":
             rate = big["crowds"] / big["seconds"]
             note += f"; target >= {ANALYZE_CROWDS_PER_S:,} crowds/s at 100,000 crowds (full mode)"
