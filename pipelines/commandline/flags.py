@@ -89,9 +89,9 @@ def with_default_runner(options: PipelineOptions, worker_processes: int = 1) -> 
     """``options`` with a runner when none was given: FnApiRunner for batch, DirectRunner (the
     one that runs TestStream and unbounded sources) for ``--streaming``. FnApiRunner's workers
     are closed together at the end (``pipelines/engines/worker_shutdown.py``) and a stage is
-    sent only to the workers its input reaches (``pipelines/engines/busy_bundles.py``); the process is
-    tuned for running bundles (``pipelines/engines/process_tuning.py``: Beam's DoFn specs found
-    once per DoFn, short state-sampler sleeps, fewer garbage collections).
+    sent only to the workers its input reaches (``pipelines/engines/busy_bundles.py``); the
+    process is tuned for running bundles (``pipelines/engines/process_tuning.py``: Beam's DoFn
+    specs found once per DoFn, short state-sampler sleeps, fewer garbage collections).
 
     ``worker_processes`` > 1: the caller's work is large enough to spread over processes; then a
     batch pipeline given no runner and no ``--direct_*`` setting runs on the multi-process
