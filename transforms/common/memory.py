@@ -12,10 +12,10 @@ at about one batch's, whatever the number of batches; it costs a few millisecond
 
 Returning pages has a price beyond the call: the next batch takes them back from the operating
 system, a page fault and a zeroed page each (a quarter to a third of the CPU time of
-bench_shuffle's 10,000,000-message shuffle was the kernel's). :class:`MemoryReleaser` therefore returns them only
-once the resident set has grown :data:`RELEASE_MARGIN_BYTES` past where the last release left
-it: memory stays flat in the input (within that margin), and most batches reuse the pages the
-one before freed.
+bench_shuffle's 10,000,000-message shuffle was the kernel's). :class:`MemoryReleaser` therefore
+returns them only once the resident set has grown :data:`RELEASE_MARGIN_BYTES` past where the
+last release left it: memory stays flat in the input (within that margin), and most batches
+reuse the pages the one before freed.
 """
 
 from __future__ import annotations
