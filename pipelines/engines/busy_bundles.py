@@ -23,15 +23,14 @@ bundle's monitoring data would have counted nothing. If the installed Beam's
 from __future__ import annotations
 
 import itertools
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from pipelines.engines.install_once import install_once
 
 __all__ = ["parts_with_input", "process_busy_bundles", "send_only_busy_bundles"]
 
 _USED = {"_num_workers", "partition", "shared_unbounded_instance", "consolidate"}
-_install = threading.Lock()
-_installed: list[bool] = []
 beams_process_bundle: list[Any] = []  # Beam's own, once replaced (the tests run it too)
 
 
@@ -99,19 +98,16 @@ def process_busy_bundles(
     return merged, splits
 
 
+@install_once
 def send_only_busy_bundles() -> bool:
     """Install :func:`process_busy_bundles` as FnApiRunner's parallel ``process_bundle`` (once;
     idempotent). Returns whether it is installed."""
     from apache_beam.runners.portability.fn_api_runner import fn_runner
 
     manager = getattr(fn_runner, "ParallelBundleManager", None)
-    with _install:
-        if _installed:
-            return _installed[0]
-        used = set(manager.process_bundle.__code__.co_names) if manager is not None else set()
-        fits = _USED <= used and hasattr(fn_runner, "BundleManager")
-        if fits:
-            beams_process_bundle.append(manager.process_bundle)
-            manager.process_bundle = process_busy_bundles
-        _installed.append(fits)
-        return fits
+    used = set(manager.process_bundle.__code__.co_names) if manager is not None else set()
+    fits = _USED <= used and hasattr(fn_runner, "BundleManager")
+    if fits:
+        beams_process_bundle.append(manager.process_bundle)
+        manager.process_bundle = process_busy_bundles
+    return fits

@@ -25,16 +25,15 @@ passes through. If the installed Beam has no ``userstate.get_dofn_specs``, nothi
 
 from __future__ import annotations
 
-import threading
 import types
 import weakref
 from collections.abc import Callable
 from typing import Any
 
+from pipelines.engines.install_once import install_once
+
 __all__ = ["remember_dofn_specs", "remembering", "methods_key"]
 
-_install = threading.Lock()
-_installed: list[bool] = []
 
 Specs = tuple[set[Any], set[Any]]
 
@@ -103,17 +102,14 @@ def remembering(original: Callable[[Any], Specs]) -> Callable[[Any], Specs]:
     return get_dofn_specs
 
 
+@install_once
 def remember_dofn_specs() -> bool:
     """Install :func:`remembering` over Beam's ``get_dofn_specs`` (once; idempotent). Returns
     whether it is installed."""
     from apache_beam.transforms import userstate
 
-    with _install:
-        if _installed:
-            return _installed[0]
-        original = getattr(userstate, "get_dofn_specs", None)
-        fits = callable(original)
-        if fits:
-            userstate.get_dofn_specs = remembering(original)
-        _installed.append(fits)
-        return fits
+    original = getattr(userstate, "get_dofn_specs", None)
+    fits = callable(original)
+    if fits:
+        userstate.get_dofn_specs = remembering(original)
+    return fits

@@ -21,35 +21,30 @@ nothing changes.
 from __future__ import annotations
 
 import inspect
-import threading
+
+from pipelines.engines.install_once import install_once
 
 __all__ = ["SAMPLING_PERIOD_MS", "shorten_state_sampling"]
 
 # The longest sleep of a bundle's state sampler (Beam's default: 200 ms).
 SAMPLING_PERIOD_MS = 10
 
-_install = threading.Lock()
-_installed: list[bool] = []
 
-
+@install_once
 def shorten_state_sampling(period_ms: int = SAMPLING_PERIOD_MS) -> bool:
     """Make ``period_ms`` the default sampling period of Beam's ``StateSampler`` (once;
     idempotent). Returns whether it is installed."""
     from apache_beam.runners.worker import statesampler
 
-    with _install:
-        if _installed:
-            return _installed[0]
-        init = getattr(statesampler.StateSampler, "__init__", None)
-        parameters = list(inspect.signature(init).parameters.values()) if init else []
-        defaults = getattr(init, "__defaults__", None)
-        fits = (
-            bool(parameters)
-            and parameters[-1].name == "sampling_period_ms"
-            and defaults is not None
-            and len(defaults) == 1
-        )
-        if fits:
-            init.__defaults__ = (int(period_ms),)
-        _installed.append(fits)
-        return fits
+    init = getattr(statesampler.StateSampler, "__init__", None)
+    parameters = list(inspect.signature(init).parameters.values()) if init else []
+    defaults = getattr(init, "__defaults__", None)
+    fits = (
+        bool(parameters)
+        and parameters[-1].name == "sampling_period_ms"
+        and defaults is not None
+        and len(defaults) == 1
+    )
+    if fits:
+        init.__defaults__ = (int(period_ms),)
+    return fits

@@ -29,12 +29,12 @@ import threading
 import time
 from typing import Any
 
+from pipelines.engines.install_once import install_once
+
 __all__ = ["close_all_together", "close_workers_together", "wait_for_workers"]
 
 _LOGGER = logging.getLogger(__name__)
 _ATTRIBUTES = ("_cached_handlers", "_workers_by_id", "_grpc_server")
-_install = threading.Lock()
-_installed: list[bool] = []
 _winding_down: list[threading.Thread] = []  # run_worker threads of closed, unjoined workers
 
 
@@ -82,20 +82,17 @@ def wait_for_workers(timeout_s: float = 60.0) -> None:
         thread.join(max(0.0, deadline - time.monotonic()))
 
 
+@install_once
 def close_workers_together() -> bool:
     """Install :func:`close_all_together` as FnApiRunner's ``close_all`` (once; idempotent).
     Returns whether it is installed."""
     from apache_beam.runners.portability.fn_api_runner import worker_handlers
 
     manager = worker_handlers.WorkerHandlerManager
-    with _install:
-        if _installed:
-            return _installed[0]
-        probe = manager.__init__.__code__.co_names
-        fits = all(name in probe for name in _ATTRIBUTES) and callable(
-            getattr(manager, "close_all", None)
-        )
-        if fits:
-            manager.close_all = close_all_together
-        _installed.append(fits)
-        return fits
+    probe = manager.__init__.__code__.co_names
+    fits = all(name in probe for name in _ATTRIBUTES) and callable(
+        getattr(manager, "close_all", None)
+    )
+    if fits:
+        manager.close_all = close_all_together
+    return fits
