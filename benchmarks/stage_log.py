@@ -17,6 +17,8 @@ import re
 import time
 from typing import Any
 
+from pipelines.engines.install_once import install_once
+
 __all__ = ["describe", "record_stages", "short_stage_name", "stage_summary"]
 
 _PLUMBING = re.compile(
@@ -25,7 +27,6 @@ _PLUMBING = re.compile(
     r"FlatMap-lambda-at-core|Map-decode"
 )
 _stages: list[tuple[str, float]] = []
-_started: list[float] = []
 
 
 def short_stage_name(name: str) -> str:
@@ -38,13 +39,11 @@ def short_stage_name(name: str) -> str:
     return re.sub(r"(-ParDo-.*|_\d+)$", "", step)
 
 
-def record_stages() -> None:
+@install_once
+def record_stages() -> bool:
     """Time every stage FnApiRunner runs in this process from now on (once)."""
     from apache_beam.runners.portability.fn_api_runner import fn_runner
 
-    if _started:
-        return
-    _started.append(time.perf_counter())
     original = fn_runner.FnApiRunner._execute_bundle
 
     def timed(self: Any, context: Any, bundle_context: Any, bundle_input: Any) -> Any:
@@ -55,6 +54,7 @@ def record_stages() -> None:
             _stages.append((bundle_context.stage.name, time.perf_counter() - started))
 
     fn_runner.FnApiRunner._execute_bundle = timed
+    return True
 
 
 def stage_summary(wall_s: float, top: int = 5) -> dict[str, Any]:
