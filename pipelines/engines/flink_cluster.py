@@ -146,11 +146,12 @@ class FlinkCluster:
             "taskmanager.host": "localhost",
             "taskmanager.bind-host": "localhost",
             "taskmanager.numberOfTaskSlots": self.slots,
-            "taskmanager.memory.process.size": "2048m",
+            "taskmanager.memory.process.size": "3072m",
             # Network buffers for the slots' shuffles: Flink's default (a tenth of its memory, 64
-            # MB at least) left 449 of the 512 buffers esa analyze needs with 2 slots.
-            "taskmanager.memory.network.min": "256m",
-            "taskmanager.memory.network.max": "256m",
+            # MB at least) left 449 of the 512 buffers esa analyze needs with 2 slots, and 256 MB
+            # later 509 (each of its groupings holds buffers per task and channel).
+            "taskmanager.memory.network.min": "512m",
+            "taskmanager.memory.network.max": "512m",
             "parallelism.default": 1,
             # A failed task is retried (the region it belongs to restarts), as on a production
             # cluster: outputs must come out exactly once all the same (tests/engines).
