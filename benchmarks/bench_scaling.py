@@ -20,10 +20,13 @@ on each engine with each worker count N of ``--workers``:
   ``--parallelism=N`` and ``--sdk_worker_parallelism=N``. Its figures include the job server's
   start-up (a JVM per pipeline).
 
-On Prism and Flink the SDK workers are the project's loopback workers (runners.py): threads of
-the submitting process, so Python work there shares one interpreter whatever N is. (Beam's
-``use_loopback_process_worker`` experiment, which makes them processes, left Prism waiting for a
-worker that never connected on this machine.)
+On Prism and Flink the SDK workers are served from the submitting process (``LOOPBACK``,
+runners.py): with N = 1 one thread of it; with N > 1 (``--sdk_worker_parallelism=N``) N
+processes forked from it (``pipelines/engines/process_workers.py``), so Flink's N task slots run
+their Python on up to N cores, where N threads shared one interpreter. Prism 2.77 asks for one
+worker per environment whatever N, so with N > 1 its bundles share one forked process. (Beam's
+own ``use_loopback_process_worker`` experiment spawns whatever ``python`` is first on ``PATH``;
+it left Prism waiting for a worker that never connected.)
 
 An engine that is not installed (``make engines``) gives a row saying why. FnApiRunner (one
 process) is measured once as a reference. Rows: messages read per second of wall time, start-up

@@ -91,7 +91,9 @@ def with_default_runner(options: PipelineOptions, worker_processes: int = 1) -> 
     are closed together at the end (``pipelines/engines/worker_shutdown.py``) and a stage is
     sent only to the workers its input reaches (``pipelines/engines/busy_bundles.py``); the
     process is tuned for running bundles (``pipelines/engines/process_tuning.py``: Beam's DoFn
-    specs found once per DoFn, short state-sampler sleeps, fewer garbage collections).
+    specs found once per DoFn, short state-sampler sleeps, fewer garbage collections). On Prism
+    and Flink, more than one SDK worker (``--sdk_worker_parallelism``) are processes forked
+    from this driver, not threads of it (``pipelines/engines/process_workers.py``).
 
     ``worker_processes`` > 1: the caller's work is large enough to spread over processes; then a
     batch pipeline given no runner and no ``--direct_*`` setting runs on the multi-process
@@ -103,10 +105,12 @@ def with_default_runner(options: PipelineOptions, worker_processes: int = 1) -> 
     where that is safe (``pipelines/engines/forked_workers.py``)."""
     from pipelines.engines.busy_bundles import send_only_busy_bundles
     from pipelines.engines.process_tuning import tune_this_process
+    from pipelines.engines.process_workers import fork_sdk_workers
     from pipelines.engines.worker_shutdown import close_workers_together
 
     close_workers_together()
     send_only_busy_bundles()
+    fork_sdk_workers()
     tune_this_process()
     standard = options.view_as(StandardOptions)
     direct = options.view_as(DirectOptions)

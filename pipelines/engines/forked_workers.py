@@ -64,6 +64,7 @@ __all__ = [
     "ForkServer",
     "RUNNER",
     "fork_is_safe",
+    "grpc_in_use",
     "running",
     "serving",
     "serving_this_process",
@@ -132,6 +133,12 @@ class ForkServer:
 
 
 _grpc_started: list[bool] = []  # a pipeline has run on gRPC in this process (not empty)
+
+
+def grpc_in_use() -> None:
+    """Note that this process has opened gRPC channels or servers (a pipeline's, a job
+    server's): from now on it forks no server (:func:`fork_is_safe`)."""
+    _grpc_started.append(True)
 
 
 def fork_is_safe() -> bool:
@@ -315,6 +322,11 @@ def _run_worker(request: dict[str, Any]) -> int:
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
     from apache_beam.runners.worker import sdk_worker_main
+    from apache_beam.runners.worker.worker_id_interceptor import WorkerIdInterceptor
+
+    # Read from the environment when the server imported it, before this worker had an ID: the
+    # logging channel sends it (Prism refuses a log stream without one).
+    WorkerIdInterceptor._worker_id = os.environ.get("WORKER_ID")
 
     try:
         sdk_worker_main.main([])

@@ -17,7 +17,9 @@ Engines, each matched to the installed Beam Python SDK (the portable job API mus
   and a TaskManager, ``pipelines.engines.flink_cluster.FlinkCluster``) at ``--flink_master=HOST:PORT``.
 
 ``ENGINES`` is ``$ESA_ENGINES_DIR``, else ``.engines/`` in the repository (ignored by git). The
-workers run in the submitting process (``LOOPBACK``), so local paths work on every engine.
+workers run on this machine, served from the submitting process (``LOOPBACK``), so local paths
+work on every engine: one SDK worker is a thread of that process; more than one
+(``--sdk_worker_parallelism``) are processes forked from it (``process_workers.py``).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from apache_beam.runners.portability.flink_runner import (
 )
 from apache_beam.version import __version__ as BEAM_VERSION
 
+from pipelines.engines import forked_workers
 from pipelines.engines.ports import free_port
 
 __all__ = ["BEAM_VERSION", "ENGINES", "engines_dir", "flink_cluster_lib", "flink_job_server_jar",
@@ -164,6 +167,7 @@ def one_job_server(flags: Sequence[str]) -> Iterator[list[str]]:
     job_server.job_port = job_server.job_port or free_port()
     endpoint = f"localhost:{job_server.job_port}"
     server = FlinkJarJobServer(options)
+    forked_workers.grpc_in_use()  # its readiness check opens a channel in this process
     server.start()  # returns once the job service answers at the endpoint
     try:
         shared = [*_without_runner(flags), "--runner=PortableRunner", f"--job_endpoint={endpoint}"]
