@@ -129,9 +129,26 @@ def forking_worker_pool() -> type:
             self._worker_processes[request.worker_id] = process
             return beam_fn_api_pb2.StartWorkerResponse()
 
+        def close(self) -> None:
+            """End the worker commands the runner did not stop (each waits for its worker,
+            which ends by itself when the runner closes its control channel) and reap them."""
+            processes = list(self._worker_processes.values())
+            self._worker_processes.clear()
+            for process in processes:
+                if process.poll() is None:
+                    process.terminate()
+            for process in processes:
+                try:
+                    process.wait(5)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+
         @classmethod
-        def serve(cls, server: forked_workers.ForkServer, options_json: str) -> tuple[str, Any]:
-            """(address, gRPC server) of a pool serving on a free local port."""
+        def serve(
+            cls, server: forked_workers.ForkServer, options_json: str
+        ) -> tuple[str, Any, Any]:
+            """(address, gRPC server, pool) of a pool serving on a free local port."""
             import grpc
             from apache_beam.portability.api import beam_fn_api_pb2_grpc
             from apache_beam.utils import thread_pool_executor
@@ -142,11 +159,10 @@ def forking_worker_pool() -> type:
                          ("grpc.http2.max_ping_strikes", 0)],
             )  # fmt: skip
             address = f"localhost:{grpc_server.add_insecure_port('localhost:0')}"
-            beam_fn_api_pb2_grpc.add_BeamFnExternalWorkerPoolServicer_to_server(
-                cls(server, options_json), grpc_server
-            )
+            pool = cls(server, options_json)
+            beam_fn_api_pb2_grpc.add_BeamFnExternalWorkerPoolServicer_to_server(pool, grpc_server)
             grpc_server.start()
-            return address, grpc_server
+            return address, grpc_server, pool
 
     return ForkingWorkerPool
 
@@ -175,13 +191,15 @@ def start_and_replace_loopback_environments(pipeline: Any, options: Any) -> list
         _LOGGER.info("SDK workers run as threads: no fork server can be had in this process")
         return beams_replace_loopback[0](pipeline, options)
     forked_workers.grpc_in_use()  # the runner's channels open next: no later fork of this one
-    address, grpc_server = forking_worker_pool().serve(server, _pipeline_options_json(options))
+    address, grpc_server, pool = forking_worker_pool().serve(
+        server, _pipeline_options_json(options)
+    )
     external = PortableOptions(environment_type="EXTERNAL", environment_config=address)
     payload = environments.ExternalEnvironment.from_options(external).to_runner_api(None)
     for env in loopback:
         env.urn = payload.urn
         env.payload = payload.payload
-    callbacks: list[Callable] = [lambda: grpc_server.stop(1)]
+    callbacks: list[Callable] = [lambda: grpc_server.stop(1), pool.close]
     if own is not None:
         callbacks.append(own.close)
     return callbacks

@@ -75,6 +75,31 @@ def test_options_json_cannot_carry_are_left_out():
     assert "environment_options" not in carried
 
 
+def test_the_pool_ends_and_reaps_the_worker_commands_left_at_the_end(tmp_path):
+    """A worker command the runner never stopped (one still waiting, one done) is ended and
+    reaped by the pool's clean-up: no process of the pool outlives the pipeline."""
+
+    class Server:  # what the pool reads of a fork server: the command that asks for a worker
+        worker_command = "sleep 60"
+
+    pool = process_workers.forking_worker_pool()(Server(), "{}")
+    request = beam_fn_api_pb2.StartWorkerRequest(
+        worker_id="waiting",
+        control_endpoint=endpoints_pb2.ApiServiceDescriptor(url="localhost:1"),
+    )
+    assert not pool.StartWorker(request, None).error
+    Server.worker_command = "true"
+    request.worker_id = "done"
+    assert not pool.StartWorker(request, None).error
+    processes = list(pool._worker_processes.values())
+    processes[1].wait(10)
+    assert processes[0].poll() is None
+    pool.close()
+    assert all(process.returncode is not None for process in processes)
+    assert processes[0].returncode == -15  # SIGTERM: it was still waiting
+    assert not pool._worker_processes
+
+
 def test_installed_as_the_portable_runners_loopback_replacement():
     with_default_runner(PipelineOptions([]))
     replaced = portable_runner.PortableRunner.start_and_replace_loopback_environments
