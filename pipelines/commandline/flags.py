@@ -25,7 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, NoReturn
 
-from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import (
+    DirectOptions,
+    FlinkRunnerOptions,
+    PipelineOptions,
+    PortableOptions,
+    StandardOptions,
+)
 
 from pipelines.engines import forked_workers
 from privacy.accounting.deletion import deletion_noise
@@ -133,15 +139,22 @@ def with_default_runner(options: PipelineOptions, worker_processes: int = 1) -> 
 
 
 def worker_processes_of(options: PipelineOptions) -> int:
-    """The worker processes ``options`` run the pipeline on: the multi-process DirectRunner's
-    workers (``--direct_num_workers=0``: one per CPU, as FnApiRunner reads it), else 1 (the
-    shuffler and the analyzer cut their files into more ranges for more)."""
+    """The worker processes ``options`` run the pipeline on (the shuffler and the analyzer cut
+    their files into more ranges for more): the multi-process DirectRunner's workers
+    (``--direct_num_workers=0``: one per CPU, as FnApiRunner reads it); else the most of a
+    portable runner's ``--parallelism`` (Flink's task slots in use) and
+    ``--sdk_worker_parallelism`` (its SDK worker processes, ``engines/process_workers.py``);
+    else 1."""
     direct = options.view_as(DirectOptions)
-    if direct.direct_running_mode != "multi_processing":
-        return 1
-    if direct.direct_num_workers == 0:
-        return multiprocessing.cpu_count()
-    return direct.direct_num_workers or 1
+    if direct.direct_running_mode == "multi_processing":
+        if direct.direct_num_workers == 0:
+            return multiprocessing.cpu_count()
+        return direct.direct_num_workers or 1
+    asked = (
+        options.view_as(FlinkRunnerOptions).parallelism,
+        options.view_as(PortableOptions).sdk_worker_parallelism,  # Beam may keep it as text
+    )
+    return max([1, *(int(value) for value in asked if str(value).lstrip("-").isdigit())])
 
 
 _UNITS_MS = (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1))

@@ -171,7 +171,8 @@ def test_the_shuffler_spreads_large_inputs_over_processes(monkeypatch):
 
 def test_the_worker_processes_of_options_are_those_beam_starts(monkeypatch):
     """In this process: 1; multi-process: --direct_num_workers, 0 meaning one per CPU (as
-    FnApiRunner reads it), unset meaning 1."""
+    FnApiRunner reads it), unset meaning 1; on a portable runner the most of --parallelism and
+    --sdk_worker_parallelism."""
     monkeypatch.setattr(flags.multiprocessing, "cpu_count", lambda: 6)
     multi = ["--direct_running_mode=multi_processing"]
     assert flags.worker_processes_of(PipelineOptions([])) == 1
@@ -179,3 +180,10 @@ def test_the_worker_processes_of_options_are_those_beam_starts(monkeypatch):
     assert flags.worker_processes_of(PipelineOptions(multi)) == 1
     assert flags.worker_processes_of(PipelineOptions([*multi, "--direct_num_workers=4"])) == 4
     assert flags.worker_processes_of(PipelineOptions([*multi, "--direct_num_workers=0"])) == 6
+    # a portable runner: Flink's task slots in use, or the SDK worker processes asked for
+    flink = ["--runner=FlinkRunner"]
+    assert flags.worker_processes_of(PipelineOptions([*flink, "--parallelism=4"])) == 4
+    assert flags.worker_processes_of(PipelineOptions([*flink, "--parallelism=-1"])) == 1
+    assert flags.worker_processes_of(PipelineOptions(["--sdk_worker_parallelism=3"])) == 3
+    both = [*flink, "--parallelism=2", "--sdk_worker_parallelism=8"]
+    assert flags.worker_processes_of(PipelineOptions(both)) == 8
