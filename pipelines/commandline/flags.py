@@ -99,7 +99,8 @@ def with_default_runner(options: PipelineOptions, worker_processes: int = 1) -> 
     process is tuned for running bundles (``pipelines/engines/process_tuning.py``: Beam's DoFn
     specs found once per DoFn, short state-sampler sleeps, fewer garbage collections). On Prism
     and Flink, more than one SDK worker (``--sdk_worker_parallelism``) are processes forked
-    from this driver, not threads of it (``pipelines/engines/process_workers.py``).
+    from this driver, not threads of it (``pipelines/engines/process_workers.py``); Flink with
+    ``--parallelism=N`` and workers on this machine gets N of them unless told otherwise.
 
     ``worker_processes`` > 1: the caller's work is large enough to spread over processes; then a
     batch pipeline given no runner and no ``--direct_*`` setting runs on the multi-process
@@ -135,7 +136,31 @@ def with_default_runner(options: PipelineOptions, worker_processes: int = 1) -> 
         and not standard.streaming
     ):
         standard.runner = forked_workers.RUNNER
+    _sdk_workers_per_slot(options)
     return options
+
+
+def _sdk_workers_per_slot(options: PipelineOptions) -> None:
+    """On Flink with workers on this machine (``LOOPBACK``, given or Flink's default for a
+    local master) and ``--parallelism=N`` > 1 but no ``--sdk_worker_parallelism`` above 1: N
+    SDK workers (forked processes, ``engines/process_workers.py``); Beam's 1 would run every
+    slot's Python in one interpreter. Flink gives each task of a fused stage one of them,
+    round robin in the order the tasks start, so two tasks of one stage can still share a
+    worker. (Beam's ``loadBalanceBundles``, which hands each bundle to a free worker instead,
+    left a 12-element test pipeline without a result for 10 minutes: most likely a bundle
+    waiting for a worker held by the bundle that feeds it.)"""
+    portable = options.view_as(PortableOptions)
+    flink = options.view_as(FlinkRunnerOptions)
+    environment = (portable.environment_type or "").upper()
+    local_master = (flink.flink_master or "[auto]") in ("[auto]", "[local]")
+    if environment != "LOOPBACK" and not (environment == "" and local_master):
+        return
+    runner = (options.view_as(StandardOptions).runner or "").rsplit(".", 1)[-1]
+    if runner not in ("FlinkRunner", "PortableRunner"):
+        return
+    slots = str(flink.parallelism)
+    if slots.isdigit() and int(slots) > 1 and str(portable.sdk_worker_parallelism) in ("1", "None"):
+        portable.sdk_worker_parallelism = int(slots)
 
 
 def worker_processes_of(options: PipelineOptions) -> int:

@@ -187,3 +187,26 @@ def test_the_worker_processes_of_options_are_those_beam_starts(monkeypatch):
     assert flags.worker_processes_of(PipelineOptions(["--sdk_worker_parallelism=3"])) == 3
     both = [*flink, "--parallelism=2", "--sdk_worker_parallelism=8"]
     assert flags.worker_processes_of(PipelineOptions(both)) == 8
+
+
+@pytest.mark.parametrize(
+    ("given", "workers"),
+    [
+        (["--runner=FlinkRunner", "--parallelism=4", "--environment_type=LOOPBACK"], 4),
+        (["--runner=FlinkRunner", "--parallelism=4"], 4),  # Flink's default for a local master
+        (["--runner=FlinkRunner", "--flink_master=[local]", "--parallelism=3"], 3),
+        (["--runner=FlinkRunner", "--parallelism=4", "--sdk_worker_parallelism=2"], 2),
+        (["--runner=FlinkRunner", "--parallelism=4", "--environment_type=DOCKER"], 1),
+        (["--runner=FlinkRunner", "--flink_master=host:8081", "--parallelism=4"], 1),
+        (["--runner=FlinkRunner", "--parallelism=1"], 1),
+        (["--runner=PrismRunner", "--parallelism=4"], 1),
+    ],
+)
+def test_flink_on_this_machine_gets_one_sdk_worker_per_task_slot(given, workers):
+    """--parallelism=N on Flink with LOOPBACK workers (given, or Flink's default for a local
+    master) asks for N SDK workers unless --sdk_worker_parallelism says otherwise; workers in
+    containers or on a remote cluster keep Beam's default."""
+    from apache_beam.options.pipeline_options import PortableOptions
+
+    options = flags.with_default_runner(PipelineOptions(given))
+    assert int(options.view_as(PortableOptions).sdk_worker_parallelism) == workers
