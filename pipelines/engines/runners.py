@@ -205,6 +205,17 @@ class _HangupFilter(logging.Filter):
         return not (record.exc_info and is_worker_hangup(record.exc_info[1]))
 
 
+# Beam's words, as a WARNING, for every stop of a job server it started (Prism's, when this
+# process exits: after the CLI has given descriptor 2 back to the terminal).
+_SERVER_LOGGER = "apache_beam.utils.subprocess_server"
+_ROUTINE_STOP = "Really destroying service at "
+
+
+class _RoutineStopFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_ROUTINE_STOP)
+
+
 _quiet = threading.Lock()
 _installed: list[bool] = []
 
@@ -216,13 +227,16 @@ def quiet_worker_hangups() -> None:
     in this process; Beam's reader thread then logs "Failed to read inputs in the data plane" and
     re-raises, and Python prints the thread's traceback, after the results are complete. Exactly
     that exception, from that thread and that logger, is dropped; every other one is reported
-    as before.
+    as before. So is Beam's "Really destroying service at ..." WARNING, which it logs for every
+    routine stop of a job server it started (Prism's, at this process's exit, on the terminal
+    after the CLI's log file is closed).
     """
     with _quiet:
         if _installed:
             return
         _installed.append(True)
         logging.getLogger(_DATA_PLANE_LOGGER).addFilter(_HangupFilter())
+        logging.getLogger(_SERVER_LOGGER).addFilter(_RoutineStopFilter())
         previous = threading.excepthook
 
         def hook(args: threading.ExceptHookArgs) -> None:

@@ -78,6 +78,30 @@ def test_hangup_is_dropped_and_other_errors_still_reported(capsys, caplog) -> No
         assert [record.exc_info[1] for record in caplog.records] == [failure]
     finally:
         threading.excepthook = original
+        for name in (runners._DATA_PLANE_LOGGER, runners._SERVER_LOGGER):
+            for installed in list(logging.getLogger(name).filters):
+                logging.getLogger(name).removeFilter(installed)
+        runners._installed.clear()
+
+
+def test_a_job_servers_routine_stop_is_dropped_and_its_other_warnings_kept(caplog) -> None:
+    """Beam's "Really destroying service" WARNING (every stop of a job server it started, Prism's
+    at exit) is dropped; another warning of the same logger still comes through."""
+    runners._installed.clear()
+    server_logger = logging.getLogger(runners._SERVER_LOGGER)
+    try:
+        runners.quiet_worker_hangups()
+        with caplog.at_level(logging.WARNING, logger=runners._SERVER_LOGGER):
+            server_logger.warning(
+                "Really destroying service at %s with cmd: %s", "localhost:1", ("prism",)
+            )
+            server_logger.warning("Could not start the job server %s", "prism")
+        assert [record.getMessage() for record in caplog.records] == [
+            "Could not start the job server prism"
+        ]
+    finally:
+        for installed in list(server_logger.filters):
+            server_logger.removeFilter(installed)
         for installed in list(logging.getLogger(runners._DATA_PLANE_LOGGER).filters):
             logging.getLogger(runners._DATA_PLANE_LOGGER).removeFilter(installed)
         runners._installed.clear()
