@@ -34,6 +34,7 @@ from apache_beam.options.pipeline_options import (
 )
 
 from pipelines.engines import forked_workers
+from pipelines.engines.process_workers import sdk_workers_asked, whole_number
 from privacy.accounting.deletion import deletion_noise
 from schemas.windows import MAX_EVENT_TIME_MS, parse_duration_ms
 
@@ -158,9 +159,9 @@ def _sdk_workers_per_slot(options: PipelineOptions) -> None:
     runner = (options.view_as(StandardOptions).runner or "").rsplit(".", 1)[-1]
     if runner not in ("FlinkRunner", "PortableRunner"):
         return
-    slots = str(flink.parallelism)
-    if slots.isdigit() and int(slots) > 1 and str(portable.sdk_worker_parallelism) in ("1", "None"):
-        portable.sdk_worker_parallelism = int(slots)
+    slots = whole_number(flink.parallelism)
+    if slots is not None and slots > 1 and portable.sdk_worker_parallelism in (1, "1", None):
+        portable.sdk_worker_parallelism = slots
 
 
 def worker_processes_of(options: PipelineOptions) -> int:
@@ -175,11 +176,9 @@ def worker_processes_of(options: PipelineOptions) -> int:
         if direct.direct_num_workers == 0:
             return multiprocessing.cpu_count()
         return direct.direct_num_workers or 1
-    asked = (
-        options.view_as(FlinkRunnerOptions).parallelism,
-        options.view_as(PortableOptions).sdk_worker_parallelism,  # Beam may keep it as text
-    )
-    return max([1, *(int(value) for value in asked if str(value).lstrip("-").isdigit())])
+    asked = (whole_number(options.view_as(FlinkRunnerOptions).parallelism),
+             sdk_workers_asked(options))  # fmt: skip
+    return max([1, *(number for number in asked if number is not None)])
 
 
 _UNITS_MS = (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1))

@@ -281,7 +281,7 @@ def __getattr__(name: str) -> Any:
             own = None
             if server is None or not server.alive():  # outside esa run: fork this driver
                 server = own = ForkServer.of_this_process()
-            _grpc_started.append(True)
+            grpc_in_use()
             if server is None:  # Beam's own spawned workers
                 return super().run_pipeline(pipeline, options)
             self._default_environment = environments.SubprocessSDKEnvironment.from_command_string(

@@ -41,8 +41,10 @@ from pipelines.engines.install_once import install_once
 __all__ = [
     "fork_sdk_workers",
     "forking_worker_pool",
+    "sdk_workers_asked",
     "start_and_replace_loopback_environments",
     "wants_worker_processes",
+    "whole_number",
     "worker_environment",
 ]
 
@@ -50,15 +52,25 @@ _LOGGER = logging.getLogger(__name__)
 beams_replace_loopback: list[Callable] = []  # Beam's own, once replaced
 
 
-def wants_worker_processes(options: Any) -> bool:
-    """Whether ``options`` ask a portable runner for more than one SDK worker."""
+def whole_number(value: Any) -> int | None:
+    """A Beam option's value as a whole number (Beam keeps some, such as
+    ``--sdk_worker_parallelism``, as the text given), or None when it is unset or none."""
+    try:
+        return int(str(value))
+    except ValueError:
+        return None
+
+
+def sdk_workers_asked(options: Any) -> int | None:
+    """``--sdk_worker_parallelism`` as a number (None: unset or not a number)."""
     from apache_beam.options.pipeline_options import PortableOptions
 
-    asked = options.view_as(PortableOptions).sdk_worker_parallelism  # Beam may keep it as text
-    try:
-        return int(asked or 1) > 1
-    except (TypeError, ValueError):
-        return False
+    return whole_number(options.view_as(PortableOptions).sdk_worker_parallelism)
+
+
+def wants_worker_processes(options: Any) -> bool:
+    """Whether ``options`` ask a portable runner for more than one SDK worker."""
+    return (sdk_workers_asked(options) or 1) > 1
 
 
 def _pipeline_options_json(options: Any) -> str:
@@ -92,18 +104,12 @@ def worker_environment(request: Any, options_json: str) -> dict[str, str]:
     return env
 
 
-def _worker_pool_base() -> type:
-    from apache_beam.runners.worker.worker_pool_main import BeamFnExternalWorkerPoolServicer
-
-    return BeamFnExternalWorkerPoolServicer
-
-
 @functools.cache
 def forking_worker_pool() -> type:
     """The class ``ForkingWorkerPool`` (made on first use: Beam is imported then)."""
-    base = _worker_pool_base()
+    from apache_beam.runners.worker.worker_pool_main import BeamFnExternalWorkerPoolServicer
 
-    class ForkingWorkerPool(base):
+    class ForkingWorkerPool(BeamFnExternalWorkerPoolServicer):
         """Beam's external worker pool whose ``StartWorker`` forks a worker process by a fork
         server (through its worker command, a small client that waits for the worker);
         ``StopWorker`` is Beam's (it ends that client; the worker ends when the runner closes
