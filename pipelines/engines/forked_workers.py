@@ -22,8 +22,13 @@ Fork safety: the server never starts a thread nor opens a gRPC channel (it only 
 the child is a copy of a single-threaded process; Python reseeds ``random`` in a forked child,
 OpenSSL reseeds its generator after a fork, and no module holds a numpy generator made at import
 (``privacy.rng`` seeds each one from the OS CSPRNG when it is made, in the worker), so no two
-workers share a random stream. The server exits when its parent does; a child
-ends when the runner closes its control channel, as a spawned worker does.
+workers share a random stream. The server exits when its parent does or when told to
+(SIGTERM); a child ends when the runner closes its control channel, as a spawned worker does, or
+with the server: one still running when the server ends is sent SIGTERM, then SIGKILL
+(:func:`_end_workers`), and one whose server is killed gets SIGKILL from the kernel
+(``PR_SET_PDEATHSIG``). On a portable runner the control channel is the runner's (Flink's
+TaskManager), which may outlive the driver: after a failed Flink job its workers stayed
+connected, and holding the driver's standard streams kept a caller reading them waiting.
 
 A pipeline run multi-process outside ``esa run`` (``esa shuffle`` or ``esa analyze`` spread over
 workers, ``--runner=FnApiRunner --direct_running_mode=multi_processing``) has no server started
@@ -76,6 +81,8 @@ _STATUS = 4  # bytes of the exit status the server answers with
 _LATER = "--later"  # separates the modules imported before serving from those imported later
 _CONNECT_S = 60.0  # a worker command waits this long for the server's socket
 _POLL_S = 0.2  # the server looks for exited children and a vanished parent this often
+_END_S = 2.0  # a worker still running when its server ends has this long after SIGTERM
+_PR_SET_PDEATHSIG = 1  # prctl(2): the signal a process gets when its parent exits
 
 _running: list[ForkServer] = []  # the server of this process (one at a time)
 
@@ -359,7 +366,24 @@ def _serve_on(listener: socket.socket, preload: Sequence[str], later: Sequence[s
     tune_this_process()  # as a driver's (with_default_runner): the workers run the bundles
     later = list(later)
     waiting: dict[int, socket.socket] = {}  # child pid -> its client's connection
-    while os.getppid() == parent:
+    stopping: list[int] = []  # SIGTERM ends the loop, then the workers (_end_workers)
+    signal.signal(signal.SIGTERM, lambda number, _: stopping.append(number))
+    try:
+        _serve_requests(listener, parent, later, waiting, stopping)
+    finally:
+        _end_workers(waiting)
+
+
+def _serve_requests(
+    listener: socket.socket,
+    parent: int,
+    later: list[str],
+    waiting: dict[int, socket.socket],
+    stopping: list[int],
+) -> None:
+    """Fork a worker per request until the parent has gone or SIGTERM came; answer each
+    client with its worker's exit status."""
+    while os.getppid() == parent and not stopping:
         readable, _, _ = select.select([listener], [], [], _POLL_S if not later else 0)
         if not readable and later:
             importlib.import_module(later.pop(0))
@@ -377,8 +401,11 @@ def _serve_on(listener: socket.socket, preload: Sequence[str], later: Sequence[s
                 for descriptor in descriptors:
                     os.close(descriptor)
                 continue
+            server = os.getpid()
             pid = os.fork()
             if pid == 0:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                _die_with_parent(server)
                 listener.close()
                 for other in waiting.values():
                     other.close()
@@ -404,6 +431,47 @@ def _serve_on(listener: socket.socket, preload: Sequence[str], later: Sequence[s
                         os.waitstatus_to_exitcode(status).to_bytes(_STATUS, "big", signed=True)
                     )
                 connection.close()
+
+
+def _die_with_parent(server: int) -> None:
+    """In a worker forked by ``server``: SIGKILL from the kernel when the server exits, however
+    it ends (Linux ``PR_SET_PDEATHSIG``; elsewhere nothing: the server ends its workers
+    itself); a server already gone by then ends the worker at once."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != server:
+        os._exit(1)
+
+
+def _end_workers(waiting: dict[int, socket.socket]) -> None:
+    """The server is ending: its workers still running get SIGTERM, and SIGKILL after
+    :data:`_END_S`; each is reaped and its client's connection closed (the client then exits
+    with status 1)."""
+    for pid in waiting:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + _END_S
+    while waiting and time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            time.sleep(0.01)
+            continue
+        connection = waiting.pop(pid, None)
+        if connection is not None:
+            connection.close()
+    for pid, connection in waiting.items():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+        connection.close()
+    waiting.clear()
 
 
 def _worker(socket_path: str) -> int:

@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import threading
+from concurrent import futures
 
 import apache_beam as beam
+import grpc
+import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.portability.api import beam_fn_api_pb2_grpc
 from apache_beam.testing.util import assert_that, equal_to
 
 from pipelines.commandline.flags import with_default_runner
@@ -79,6 +85,70 @@ def test_workers_are_spawned_as_beam_does_when_the_server_has_died(monkeypatch):
             server_pid = server._process.pid
             forked = numbers | beam.Map(lambda _: os.getppid() == server_pid) | beam.Distinct()
             assert_that(forked, equal_to([False]))
+
+
+class _HeldControl(beam_fn_api_pb2_grpc.BeamFnControlServicer):
+    """A runner that keeps its workers' control streams open and sends nothing: Flink's
+    TaskManager after a failed job, which outlives the driver that served the workers."""
+
+    def __init__(self) -> None:
+        self.connected = threading.Event()
+        self.released = threading.Event()
+
+    def Control(self, responses, context):  # noqa: N802 - the gRPC method's name
+        self.connected.set()
+        self.released.wait(120)
+        yield from ()
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as children:
+        return [int(child) for child in children.read().split()]
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, ended but not yet reaped by init, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("server_ends", ["closed", "killed"])
+def test_a_worker_a_runner_still_holds_ends_with_its_server(server_ends):
+    """A forked worker whose runner never closes its control channel ends when its server
+    does: closed (SIGTERM; it ends the worker) or killed (SIGKILL; the kernel ends the worker).
+    Its worker command then exits and nothing holds the command's output streams, so a caller
+    reading them to the end is not left waiting."""
+    control = _HeldControl()
+    runner = grpc.server(futures.ThreadPoolExecutor(4))
+    beam_fn_api_pb2_grpc.add_BeamFnControlServicer_to_server(control, runner)
+    port = runner.add_insecure_port("localhost:0")
+    runner.start()
+    try:
+        with forked_workers.serving([]) as server:
+            environment = {
+                "PATH": os.environ.get("PATH", ""),
+                "PYTHONPATH": os.getcwd(),
+                "CONTROL_API_SERVICE_DESCRIPTOR": f'url: "localhost:{port}"',
+                "PIPELINE_OPTIONS": "{}",
+                "WORKER_ID": "held",
+            }
+            command = subprocess.Popen(
+                server.worker_command, shell=True, env=environment,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            )  # fmt: skip
+            assert control.connected.wait(120)
+            (worker,) = _children(server._process.pid)
+            if server_ends == "killed":
+                os.kill(server._process.pid, signal.SIGKILL)
+        _, errors = command.communicate(timeout=60)
+        assert command.returncode == 1, errors[-2000:]
+        assert not _running(worker)
+    finally:
+        control.released.set()
+        runner.stop(None)
 
 
 # A multi-process pipeline run by a fresh interpreter (this one has pytest's threads, so it
