@@ -40,11 +40,16 @@ start and end, the small stages: about 0.9 s of a sealed shuffle on 2 cores, for
 included) must be small against 1 worker's work, so the workload must keep 1 worker busy for far
 longer than that (a shuffle of 1 M clear messages showed no speed-up, of 4 M 1.7x): full mode
 simulates max(160,000, 40,000 x the most workers) devices (about 6 messages each, half of them
-per instance), quick mode 40,000, the recipe's minimum crowd and ``make run``'s size (a smoke
-run: start-up dominates its speed-ups).
+per instance) for the analyzer, and :data:`SHUFFLE_SCALE` times as many for the shuffle rows
+(a second simulation, instance 0's reports shuffled): the shuffler spends about a fifteenth of
+the analyzer's time on a message (no opening), so at the analyzer's size its runs are mostly
+that fixed cost (160,000 devices, 481,082 messages on 2 cores: 2.6 s on 1 worker, 1.22x on 2;
+640,000 devices, 1,922,707 messages: 5.6-6.4 s on 1 worker, 1.41-1.61x on 2 in four
+alternating runs). Quick mode simulates 40,000 devices for both, the recipe's minimum crowd and
+``make run``'s size (a smoke run: start-up dominates its speed-ups).
 
     python -m benchmarks.bench_scaling [--workers 1,4,16] [--full] [--devices N]
-        [--engines direct,prism,flink] [--no-reference] [--json PATH]
+        [--shuffle-devices N] [--engines direct,prism,flink] [--no-reference] [--json PATH]
 
 Each measurement prints one line on stderr as it is made (1 worker first, then the most workers
 down), so a run stopped by a time limit still shows what it measured. On FnApiRunner the line and
@@ -81,6 +86,8 @@ TARGETS = {"analyze": 1.7, "shuffle": 1.5}  # at 2 workers on 2 cores
 QUICK_DEVICES = 40_000  # the recipe's minimum crowd: fewer, and nothing is released
 FULL_DEVICES = 160_000
 DEVICES_PER_WORKER = 40_000
+# Full mode: the shuffle rows' devices per device of the analyzer's (see the module docstring).
+SHUFFLE_SCALE = 4
 
 _SIMULATE = """
 import json, sys
@@ -135,9 +142,15 @@ def default_workers() -> list[int]:
 
 
 def devices_for(quick: bool, workers: list[int]) -> int:
+    """Devices simulated for the analyzer's rows."""
     if quick:
         return QUICK_DEVICES
     return max(FULL_DEVICES, DEVICES_PER_WORKER * max(workers))
+
+
+def shuffle_devices_for(quick: bool, devices: int) -> int:
+    """Devices simulated for the shuffle rows, given the analyzer's ``devices``."""
+    return devices if quick else SHUFFLE_SCALE * devices
 
 
 def _load() -> str:
@@ -178,8 +191,10 @@ def _engine_flags(engine: str, workers: int) -> Iterator[list[str]]:
         raise ValueError(f"unknown engine {engine!r}")
 
 
-def _prepare(work: Path, devices: int) -> dict[str, Any]:
-    """Keys, the simulated reports and both instances' releases (on FnApiRunner)."""
+def _prepare(work: Path, devices: int, shuffle_devices: int) -> dict[str, Any]:
+    """Keys, the simulated reports and both instances' releases (on FnApiRunner) for the
+    analyzer; for the shuffle rows the same reports, or with more devices a simulation of its
+    own (``simulation-shuffle``)."""
     from schemas.crypto.analyzer_keys import generate_key
     from schemas.crypto.key_files import write_key_pair
     from schemas.recipes import load_recipe
@@ -187,8 +202,24 @@ def _prepare(work: Path, devices: int) -> dict[str, Any]:
     recipe = work / "recipe.json"
     recipe.write_text(load_recipe(RECIPE).to_json())
     public_key = write_key_pair(generate_key(), work / "keys")[1]
+    simulation = _simulate(work / "simulation", recipe, public_key, devices)
+    for instance in (0, 1):
+        shuffled = run_child(_SHUFFLE, _shuffle_job(work, instance, ["--runner=FnApiRunner"]))
+        if not shuffled["adds_up"]:
+            raise RuntimeError(f"the release of instance {instance} does not add up: {shuffled}")
+    shuffle_reports, shuffle_simulation = work / "simulation", simulation
+    if shuffle_devices != devices:
+        shuffle_reports = work / "simulation-shuffle"
+        shuffle_simulation = _simulate(shuffle_reports, recipe, public_key, shuffle_devices)
+    return {"recipe": str(recipe), "keys": str(work / "keys"), "simulation": simulation,
+            "shuffle_reports": str(shuffle_reports), "shuffle_simulation": shuffle_simulation}  # fmt: skip
+
+
+def _simulate(output: Path, recipe: Path, public_key: Path, devices: int) -> dict[str, Any]:
+    """``esa simulate`` of ``devices`` devices into ``output`` (about :data:`SHARDS` report
+    files per instance), on every core."""
     per_device = 5.5  # data and presence messages per device, as the simulator sizes its shards
-    simulation = run_child(
+    return run_child(
         _SIMULATE,
         {
             "flags": [
@@ -199,24 +230,21 @@ def _prepare(work: Path, devices: int) -> dict[str, Any]:
             "recipe": str(recipe),
             "population": POPULATION,
             "devices": devices,
-            "output": str(work / "simulation"),
+            "output": str(output),
             "seed": SEED,
             "public_key": str(public_key),
             "messages_per_shard": int(devices * per_device / SHARDS) + 1,
         },
     )
-    for instance in (0, 1):
-        shuffled = run_child(_SHUFFLE, _shuffle_job(work, instance, ["--runner=FnApiRunner"]))
-        if not shuffled["adds_up"]:
-            raise RuntimeError(f"the release of instance {instance} does not add up: {shuffled}")
-    return {"recipe": str(recipe), "keys": str(work / "keys"), "simulation": simulation}
 
 
-def _shuffle_job(work: Path, instance: int, flags: list[str], output: Path | None = None) -> dict:
+def _shuffle_job(work: Path, instance: int, flags: list[str], output: Path | None = None,
+                 reports: Path | None = None) -> dict:  # fmt: skip
     output = output or work / "releases" / f"instance={instance}"
+    reports = reports or work / "simulation"
     return {
         "flags": flags,
-        "input": str(work / "simulation" / f"instance={instance}" / "*.avro"),
+        "input": str(reports / f"instance={instance}" / "*.avro"),
         "output": str(output),
         "private": str(work / "private" / f"{output.name}-{instance}"),  # never under releases/
         "instance": instance,
@@ -229,7 +257,8 @@ def _measure(work: Path, prepared: dict, stage: str, flags: list[str]) -> dict[s
     try:
         shutil.rmtree(work / "private" / "release-0", ignore_errors=True)
         if stage == "shuffle":
-            result = run_child(_SHUFFLE, _shuffle_job(work, 0, flags, scratch / "release"))
+            reports = Path(prepared["shuffle_reports"])
+            result = run_child(_SHUFFLE, _shuffle_job(work, 0, flags, scratch / "release", reports))
         else:
             result = run_child(
                 _ANALYZE,
@@ -245,7 +274,7 @@ def _measure(work: Path, prepared: dict, stage: str, flags: list[str]) -> dict[s
 
 
 def _rows_for(engine: str, measured: dict[tuple[str, int], dict], workers: list[int],
-              context: str) -> list[dict]:  # fmt: skip
+              contexts: dict[str, str]) -> list[dict]:  # fmt: skip
     rows = []
     for stage in ("shuffle", "analyze"):
         one = measured.get((stage, 1))
@@ -269,7 +298,7 @@ def _rows_for(engine: str, measured: dict[tuple[str, int], dict], workers: list[
                     + (f" (target >= {target:g}x with {n} free cores)" if target else "")
                     + f"; {result['read']:,} messages in {result['wall']:.1f} s; "
                     + (f"{stages}; " if (stages := describe(result.get("stage_log"))) else "")
-                    + context,
+                    + contexts[stage],
                     "stage_log": result.get("stage_log"),
                 }
             )
@@ -290,24 +319,32 @@ def _progress(engine: str, stage: str, workers: int, result: dict) -> None:
           + (f"; {stages}" if stages else ""), file=sys.stderr, flush=True)  # fmt: skip
 
 
+def _size(devices: int, simulation: dict[str, Any]) -> str:
+    return (
+        f"{RECIPE}, {devices:,} devices ({simulation['messages']:,} data + "
+        f"{simulation['chaff']:,} chaff + {simulation['presence']:,} presence messages, "
+        f"{SHARDS} report files per instance)"
+    )
+
+
 def run(quick: bool, workers: list[int] | None = None, devices: int | None = None,
-        engines: tuple[str, ...] = ENGINES, with_reference: bool = True) -> list[dict]:  # fmt: skip
+        engines: tuple[str, ...] = ENGINES, with_reference: bool = True,
+        shuffle_devices: int | None = None) -> list[dict]:  # fmt: skip
+    """The rows; ``devices`` for the analyzer and ``shuffle_devices`` for the shuffle rows
+    (by default :func:`devices_for` and :func:`shuffle_devices_for`)."""
     workers = sorted(set(workers or default_workers()))
     if 1 not in workers:
         workers = [1, *workers]  # every speed-up is against 1 worker of the same engine
     devices = devices or devices_for(quick, workers)
+    shuffle_devices = shuffle_devices or shuffle_devices_for(quick, devices)
     cores = os.cpu_count() or 1
     load_before = _load()
     work = Path(tempfile.mkdtemp(prefix="bench-scaling-"))
     rows: list[dict] = []
     try:
-        prepared = _prepare(work, devices)
-        simulation = prepared["simulation"]
-        size = (
-            f"{RECIPE}, {devices:,} devices ({simulation['messages']:,} data + "
-            f"{simulation['chaff']:,} chaff + {simulation['presence']:,} presence messages, "
-            f"{SHARDS} report files per instance)"
-        )
+        prepared = _prepare(work, devices, shuffle_devices)
+        sizes = {"analyze": _size(devices, prepared["simulation"]),
+                 "shuffle": _size(shuffle_devices, prepared["shuffle_simulation"])}  # fmt: skip
         measured_all: dict[str, dict[tuple[str, int], dict]] = {}
         reference: dict[str, dict] = {}
         if with_reference:
@@ -332,7 +369,8 @@ def run(quick: bool, workers: list[int] | None = None, devices: int | None = Non
                     for stage in ("shuffle", "analyze"):
                         measured.setdefault((stage, n), {"error": f"failed: {error}"[:300]})
             measured_all[engine] = measured
-        context = f"{size}; {cores} cores, load {load_before} before, {_load()} after"
+        machine = f"{cores} cores, load {load_before} before, {_load()} after"
+        contexts = {stage: f"{size}; {machine}" for stage, size in sizes.items()}
         for stage, result in reference.items():
             direct = measured_all.get("direct", {}).get((stage, 1), {})
             rows.append(
@@ -344,11 +382,11 @@ def run(quick: bool, workers: list[int] | None = None, devices: int | None = Non
                     "ratio": result["rate"] / direct["rate"] if "rate" in direct else None,
                     "note": f"FnApiRunner (one process) vs the multi-process DirectRunner with 1 "
                     f"worker (baseline); {result['read']:,} messages in {result['wall']:.1f} s; "
-                    f"{context}",
+                    f"{contexts[stage]}",
                 }
             )
         for engine, measured in measured_all.items():
-            rows += _rows_for(engine, measured, workers, context)
+            rows += _rows_for(engine, measured, workers, contexts)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return rows
@@ -373,7 +411,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=_workers, help="worker counts, e.g. 1,4,16 "
                         "(default 1, 2 and the machine's cores)")  # fmt: skip
     parser.add_argument("--full", action="store_true", help="full size (default: quick)")
-    parser.add_argument("--devices", type=int, help="devices simulated (overrides the size)")
+    parser.add_argument("--devices", type=int, help="devices simulated for the analyzer "
+                        "(overrides the size)")  # fmt: skip
+    parser.add_argument("--shuffle-devices", type=int, help="devices simulated for the shuffle "
+                        f"rows (default: {SHUFFLE_SCALE}x the analyzer's with --full, else as "
+                        "many)")  # fmt: skip
     parser.add_argument("--engines", default=",".join(ENGINES),
                         help=f"comma-separated, of {', '.join(ENGINES)}")  # fmt: skip
     parser.add_argument("--json", help="also write the rows to this file, as make bench's "
@@ -386,7 +428,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown engine(s) {', '.join(unknown)}; have {', '.join(ENGINES)}")
     run_meta = RunMeta()
-    rows = run(not args.full, args.workers, args.devices, engines, not args.no_reference)
+    rows = run(not args.full, args.workers, args.devices, engines, not args.no_reference,
+               args.shuffle_devices)  # fmt: skip
     if args.json:  # as bench.json (benchmarks/run.py): python -m benchmarks.history reads it
         mode = f"{args.devices:,} devices" if args.devices else ("full" if args.full else "quick")
         meta = run_meta.finish(not args.full and not args.devices, ["scaling"], mode=mode)

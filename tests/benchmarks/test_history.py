@@ -61,12 +61,24 @@ def test_scaling_speed_ups_are_against_one_worker_of_the_same_engine():
         ("analyze", 1): {"rate": 50.0, "read": 900, "wall": 18.0},
         ("analyze", 2): {"error": "failed: boom"},
     }
-    rows = {r["metric"]: r for r in bench_scaling._rows_for("direct", measured, [1, 2], "ctx")}
+    contexts = {"shuffle": "4x the devices", "analyze": "the analyzer's devices"}
+    rows = {r["metric"]: r for r in bench_scaling._rows_for("direct", measured, [1, 2], contexts)}
     assert rows["shuffle_direct_2w_messages_per_s"]["ratio"] == 1.7
+    assert rows["shuffle_direct_2w_messages_per_s"]["note"].endswith("4x the devices")
+    assert rows["analyze_direct_1w_messages_per_s"]["note"].endswith("the analyzer's devices")
     assert "target >= 1.5x" in rows["shuffle_direct_2w_messages_per_s"]["note"]
     assert rows["analyze_direct_1w_messages_per_s"]["ratio"] == 1.0
     assert "value" not in rows["analyze_direct_2w_messages_per_s"]
     assert rows["analyze_direct_2w_messages_per_s"]["note"] == "failed: boom"
+
+
+def test_full_mode_shuffles_more_devices_than_the_analyzer_reads():
+    """The shuffle rows' own workload in full mode (at the analyzer's size its work is small
+    against the fixed cost of a run); quick mode and explicit sizes use one simulation."""
+    assert bench_scaling.shuffle_devices_for(False, 160_000) == 4 * 160_000
+    assert bench_scaling.shuffle_devices_for(True, 40_000) == 40_000
+    assert bench_scaling.devices_for(False, [1, 2]) == bench_scaling.FULL_DEVICES
+    assert bench_scaling.devices_for(False, [1, 16]) == 16 * bench_scaling.DEVICES_PER_WORKER
 
 
 def test_the_scaling_table_quotes_the_rows():
