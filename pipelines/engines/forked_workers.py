@@ -68,6 +68,7 @@ from typing import Any
 __all__ = [
     "ForkServer",
     "RUNNER",
+    "end_processes",
     "fork_is_safe",
     "grpc_in_use",
     "running",
@@ -129,14 +130,22 @@ class ForkServer:
         from pipelines.engines.worker_shutdown import wait_for_workers
 
         wait_for_workers()  # its children of closed pipelines exit first (and report status 0)
-        if self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(10)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+        end_processes([self._process], 10)
         shutil.rmtree(self._directory, ignore_errors=True)
+
+
+def end_processes(processes: Sequence[Any], grace_s: float) -> None:
+    """End ``processes`` (``subprocess.Popen`` or alike) still running: SIGTERM to each, then
+    each waited for up to ``grace_s`` and killed (SIGKILL) if it has not ended; all reaped."""
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    for process in processes:
+        try:
+            process.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 _grpc_started: list[bool] = []  # a pipeline has run on gRPC in this process (not empty)
@@ -383,6 +392,7 @@ def _serve_requests(
 ) -> None:
     """Fork a worker per request until the parent has gone or SIGTERM came; answer each
     client with its worker's exit status."""
+    server = os.getpid()
     while os.getppid() == parent and not stopping:
         readable, _, _ = select.select([listener], [], [], _POLL_S if not later else 0)
         if not readable and later:
@@ -401,7 +411,6 @@ def _serve_requests(
                 for descriptor in descriptors:
                     os.close(descriptor)
                 continue
-            server = os.getpid()
             pid = os.fork()
             if pid == 0:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)

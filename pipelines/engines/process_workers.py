@@ -140,15 +140,7 @@ def forking_worker_pool() -> type:
             which ends by itself when the runner closes its control channel) and reap them."""
             processes = list(self._worker_processes.values())
             self._worker_processes.clear()
-            for process in processes:
-                if process.poll() is None:
-                    process.terminate()
-            for process in processes:
-                try:
-                    process.wait(5)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            forked_workers.end_processes(processes, 5)
 
         @classmethod
         def serve(

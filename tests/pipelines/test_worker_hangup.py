@@ -51,6 +51,14 @@ def _raise_in_reader_thread(error: BaseException, name: str = runners._READER_TH
     thread.join()
 
 
+def _uninstall_quieting() -> None:
+    """Undo :func:`runners.quiet_worker_hangups`' filters (its excepthook is the caller's)."""
+    for name in (runners._DATA_PLANE_LOGGER, runners._SERVER_LOGGER):
+        for installed in list(logging.getLogger(name).filters):
+            logging.getLogger(name).removeFilter(installed)
+    runners._installed.clear()
+
+
 def test_only_the_job_end_hangup_is_recognised() -> None:
     assert runners.is_worker_hangup(_rpc_error(grpc.StatusCode.CANCELLED, runners._HANGUP))
     assert not runners.is_worker_hangup(_rpc_error(grpc.StatusCode.CANCELLED, "other"))
@@ -78,10 +86,7 @@ def test_hangup_is_dropped_and_other_errors_still_reported(capsys, caplog) -> No
         assert [record.exc_info[1] for record in caplog.records] == [failure]
     finally:
         threading.excepthook = original
-        for name in (runners._DATA_PLANE_LOGGER, runners._SERVER_LOGGER):
-            for installed in list(logging.getLogger(name).filters):
-                logging.getLogger(name).removeFilter(installed)
-        runners._installed.clear()
+        _uninstall_quieting()
 
 
 def test_a_job_servers_routine_stop_is_dropped_and_its_other_warnings_kept(caplog) -> None:
@@ -100,8 +105,4 @@ def test_a_job_servers_routine_stop_is_dropped_and_its_other_warnings_kept(caplo
             "Could not start the job server prism"
         ]
     finally:
-        for installed in list(server_logger.filters):
-            server_logger.removeFilter(installed)
-        for installed in list(logging.getLogger(runners._DATA_PLANE_LOGGER).filters):
-            logging.getLogger(runners._DATA_PLANE_LOGGER).removeFilter(installed)
-        runners._installed.clear()
+        _uninstall_quieting()
