@@ -132,3 +132,33 @@ POM
         fi
     fi
 fi
+
+# --- The assembled job server's own main class -----------------------------------------------
+# pipelines/engines/flink_job_server/PrestagedJobServer.java, compiled against the assembled jars
+# into lib/esa-prestaged-job-server-<source digest>.jar: jobs to a cluster that holds lib/ stage
+# none of it (pipelines/engines/flink_cluster.py). Rebuilt when the source changes; when it cannot
+# be built the launcher keeps Beam's main class and each job stages lib/ (about 15 s more).
+if [[ -f "$assembled" ]]; then
+    source=pipelines/engines/flink_job_server/PrestagedJobServer.java
+    digest=$(sha256sum "$source" | cut -c1-16)
+    prestaged="$assembled_dir/lib/esa-prestaged-job-server-$digest.jar"
+    if [[ -f "$prestaged" ]]; then
+        say "flink job server main class already built ($prestaged)"
+    elif ! command -v javac >/dev/null || ! command -v jar >/dev/null; then
+        say "no javac or jar command: Flink jobs stage the job server's jars (about 15 s each)"
+    else
+        classes=$(mktemp -d)
+        log="$DIR/flink/javac.log"
+        if javac -nowarn -d "$classes" -cp "$assembled_dir/lib/*" "$source" >"$log" 2>&1 \
+            && jar cf "$prestaged.tmp" -C "$classes" . >>"$log" 2>&1; then
+            rm -f "$assembled_dir"/lib/esa-prestaged-job-server-*.jar
+            mv "$prestaged.tmp" "$prestaged"
+            "$PY" -m pipelines.engines.flink_cluster launcher "$assembled_dir" "$(basename "$assembled")"
+            say "flink job server main class built: $prestaged"
+        else
+            rm -f "$prestaged.tmp"
+            say "could not compile $source (see $log): Flink jobs stage the job server's jars"
+        fi
+        rm -rf "$classes"
+    fi
+fi

@@ -15,6 +15,14 @@ session cluster on this machine: one JobManager
 ``start-cluster.sh`` starts, each with a generated configuration directory. Jobs reach it through
 ``--flink_master=localhost:<rest port>``; the TaskManager has the Beam runner on its class path.
 
+Every job the stock job server runs stages the 161 jars of ``lib/`` (152 MB) to the cluster, which
+uploads them to its blob server and has the TaskManager download them: about 15 s of a 30 s job
+on two cores. A cluster started here already runs on those jars, so ``make engines`` also compiles
+``flink_job_server/PrestagedJobServer.java`` into ``lib/`` (:data:`PRESTAGED_JAR_PREFIX`) and the
+launcher names it as its main class: with the JVM property :data:`CLUSTER_HOLDS_JARS` set (the
+``flink`` and ``flink_cluster`` flags of runners.py set it) its jobs stage nothing; without, it is
+Beam's job server unchanged, for a cluster that needs the jars.
+
 ``python -m pipelines.engines.flink_cluster start --slots 2`` runs a cluster in the foreground (Ctrl-C
 stops it) and prints the flags that submit to it.
 """
@@ -38,9 +46,15 @@ from pathlib import Path
 
 from pipelines.engines.ports import free_port
 
-__all__ = ["ADD_OPENS", "FlinkCluster", "free_port", "write_launcher"]
+__all__ = ["ADD_OPENS", "CLUSTER_HOLDS_JARS", "FlinkCluster", "free_port", "launcher_main",
+           "write_launcher"]  # fmt: skip
 
 JOB_SERVER_MAIN = "org.apache.beam.runners.flink.FlinkJobServerDriver"
+# The job server that stages no jars to a cluster holding them (flink_job_server/), the jar in lib/
+# that make engines compiles it into, and the JVM property that turns its staging off.
+PRESTAGED_MAIN = "org.apache.beam.runners.flink.PrestagedJobServer"
+PRESTAGED_JAR_PREFIX = "esa-prestaged-job-server-"
+CLUSTER_HOLDS_JARS = "esa.flink.clusterHoldsJobServerJars"
 JOB_MANAGER_MAIN = "org.apache.flink.runtime.entrypoint.StandaloneSessionClusterEntrypoint"
 TASK_MANAGER_MAIN = "org.apache.flink.runtime.taskexecutor.TaskManagerRunner"
 BASH_JAVA_UTILS = "org.apache.flink.runtime.util.bash.BashJavaUtils"
@@ -76,17 +90,21 @@ def _manifest_line(name: str, value: str) -> str:
 def write_launcher(directory: str | Path, name: str) -> Path:
     """Write ``directory/name``: a jar whose manifest runs the job server over ``directory/lib``.
 
-    Raises FileNotFoundError when ``lib/`` has no jar holding the job server's main class.
+    Its main class is :data:`PRESTAGED_MAIN` when a ``lib/`` jar named :data:`PRESTAGED_JAR_PREFIX`
+    holds it, else Beam's :data:`JOB_SERVER_MAIN`. Raises FileNotFoundError when ``lib/`` has no
+    jar holding Beam's job server.
     """
     directory = Path(directory)
     jars = sorted(path.name for path in (directory / "lib").glob("*.jar"))
-    entry = JOB_SERVER_MAIN.replace(".", "/") + ".class"
-    if not any(_holds(directory / "lib" / jar, entry) for jar in jars if "runners-flink" in jar):
+    if not any(_holds(directory / "lib" / jar, _class_entry(JOB_SERVER_MAIN))
+               for jar in jars if "runners-flink" in jar):  # fmt: skip
         raise FileNotFoundError(f"no jar in {directory / 'lib'} holds {JOB_SERVER_MAIN}")
+    prestaged = any(_holds(directory / "lib" / jar, _class_entry(PRESTAGED_MAIN))
+                    for jar in jars if jar.startswith(PRESTAGED_JAR_PREFIX))  # fmt: skip
     manifest = "\r\n".join(
         [
             _manifest_line("Manifest-Version", "1.0"),
-            _manifest_line("Main-Class", JOB_SERVER_MAIN),
+            _manifest_line("Main-Class", PRESTAGED_MAIN if prestaged else JOB_SERVER_MAIN),
             _manifest_line("Add-Opens", " ".join(ADD_OPENS)),
             _manifest_line("Class-Path", " ".join(f"lib/{jar}" for jar in jars)),
         ]
@@ -95,6 +113,21 @@ def write_launcher(directory: str | Path, name: str) -> Path:
     with zipfile.ZipFile(launcher, "w") as archive:
         archive.writestr("META-INF/MANIFEST.MF", manifest + "\r\n\r\n")
     return launcher
+
+
+def launcher_main(launcher: str | Path) -> str | None:
+    """The ``Main-Class`` a job server jar's manifest names (None when it names none)."""
+    with zipfile.ZipFile(launcher) as archive:
+        text = archive.read("META-INF/MANIFEST.MF").decode()
+    attribute = text.replace("\r\n ", "").replace("\n ", "")  # join continuation lines
+    for line in attribute.splitlines():
+        if line.startswith("Main-Class:"):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+def _class_entry(main: str) -> str:
+    return main.replace(".", "/") + ".class"
 
 
 def _holds(jar: Path, entry: str) -> bool:

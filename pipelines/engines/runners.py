@@ -15,6 +15,8 @@ Engines, each matched to the installed Beam Python SDK (the portable job API mus
   Flink cluster in its JVM.
 - ``flink_cluster``: the same job server submitting to a standalone Flink cluster (a JobManager
   and a TaskManager, ``pipelines.engines.flink_cluster.FlinkCluster``) at ``--flink_master=HOST:PORT``.
+  Both tell the job server that the cluster already holds its jars, so that jobs stage none
+  (``flink_cluster.py``): a cluster that lacks Beam's Flink runner needs Beam's own flags instead.
 
 ``ENGINES`` is ``$ESA_ENGINES_DIR``, else ``.engines/`` in the repository (ignored by git). The
 workers run on this machine, served from the submitting process (``LOOPBACK``), so local paths
@@ -46,6 +48,7 @@ from apache_beam.runners.portability.flink_runner import (
 from apache_beam.version import __version__ as BEAM_VERSION
 
 from pipelines.engines import forked_workers
+from pipelines.engines.flink_cluster import CLUSTER_HOLDS_JARS
 from pipelines.engines.ports import free_port
 
 __all__ = ["BEAM_VERSION", "ENGINES", "engines_dir", "flink_cluster_lib", "flink_job_server_jar",
@@ -124,6 +127,9 @@ def runner_flags(engine: str, parallelism: int | None = None, master: str = "[lo
             "--runner=FlinkRunner",
             f"--flink_master={master if engine == 'flink_cluster' else '[local]'}",
             f"--flink_job_server_jar={jar}",
+            # The cluster (embedded, or started from the same jars) holds every jar the job
+            # server would stage with each job: flink_cluster.py's PrestagedJobServer stages none.
+            f"--job_server_jvm_properties=-D{CLUSTER_HOLDS_JARS}=true",
             "--environment_type=LOOPBACK",
         ]
         if parallelism is not None:

@@ -32,6 +32,7 @@ import pytest
 
 from pipelines.commandline import main as cli
 from pipelines.engines import runners
+from pipelines.engines.flink_cluster import PRESTAGED_MAIN, launcher_main
 from pipelines.engines.ports import free_port
 from transforms.analyzer.report_files import read_reports
 
@@ -138,6 +139,14 @@ def test_pipeline_on_engine_matches_fnapi(engine, request):
     expected = _histograms(reference / "analysis")
     assert expected.num_rows == RECIPE["randomizer_params"]["domain_size"]
     assert _histograms(output / "analysis").equals(expected)
+    if (
+        engine == "flink_cluster"
+        and launcher_main(runners.flink_job_server_jar()) == PRESTAGED_MAIN
+    ):
+        # The job server staged none of its jars, so the TaskManager, which runs on the same jars,
+        # fetched no blob (Beam's own job server stages all 161, and the TaskManager logs each).
+        taskmanager_log = request.getfixturevalue("flink_cluster").work / "taskmanager.log"
+        assert "BlobClient - Downloading" not in taskmanager_log.read_text()
     assert _summary(output) == _summary(reference)
     run = json.loads((output / "run.json").read_text())
     assert run["adds_up"] and run["respondents"] == RESPONDENTS

@@ -11,9 +11,13 @@ import pytest
 from pipelines.engines import runners
 from pipelines.engines.flink_cluster import (
     ADD_OPENS,
+    CLUSTER_HOLDS_JARS,
     JOB_SERVER_MAIN,
+    PRESTAGED_JAR_PREFIX,
+    PRESTAGED_MAIN,
     FlinkCluster,
     _main,
+    launcher_main,
     write_launcher,
 )
 
@@ -58,6 +62,22 @@ def test_launcher_names_main_class_every_jar_and_the_module_openings(tmp_path):
         f"lib/{name}" for name in [*names, "beam-runners-flink-1.19-2.62.0.jar"]
     )
     assert attributes["Add-Opens"].split() == list(ADD_OPENS)
+    assert launcher_main(launcher) == JOB_SERVER_MAIN
+
+
+def test_launcher_runs_the_prestaged_job_server_only_from_its_own_jar(tmp_path):
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    _jar(lib / "beam-runners-flink-1.19-2.62.0.jar", JOB_SERVER_MAIN.replace(".", "/") + ".class")
+    prestaged_entry = PRESTAGED_MAIN.replace(".", "/") + ".class"
+    _jar(lib / "some-dependency-1.0.jar", prestaged_entry)  # not make engines' jar: ignored
+    assert launcher_main(write_launcher(tmp_path, "job-server.jar")) == JOB_SERVER_MAIN
+    _jar(lib / f"{PRESTAGED_JAR_PREFIX}0123456789abcdef.jar", "x/Y.class")  # a jar without it
+    assert launcher_main(write_launcher(tmp_path, "job-server.jar")) == JOB_SERVER_MAIN
+    _jar(lib / f"{PRESTAGED_JAR_PREFIX}0123456789abcdef.jar", prestaged_entry)
+    launcher = write_launcher(tmp_path, "job-server.jar")
+    assert launcher_main(launcher) == PRESTAGED_MAIN
+    assert f"lib/{PRESTAGED_JAR_PREFIX}0123456789abcdef.jar" in _manifest(launcher)["Class-Path"]
 
 
 def test_launcher_refuses_a_lib_without_the_job_server(tmp_path, capsys):
@@ -88,5 +108,7 @@ def test_runner_flags_for_the_cluster_need_its_master(tmp_path, monkeypatch):
     flags = runners.runner_flags("flink_cluster", parallelism=2, master="localhost:8081")
     assert "--flink_master=localhost:8081" in flags and f"--flink_job_server_jar={jar}" in flags
     assert "--flink_master=[local]" in runners.runner_flags("flink")
+    holds_jars = f"--job_server_jvm_properties=-D{CLUSTER_HOLDS_JARS}=true"
+    assert holds_jars in flags and holds_jars in runners.runner_flags("flink")
     with pytest.raises(ValueError, match="master"):
         runners.runner_flags("flink_cluster")
