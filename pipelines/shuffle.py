@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import hashlib
 import json
 import math
@@ -493,6 +494,7 @@ def run(
     try:
         pipeline = new_pipeline(options)
         workers = worker_processes_of(options)
+        config = dataclasses.replace(config, workers=workers)
         # Reshuffled only to walk many files' blocks on several workers: SpreadFiles spreads
         # the files (or their ranges) over the workers anyway.
         input_paths = pipeline | "InputPaths" >> beam.Create(paths, reshuffle=workers > 1)

@@ -82,7 +82,9 @@ class ShuffleConfig:
     only); ``crowd_buckets``: the number B of crowd buckets (``schemas/release/crowd_buckets.py``), the
     unit of work and of the release's files; ``shard_piece_rows``: a bucket gets no more origin
     shards than leave each about this many rows (or ``messages_per_shard``, if fewer) of every
-    spill piece (see :data:`SHARD_PIECE_ROWS`).
+    spill piece (see :data:`SHARD_PIECE_ROWS`); ``workers``: the worker processes the runner
+    has: a bucket large enough gets at least as many origin shards
+    (``decide.origin_shard_bits``).
     """
 
     rules: ValidationRules
@@ -95,6 +97,7 @@ class ShuffleConfig:
     messages_per_file: int = MESSAGES_PER_FILE
     crowd_buckets: int = DEFAULT_CROWD_BUCKETS
     shard_piece_rows: int = SHARD_PIECE_ROWS
+    workers: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.rules, ValidationRules):
@@ -106,6 +109,7 @@ class ShuffleConfig:
             "messages_per_shard",
             "messages_per_file",
             "shard_piece_rows",
+            "workers",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

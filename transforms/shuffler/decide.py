@@ -493,3 +493,22 @@ def split_bits(messages: int, target: int, max_bits: int = 16) -> int:
         raise ValueError("messages must be >= 0 and target >= 1")
     needed = max(1, math.ceil(messages / target))
     return min(max_bits, (needed - 1).bit_length())
+
+
+def origin_shard_bits(
+    messages: int, pieces: int, messages_per_shard: int, shard_piece_rows: int, workers: int = 1
+) -> int:
+    """log2 of the origin shards of a bucket of ``messages`` messages in ``pieces`` spill pieces.
+
+    As many as keep a shard at about ``messages_per_shard`` messages (:func:`split_bits`), but no
+    more than leave each shard about ``min(messages_per_shard, shard_piece_rows)`` rows of every
+    piece (each shard reads its range of every piece, so the reads stay linear in the data), and
+    no fewer than ``workers`` where the first bound allows: the pieces grow with the workers
+    (each reads its own ranges of the input), and the second bound alone gave a bucket of
+    1,922,707 messages in about 200 pieces 8 shards on 16 workers, half of them idle."""
+    if min(pieces, messages_per_shard, shard_piece_rows, workers) < 1:
+        raise ValueError("pieces, messages_per_shard, shard_piece_rows and workers must be >= 1")
+    by_size = split_bits(messages, messages_per_shard)
+    most = messages // (pieces * min(messages_per_shard, shard_piece_rows))
+    by_reads = max(0, most.bit_length() - 1)
+    return min(by_size, max(by_reads, (workers - 1).bit_length()))

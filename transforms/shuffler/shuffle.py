@@ -143,11 +143,10 @@ class PlanShards(beam.DoFn):
         messages = sum(piece.rows for piece in pieces)
         # A bucket (even of one huge crowd) spreads over 2**bits shards by origin hash, each
         # reading about shard_piece_rows rows (or messages_per_shard, if fewer) or more of every
-        # piece (config.SHARD_PIECE_ROWS).
-        per_shard = self._config.messages_per_shard
-        bits = decide.split_bits(messages, per_shard)
-        most = messages // (len(pieces) * min(per_shard, self._config.shard_piece_rows))
-        bits = min(bits, max(0, most.bit_length() - 1))
+        # piece (config.SHARD_PIECE_ROWS), and over every worker where it is large enough.
+        config = self._config
+        bits = decide.origin_shard_bits(messages, len(pieces), config.messages_per_shard,
+                                        config.shard_piece_rows, config.workers)  # fmt: skip
         piece_list = spill.write_piece_list(self._spill_dir, pieces)
         # Replays across shards, found once for the bucket (replays.py); one shard finds its own.
         repeats = bucket_repeats(list(pieces)) if bits else None

@@ -42,6 +42,26 @@ def test_split_bits_follow_crowd_size() -> None:
     assert decide.split_bits(10**12, 1, max_bits=16) == 16
 
 
+def test_origin_shards_reach_every_worker_within_the_size_target() -> None:
+    # The measured case: 1,922,707 messages in ~200 spill pieces of 16 workers' ranges.
+    messages, pieces = 1_922_707, 200
+    assert decide.origin_shard_bits(messages, pieces, 16_384, 1024) == 3  # reads bound: 8
+    assert decide.origin_shard_bits(messages, pieces, 16_384, 1024, workers=16) == 4
+    assert decide.origin_shard_bits(messages, pieces, 16_384, 1024, workers=13) == 4
+    assert decide.origin_shard_bits(messages, pieces, 16_384, 1024, workers=2) == 3
+    # Never more shards than the size target asks for: a small bucket stays whole...
+    assert decide.origin_shard_bits(10_000, 1, 16_384, 1024, workers=16) == 0
+    # ...and a mid-sized one gets what its size needs, not one per worker.
+    assert decide.origin_shard_bits(40_000, 100, 16_384, 1024, workers=16) == 2
+    # Few pieces: the size target decides alone, workers or not.
+    assert decide.origin_shard_bits(messages, 1, 16_384, 1024) == 7
+    assert decide.origin_shard_bits(0, 1, 16_384, 1024, workers=16) == 0
+    with pytest.raises(ValueError):
+        decide.origin_shard_bits(messages, 0, 16_384, 1024)
+    with pytest.raises(ValueError):
+        decide.origin_shard_bits(messages, pieces, 16_384, 1024, workers=0)
+
+
 # ---------------------------------------------------------------------------------------------
 # Threshold and Algorithm 3
 # ---------------------------------------------------------------------------------------------
