@@ -19,7 +19,7 @@ Every job the stock job server runs stages the 161 jars of ``lib/`` (152 MB) to 
 uploads them to its blob server and has the TaskManager download them: about 15 s of a 30 s job
 on two cores. A cluster started here already runs on those jars, so ``make engines`` also compiles
 ``flink_job_server/PrestagedJobServer.java`` into ``lib/`` (:data:`PRESTAGED_JAR_PREFIX`) and the
-launcher names it as its main class: with the JVM property :data:`CLUSTER_HOLDS_JARS` set (the
+launcher names it as its main class: with the JVM property ``runners.CLUSTER_HOLDS_JARS`` set (the
 ``flink`` and ``flink_cluster`` flags of runners.py set it) its jobs stage nothing; without, it is
 Beam's job server unchanged, for a cluster that needs the jars.
 
@@ -46,15 +46,13 @@ from pathlib import Path
 
 from pipelines.engines.ports import free_port
 
-__all__ = ["ADD_OPENS", "CLUSTER_HOLDS_JARS", "FlinkCluster", "free_port", "launcher_main",
-           "write_launcher"]  # fmt: skip
+__all__ = ["ADD_OPENS", "FlinkCluster", "free_port", "launcher_main", "write_launcher"]
 
 JOB_SERVER_MAIN = "org.apache.beam.runners.flink.FlinkJobServerDriver"
-# The job server that stages no jars to a cluster holding them (flink_job_server/), the jar in lib/
-# that make engines compiles it into, and the JVM property that turns its staging off.
+# The job server that stages no jars to a cluster holding them (flink_job_server/) and the jar in
+# lib/ that make engines compiles it into (runners.CLUSTER_HOLDS_JARS turns its staging off).
 PRESTAGED_MAIN = "org.apache.beam.runners.flink.PrestagedJobServer"
 PRESTAGED_JAR_PREFIX = "esa-prestaged-job-server-"
-CLUSTER_HOLDS_JARS = "esa.flink.clusterHoldsJobServerJars"
 JOB_MANAGER_MAIN = "org.apache.flink.runtime.entrypoint.StandaloneSessionClusterEntrypoint"
 TASK_MANAGER_MAIN = "org.apache.flink.runtime.taskexecutor.TaskManagerRunner"
 BASH_JAVA_UTILS = "org.apache.flink.runtime.util.bash.BashJavaUtils"

@@ -48,13 +48,16 @@ from apache_beam.runners.portability.flink_runner import (
 from apache_beam.version import __version__ as BEAM_VERSION
 
 from pipelines.engines import forked_workers
-from pipelines.engines.flink_cluster import CLUSTER_HOLDS_JARS
 from pipelines.engines.ports import free_port
 
-__all__ = ["BEAM_VERSION", "ENGINES", "engines_dir", "flink_cluster_lib", "flink_job_server_jar",
-           "one_job_server", "prism_binary", "quiet_worker_hangups", "runner_flags"]  # fmt: skip
+__all__ = ["BEAM_VERSION", "CLUSTER_HOLDS_JARS", "ENGINES", "engines_dir", "flink_cluster_lib",
+           "flink_job_server_jar", "one_job_server", "prism_binary", "quiet_worker_hangups",
+           "runner_flags"]  # fmt: skip
 
 ENGINES = ("fnapi", "prism", "flink", "flink_cluster")
+# The JVM property that tells the assembled Flink job server (flink_job_server/) that the cluster
+# already holds its jars, so that its jobs stage none of them.
+CLUSTER_HOLDS_JARS = "esa.flink.clusterHoldsJobServerJars"
 
 
 def engines_dir() -> Path:
@@ -128,7 +131,8 @@ def runner_flags(engine: str, parallelism: int | None = None, master: str = "[lo
             f"--flink_master={master if engine == 'flink_cluster' else '[local]'}",
             f"--flink_job_server_jar={jar}",
             # The cluster (embedded, or started from the same jars) holds every jar the job
-            # server would stage with each job: flink_cluster.py's PrestagedJobServer stages none.
+            # server would stage with each job: the assembled job server then stages none
+            # (flink_job_server/PrestagedJobServer.java; Beam's published one ignores this).
             f"--job_server_jvm_properties=-D{CLUSTER_HOLDS_JARS}=true",
             "--environment_type=LOOPBACK",
         ]

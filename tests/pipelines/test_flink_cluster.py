@@ -11,7 +11,6 @@ import pytest
 from pipelines.engines import runners
 from pipelines.engines.flink_cluster import (
     ADD_OPENS,
-    CLUSTER_HOLDS_JARS,
     JOB_SERVER_MAIN,
     PRESTAGED_JAR_PREFIX,
     PRESTAGED_MAIN,
@@ -108,7 +107,7 @@ def test_runner_flags_for_the_cluster_need_its_master(tmp_path, monkeypatch):
     flags = runners.runner_flags("flink_cluster", parallelism=2, master="localhost:8081")
     assert "--flink_master=localhost:8081" in flags and f"--flink_job_server_jar={jar}" in flags
     assert "--flink_master=[local]" in runners.runner_flags("flink")
-    holds_jars = f"--job_server_jvm_properties=-D{CLUSTER_HOLDS_JARS}=true"
+    holds_jars = f"--job_server_jvm_properties=-D{runners.CLUSTER_HOLDS_JARS}=true"
     assert holds_jars in flags and holds_jars in runners.runner_flags("flink")
     with pytest.raises(ValueError, match="master"):
         runners.runner_flags("flink_cluster")
