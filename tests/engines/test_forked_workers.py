@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 from concurrent import futures
 
@@ -69,6 +70,37 @@ def test_a_failing_worker_reports_its_exit_status_like_a_spawned_one():
         )
     assert done.returncode == 1
     assert b"KeyError: 'CONTROL_API_SERVICE_DESCRIPTOR'" in done.stderr  # on its own stderr
+
+
+# A fork server whose poll for ended workers and a vanished parent is a minute long, started as
+# ForkServer starts one (argument 1: its socket path).
+_SLOW_POLL_SERVER = (
+    "import sys; from pipelines.engines import forked_workers as f; f._POLL_S = 60.0; "
+    "f._serve(sys.argv[1], [], [])"
+)
+
+
+def test_a_worker_s_end_and_the_server_s_stop_are_heard_at_once(tmp_path):
+    """The server answers a worker's client as soon as the worker has exited, and stops as
+    soon as it is told to (SIGTERM), not when its poll comes round: with a minute's poll both
+    take seconds (they took up to the poll, 0.2 s, of every pipeline's end: its driver waits
+    for its workers' clients)."""
+    socket_path = str(tmp_path / "server")
+    environment = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": os.getcwd()}
+    server = subprocess.Popen(
+        [sys.executable, "-c", _SLOW_POLL_SERVER, socket_path], env=environment,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        command = f"{sys.executable} -m pipelines.engines.forked_workers worker {socket_path}"
+        # no Fn API endpoints: the forked worker fails at once (as in the test above)
+        done = subprocess.run(command, shell=True, env=environment, capture_output=True, timeout=30)
+        assert done.returncode == 1, done.stderr[-2000:]
+        server.terminate()
+        assert server.wait(timeout=30) == 0
+    finally:
+        server.kill()
+        server.wait()
 
 
 def test_workers_are_spawned_as_beam_does_when_the_server_has_died(monkeypatch):
