@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import os
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -249,12 +251,38 @@ def simulate_sketch(
     return hashed
 
 
+# Names Linux gives the threads of gRPC's core, which a Beam pipeline leaves running.
+_GRPC_THREADS = ("grpc", "event_engine", "lifeguard")
+
+
 def pool_context() -> multiprocessing.context.BaseContext:
-    """The start method of the experiments' worker processes: fork where there is one (workers
-    start at once; every argument is still passed explicitly), else the platform's default."""
-    if "fork" in multiprocessing.get_all_start_methods():
+    """The start method of the experiments' worker processes: fork where there is one and no
+    other thread runs here (workers start at once; every argument is passed explicitly either
+    way), else spawn. A fork copies the calling thread only: after a Beam pipeline, with its
+    Python threads and gRPC's core threads still alive, a test process that forked its pool
+    died in ``os.fork`` (a segmentation fault)."""
+    if "fork" in multiprocessing.get_all_start_methods() and _no_other_threads():
         return multiprocessing.get_context("fork")
-    return multiprocessing.get_context()
+    return multiprocessing.get_context("spawn")
+
+
+def _no_other_threads() -> bool:
+    """No Python thread but this one, and no gRPC thread (named in ``/proc``, where there is
+    one)."""
+    if threading.active_count() != 1:
+        return False
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return True
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm") as comm:
+                if comm.read().startswith(_GRPC_THREADS):
+                    return False
+        except OSError:
+            continue
+    return True
 
 
 @dataclass(frozen=True, eq=False)
