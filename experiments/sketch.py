@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import math
 import multiprocessing
-import os
-import threading
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -16,6 +14,7 @@ from scipy import stats
 
 from experiments.budgets import ScenarioPrivacy, one_hot_randomizer
 from experiments.scenarios import SKETCH_EXACT, Scenario
+from pipelines.engines.forked_workers import fork_is_safe
 from privacy.randomizers import ReportFragmented, SketchHashes
 
 # --------------------------------------------------------------------------------------------
@@ -251,38 +250,15 @@ def simulate_sketch(
     return hashed
 
 
-# Names Linux gives the threads of gRPC's core, which a Beam pipeline leaves running.
-_GRPC_THREADS = ("grpc", "event_engine", "lifeguard")
-
-
 def pool_context() -> multiprocessing.context.BaseContext:
-    """The start method of the experiments' worker processes: fork where there is one and no
-    other thread runs here (workers start at once; every argument is passed explicitly either
-    way), else spawn. A fork copies the calling thread only: after a Beam pipeline, with its
-    Python threads and gRPC's core threads still alive, a test process that forked its pool
-    died in ``os.fork`` (a segmentation fault)."""
-    if "fork" in multiprocessing.get_all_start_methods() and _no_other_threads():
+    """The start method of the experiments' worker processes: fork where that is safe
+    (``forked_workers.fork_is_safe``: no other thread, no gRPC; workers start at once, and every
+    argument is passed explicitly either way), else spawn. A fork copies the calling thread
+    only: after a Beam pipeline, with its Python threads and gRPC's core threads still alive, a
+    test process that forked its pool died in ``os.fork`` (a segmentation fault)."""
+    if "fork" in multiprocessing.get_all_start_methods() and fork_is_safe():
         return multiprocessing.get_context("fork")
     return multiprocessing.get_context("spawn")
-
-
-def _no_other_threads() -> bool:
-    """No Python thread but this one, and no gRPC thread (named in ``/proc``, where there is
-    one)."""
-    if threading.active_count() != 1:
-        return False
-    try:
-        tasks = os.listdir("/proc/self/task")
-    except OSError:
-        return True
-    for task in tasks:
-        try:
-            with open(f"/proc/self/task/{task}/comm") as comm:
-                if comm.read().startswith(_GRPC_THREADS):
-                    return False
-        except OSError:
-            continue
-    return True
 
 
 @dataclass(frozen=True, eq=False)

@@ -157,15 +157,38 @@ def grpc_in_use() -> None:
     _grpc_started.append(True)
 
 
+# Names Linux gives the threads of gRPC's core, which a Beam pipeline leaves running.
+_GRPC_THREADS = ("grpc", "event_engine", "lifeguard")
+
+
 def fork_is_safe() -> bool:
-    """Whether this process may fork a server: no other Python thread, no pipeline run on gRPC
-    before, and its descriptors listed in ``/proc/self/fd`` (see the module docstring)."""
+    """Whether this process may fork (a server, or the experiments' worker pools): no other
+    Python thread, no pipeline run on gRPC before (noted by :func:`grpc_in_use`, or seen as a
+    gRPC core thread in ``/proc/self/task``: a test process that forked with them alive died in
+    ``os.fork``), and its descriptors listed in ``/proc/self/fd`` (see the module docstring)."""
     return (
         threading.active_count() == 1
         and not _grpc_started
         and hasattr(os, "fork")
         and os.path.isdir("/proc/self/fd")
+        and not _grpc_threads()
     )
+
+
+def _grpc_threads() -> bool:
+    """Whether a thread of gRPC's core runs in this process (by its name in ``/proc``)."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return False
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm") as comm:
+                if comm.read().startswith(_GRPC_THREADS):
+                    return True
+        except OSError:
+            continue
+    return False
 
 
 class _ForkedServer:

@@ -13,8 +13,8 @@
  * that stages nothing.
  *
  * Staging is skipped only when the JVM runs with -Desa.flink.clusterHoldsJobServerJars=true
- * (runners.runner_flags sets it for the flink_cluster engine); without it this is Beam's own
- * FlinkJobServerDriver, unchanged, so a cluster that lacks the jars still receives them.
+ * (runners.runner_flags sets it for the flink and flink_cluster engines); without it this is
+ * Beam's own FlinkJobServerDriver, unchanged, so a cluster that lacks the jars still receives them.
  * scripts/engines.sh compiles this file against the assembled jars and names it the launcher's
  * Main-Class. It is in Beam's package because the server configuration's getters for the Flink
  * master and configuration directory are package-private.
