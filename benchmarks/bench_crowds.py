@@ -10,8 +10,11 @@ larger size against the smaller (ratio ~1: memory flat in the number of crowds) 
 
 Full mode: 100,000 vs 10,000 crowds; quick mode: 10,000 vs 1,000. ``peak_rss_kb_per_crowd`` is
 the growth of peak RSS per added crowd between the two sizes. ``crowds_analyze`` /
-``crowds_per_s`` is the crowds the analysis reported over the seconds ``esa analyze`` ran
-(target: :data:`ANALYZE_CROWDS_PER_S` at 100,000 crowds, full mode). ``crowds_estimate`` times
+``crowds_per_s`` is the crowds the analysis reported over the seconds ``esa analyze`` ran at the
+larger size given no runner flags, as a user runs it (target: :data:`ANALYZE_CROWDS_PER_S` at
+100,000 crowds, full mode): from 20,000 crowds it spreads them over worker processes
+(``pipelines/analyze.py: worker_processes``), so this third analysis runs just after the
+one-process one, whose rate is the row's baseline (the memory rows stay one process's). ``crowds_estimate`` times
 the estimates alone (``EstimateBucket`` in this process, buckets of :data:`BUCKET_CROWDS` crowds
 of the same recipes): the histogram crowds of a recipe de-biased together as rows against the
 same buckets one crowd at a time (``crowd_at_a_time``). The ``crowds_flink_*`` rows run
@@ -74,6 +77,7 @@ from benchmarks.common import peak_rss_mb
 from apache_beam.options.pipeline_options import PipelineOptions
 from benchmarks.stage_log import record_stages, stage_summary
 from pipelines import analyze, shuffle
+from pipelines.commandline.flags import worker_processes_of
 a = json.loads(sys.argv[1])
 record_stages()
 start = time.perf_counter()
@@ -84,11 +88,12 @@ if a["stage"] == "shuffle":
     result = {"records": summary["read"], "adds_up": summary["adds_up"],
               "crowds": summary["crowds_released"]}
 else:
-    summary = analyze.run(PipelineOptions(
+    options = PipelineOptions(
         a["flags"], analyze_input=[a["input"]], analyze_output=a["output"],
-        analyze_recipe=a["recipes"], analyze_no_pictures=True))
+        analyze_recipe=a["recipes"], analyze_no_pictures=True)
+    summary = analyze.run(options)
     result = {"records": summary["metrics"]["read"], "adds_up": summary["metrics"]["adds_up"],
-              "crowds": summary["reports"]["histograms"]}
+              "crowds": summary["reports"]["histograms"], "workers": worker_processes_of(options)}
 seconds = time.perf_counter() - start
 result.update(seconds=seconds, peak_rss_mb=peak_rss_mb(), stage_log=stage_summary(seconds))
 print(json.dumps(result))
@@ -165,10 +170,13 @@ FNAPI = ["--runner=FnApiRunner"]
 
 
 def _stage(stage: dict, engine: str) -> dict:
-    """One stage in a child process; on ``flink_cluster`` on a fresh standalone cluster, with the
-    JobManager's and TaskManager's peak RSS beside the Python process's (driver + LOOPBACK worker)."""
-    if engine == "fnapi":
-        return run_child(_STAGES, {**stage, "flags": FNAPI})
+    """One stage in a child process: ``fnapi`` in that process (FnApiRunner), ``default`` on
+    the runner the command picks given no runner flags (``esa analyze`` spreads many crowds
+    over worker processes, ``pipelines/analyze.py: worker_processes``); on ``flink_cluster`` on
+    a fresh standalone cluster, with the JobManager's and TaskManager's peak RSS beside the
+    Python process's (driver + LOOPBACK worker)."""
+    if engine in ("fnapi", "default"):
+        return run_child(_STAGES, {**stage, "flags": FNAPI if engine == "fnapi" else []})
     with FlinkCluster(runners.flink_cluster_lib(), slots=2) as cluster:
         flags = runners.runner_flags("flink_cluster", master=cluster.master)
         result = run_child(_STAGES, {**stage, "flags": flags})
@@ -179,20 +187,27 @@ def _stage(stage: dict, engine: str) -> dict:
     return result
 
 
-def measure(work: Path, crowds: int, engine: str = "fnapi") -> dict[str, dict]:
-    """Generate, shuffle and analyze ``crowds`` crowds; each stage's child result."""
+def measure(
+    work: Path, crowds: int, engine: str = "fnapi", default_too: bool = False
+) -> dict[str, dict]:
+    """Generate, shuffle and analyze ``crowds`` crowds; each stage's child result (and with
+    ``default_too``, ``analyze_default``: the same analysis on the runner ``esa analyze`` picks
+    given no runner flags, run just after)."""
     recipes = generate(work / "reports", crowds)
     shuffled = _stage(
         {"stage": "shuffle", "input": str(work / "reports" / "*.avro"),
          "output": str(work / "shuffled"), "recipes": recipes},
         engine,
     )  # fmt: skip
-    analyzed = _stage(
-        {"stage": "analyze", "input": str(work / "shuffled"), "output": str(work / "analysis"),
-         "recipes": recipes},
-        engine,
-    )  # fmt: skip
-    return {"shuffle": shuffled, "analyze": analyzed}
+    analysis = {"stage": "analyze", "input": str(work / "shuffled"), "recipes": recipes}
+    results = {
+        "shuffle": shuffled,
+        "analyze": _stage({**analysis, "output": str(work / "analysis")}, engine),
+    }
+    if default_too:
+        output = str(work / "analysis-default")
+        results["analyze_default"] = _stage({**analysis, "output": output}, "default")
+    return results
 
 
 def kb_per_crowd(big: dict, little: dict) -> float:
@@ -206,7 +221,10 @@ def run(quick: bool) -> list[dict]:
     small = large // 10
     work = Path(tempfile.mkdtemp(prefix="bench-crowds-"))
     try:
-        results = {size: measure(work / str(size), size) for size in (small, large)}
+        results = {
+            size: measure(work / str(size), size, default_too=size == large)
+            for size in (small, large)
+        }
     finally:
         shutil.rmtree(work, ignore_errors=True)
     rows = _flink_rows()
@@ -237,16 +255,14 @@ def run(quick: bool) -> list[dict]:
                 "note": "growth of peak RSS from the smaller run to the larger, per added crowd",
             }
         )
+        if stage == "analyze":
+            rows.append(analyze_rate_row(results[large]["analyze_default"], big, little))
+            continue
         note = (
             f"{big['seconds']:.1f} s vs {little['seconds']:.1f} s; baseline: a tenth of the crowds"
         )
         if stages := describe(big.get("stage_log")):
             note += f"; {stages}"
-        if stage == "analyze":
-            rate = big["crowds"] / big["seconds"]
-            note += f"; target >= {ANALYZE_CROWDS_PER_S:,} crowds/s at 100,000 crowds (full mode)"
-            if big["crowds"] >= 90_000:
-                note += ": met" if rate >= ANALYZE_CROWDS_PER_S else ": not met"
         rows.append(
             {
                 "benchmark": f"crowds_{stage}",
@@ -259,6 +275,34 @@ def run(quick: bool) -> list[dict]:
         )
     rows.append(estimate_row(large))
     return rows
+
+
+def analyze_rate_row(default: dict, one: dict, tenth: dict) -> dict:
+    """``crowds_analyze`` crowds/s: ``esa analyze`` as run given no runner flags (``default``:
+    at 100,000 crowds it spreads them over worker processes, one per 10,000 crowds up to one
+    per CPU) against the same analysis in one process (``one``, FnApiRunner, whose peak RSS
+    the memory rows give), with the one process's seconds at a tenth of the crowds."""
+    rate = default["crowds"] / default["seconds"]
+    workers = default.get("workers", 1)
+    note = (
+        f"{default['seconds']:.1f} s on {workers} worker process{'es' if workers > 1 else ''} "
+        f"(esa analyze given no runner flags) vs {one['seconds']:.1f} s in one process "
+        f"(FnApiRunner; {tenth['seconds']:.1f} s at a tenth of the crowds); baseline: one "
+        "process"
+    )
+    if stages := describe(default.get("stage_log")):
+        note += f"; {stages}"
+    note += f"; target >= {ANALYZE_CROWDS_PER_S:,} crowds/s at 100,000 crowds (full mode)"
+    if default["crowds"] >= 90_000:
+        note += ": met" if rate >= ANALYZE_CROWDS_PER_S else ": not met"
+    return {
+        "benchmark": "crowds_analyze",
+        "metric": "crowds_per_s",
+        "value": rate,
+        "baseline": one["crowds"] / one["seconds"],
+        "ratio": rate / (one["crowds"] / one["seconds"]),
+        "note": note,
+    }
 
 
 def _estimate_buckets(recipe_paths: list[str], crowds: int, seed: int = 0) -> list:

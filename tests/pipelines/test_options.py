@@ -154,6 +154,20 @@ def test_the_analyzer_spreads_sealed_or_large_releases_over_processes(monkeypatc
     assert analyze_pipeline.worker_processes(clear, sealed) == 2
 
 
+def test_the_analyzer_spreads_many_crowds_one_worker_per_share(monkeypatch):
+    monkeypatch.setattr(analyze_pipeline.os, "cpu_count", lambda: 16)
+    share = analyze_pipeline.CROWDS_PER_WORKER
+    assert analyze_pipeline.worker_processes(0, 0, 2 * share - 1) == 1  # one share: no spread
+    assert analyze_pipeline.worker_processes(0, 0, 2 * share) == 2
+    assert analyze_pipeline.worker_processes(0, 0, 10 * share + share // 2) == 10
+    assert analyze_pipeline.worker_processes(0, 0, 100 * share) == 16  # one per CPU at most
+    assert analyze_pipeline.worker_processes(0, 0, -share) == 1
+    sealed = analyze_pipeline.SPREAD_MIN_SEALED_MESSAGES
+    assert analyze_pipeline.worker_processes(sealed, sealed, 2 * share) == 16  # messages first
+    monkeypatch.setattr(analyze_pipeline.os, "cpu_count", lambda: 2)
+    assert analyze_pipeline.worker_processes(0, 0, 10 * share) == 2
+
+
 def test_the_shuffler_spreads_large_inputs_over_processes(monkeypatch):
     monkeypatch.setattr(shuffle_pipeline.os, "cpu_count", lambda: 16)
     least = shuffle_pipeline.SPREAD_MIN_INPUT_BYTES
