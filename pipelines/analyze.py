@@ -54,8 +54,9 @@ Lines datasets are split the same way (``transforms.analyzer.report_files.read_r
 Given no runner flags (no ``--runner``, no ``--direct_*`` setting), a release of at least 100,000
 sealed messages (or 1,000,000 in all) is analyzed on the multi-process DirectRunner, one worker
 process per CPU (at most 16), its files read in ranges of at most 1/8 of a worker's share; one of
-at least 20,000 crowds on one worker per 10,000 crowds (at most one per CPU); anything smaller
-runs in this process on FnApiRunner, as ``--runner=FnApiRunner`` always does.
+at least 20,000 crowds on one worker per 10,000 crowds (at most one per CPU) where its workers
+are forked, not spawned; anything smaller runs in this process on FnApiRunner, as
+``--runner=FnApiRunner`` always does.
 
 Other runners take the same flags plus their own (``--runner=FlinkRunner --flink_master=HOST:PORT``,
 or ``--runner=DataflowRunner --project P --region R --temp_location gs://... --setup_file
@@ -95,6 +96,7 @@ from pipelines.commandline.options import (
     with_default_runner,
     worker_processes_of,
 )
+from pipelines.engines import forked_workers
 from pipelines.engines.new_pipeline import new_pipeline
 from pipelines.release_counts import (
     CheckCrowdCounts,
@@ -148,7 +150,7 @@ SPREAD_MIN_SEALED_MESSAGES = 100_000
 SPREAD_MIN_MESSAGES = 1_000_000
 # Many crowds are work of their own (~35 us each in one process: a bucket's estimates, report
 # line and table rows, whatever the messages), spread one worker per CROWDS_PER_WORKER from
-# twice that many. bench_crowds' 99,518 crowds of 327,851 messages on 2 cores, alternating:
+# twice that many where the workers are forked (a spawned one takes seconds to start). bench_crowds' 99,518 crowds of 327,851 messages on 2 cores, alternating:
 # one process 3.8-5.8 s, 2 forked workers 3.3-4.0 s; its 9,959 crowds 1.9-2.4 s either way
 # (the workers' start and the stages' fixed costs match what a worker's share saves).
 CROWDS_PER_WORKER = 10_000
@@ -180,10 +182,9 @@ def _handle(args: argparse.Namespace, pipeline_args: list[str]) -> int:
         )
         return 0
     from pipelines.commandline.progress import counted_stage
-    from pipelines.engines.forked_workers import serving_this_process
 
     # Workers forked from this process as it is before the progress line's thread starts.
-    with serving_this_process(), counted_stage("analyze", unit="messages") as line:
+    with forked_workers.serving_this_process(), counted_stage("analyze", unit="messages") as line:
         summary = run(options, line.set_total)
     print(summary_table(summary))
     print(f"results: {summary['inputs']['output']}")
@@ -537,18 +538,22 @@ def analysis_spill_dir(output: str, temp_location: str | None) -> str:
     return FileSystems.join(output, SPILL_DIR)
 
 
-def worker_processes(messages: int, sealed_messages: int, crowds: int = 0) -> int:
+def worker_processes(
+    messages: int, sealed_messages: int, crowds: int = 0, forked: bool = True
+) -> int:
     """Worker processes an analysis of ``messages`` (``sealed_messages`` of them sealed) and
     ``crowds`` crowds (the most one instance released or withheld) is spread over when no
     runner was chosen (``with_default_runner``): one per CPU, at most ``MAX_WORKER_PROCESSES``,
     from ``SPREAD_MIN_SEALED_MESSAGES`` sealed messages or ``SPREAD_MIN_MESSAGES`` in all;
-    else one per ``CROWDS_PER_WORKER`` crowds from two of them (at most one per CPU); else 1
-    (this process)."""
+    else, where the workers would be ``forked`` (``forked_workers.workers_would_fork``: a
+    spawned worker's start, seconds, is more than a share of crowds saves), one per
+    ``CROWDS_PER_WORKER`` crowds from two of them (at most one per CPU); else 1 (this
+    process)."""
     most = min(os.cpu_count() or 1, MAX_WORKER_PROCESSES)
     if sealed_messages >= SPREAD_MIN_SEALED_MESSAGES or messages >= SPREAD_MIN_MESSAGES:
         return most
     by_crowds = max(0, int(crowds)) // CROWDS_PER_WORKER
-    return min(most, by_crowds) if by_crowds >= 2 else 1
+    return min(most, by_crowds) if by_crowds >= 2 and forked else 1
 
 
 def run(
@@ -617,7 +622,9 @@ def run(
         "replays": runs_ledger.ledger_line(values.analyze_runs_ledger),
         "output": output,
     }
-    with_default_runner(options, worker_processes(messages, sealed, crowds))
+    with_default_runner(
+        options, worker_processes(messages, sealed, crowds, forked_workers.workers_would_fork())
+    )
     range_records = values.analyze_range_records
     workers = worker_processes_of(options)
     if workers > 1:

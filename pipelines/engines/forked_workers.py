@@ -175,6 +175,14 @@ def fork_is_safe() -> bool:
     )
 
 
+def workers_would_fork() -> bool:
+    """Whether a multi-process pipeline started now gets forked workers (a running fork
+    server's, or a fork of this driver where :func:`fork_is_safe`), not Beam's spawned ones,
+    each of which starts a fresh interpreter and imports Beam (seconds)."""
+    server = running()
+    return (server is not None and server.alive()) or fork_is_safe()
+
+
 def _grpc_threads() -> bool:
     """Whether a thread of gRPC's core runs in this process (by its name in ``/proc``)."""
     try:

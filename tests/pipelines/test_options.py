@@ -166,6 +166,9 @@ def test_the_analyzer_spreads_many_crowds_one_worker_per_share(monkeypatch):
     assert analyze_pipeline.worker_processes(sealed, sealed, 2 * share) == 16  # messages first
     monkeypatch.setattr(analyze_pipeline.os, "cpu_count", lambda: 2)
     assert analyze_pipeline.worker_processes(0, 0, 10 * share) == 2
+    # spawned workers start slower than a share of crowds is analyzed: crowds alone keep one
+    assert analyze_pipeline.worker_processes(0, 0, 10 * share, forked=False) == 1
+    assert analyze_pipeline.worker_processes(sealed, sealed, 0, forked=False) == 2
 
 
 def test_the_shuffler_spreads_large_inputs_over_processes(monkeypatch):
