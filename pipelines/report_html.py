@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 __all__ = ["REPORT_FILE", "fmt", "render_report", "write_report"]
@@ -107,9 +108,9 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]], css: str = "")
 # -- sections -------------------------------------------------------------------------------------
 
 
-def _privacy_rows(reports: Mapping[str, list[dict[str, Any]]]) -> list[list[str]]:
+def _privacy_rows(reports: Mapping[str, list[dict[str, Any]]], limit: int) -> list[list[str]]:
     rows = []
-    for entry in reports["histograms"] + reports["longitudinal"]:
+    for entry in (reports["histograms"] + reports["longitudinal"])[:limit]:
         privacy = entry.get("privacy", {})
         accuracy = entry.get("accuracy", {})
         longitudinal = entry.get("kind") == "longitudinal"
@@ -160,11 +161,11 @@ comparison, the guarantee if each whole report were one message (no attribute fr
 
 
 def _withheld_section(
-    reports: Mapping[str, list[dict[str, Any]]], summary: Mapping[str, Any]
+    reports: Mapping[str, list[dict[str, Any]]], summary: Mapping[str, Any], withheld: int
 ) -> str:
     from pipelines import withheld_reasons
 
-    notes = withheld_reasons.explain_withheld_in(reports["withheld"], summary)
+    notes = withheld_reasons.explain_withheld_in(reports["withheld"][:MAX_TABLE_ROWS], summary)
     if not notes:
         return "<p>No crowd was withheld.</p>"
     rows = [
@@ -177,7 +178,7 @@ def _withheld_section(
         ]
         for note in notes[:MAX_TABLE_ROWS]
     ]
-    more = len(notes) - len(rows)
+    more = withheld - len(rows)
     return _table(
         ["crowd", "window", "withheld by instance", "estimated", "reason"], rows, "withheld"
     ) + (f"<p>… and {more:,} more in withheld.jsonl/</p>" if more > 0 else "")
@@ -224,17 +225,23 @@ def _read_table(path: Path, columns: Sequence[str]) -> pa.Table | None:
 
 
 def _crowd_rows(table: pa.Table, entry: Mapping[str, Any], time_column: str) -> dict[str, Any]:
-    data = table.to_pydict()
+    """The columns of ``table``'s rows of ``entry``'s crowd and window (or round), in table
+    order, picked by Arrow (a table of many crowds is never made Python values whole)."""
     start = entry.get("window_start", entry.get("round_start"))
-    rows = [
-        i
-        for i in range(table.num_rows)
-        if data["channel"][i] == entry.get("channel")
-        and data["crowd"][i] == entry.get("crowd_id")
-        and data["recipe_id"][i] == entry.get("recipe_id")
-        and int(data[time_column][i].timestamp() * 1000) == int(start)
+    crowd = entry.get("crowd_id")
+    times = pc.cast(pc.cast(table.column(time_column), pa.timestamp("ms")), pa.int64())
+    masks = [
+        pc.equal(table.column("channel"), entry.get("channel")),
+        pc.equal(table.column("recipe_id"), entry.get("recipe_id")),
+        pc.is_null(table.column("crowd"))
+        if crowd is None
+        else pc.equal(table.column("crowd"), crowd),
+        pc.equal(times, int(start)),
     ]
-    return {name: [values[i] for i in rows] for name, values in data.items()}
+    chosen = masks[0]
+    for mask in masks[1:]:
+        chosen = pc.and_(chosen, mask)
+    return table.filter(pc.fill_null(chosen, False)).to_pydict()
 
 
 def _svg_histogram(rows: Mapping[str, list[Any]], title: str) -> str:
@@ -410,6 +417,18 @@ def _parameters(summary: Mapping[str, Any], run: Mapping[str, Any] | None) -> st
     return "<dl>" + "".join(f"<dt>{_e(k)}</dt><dd>{_e(fmt(v))}</dd>" for k, v in items) + "</dl>"
 
 
+def _totals(summary: Mapping[str, Any]) -> tuple[int, int, int] | None:
+    """(histogram reports, longitudinal reports, withheld notes) as summary.json counts them;
+    None where it does not."""
+    reports, withheld = summary.get("reports"), summary.get("withheld")
+    if not isinstance(reports, Mapping) or not isinstance(withheld, Mapping):
+        return None
+    counts = (reports.get("histograms"), reports.get("longitudinal"), withheld.get("crowds"))
+    if not all(type(count) is int and count >= 0 for count in counts):
+        return None
+    return counts  # type: ignore[return-value]
+
+
 def render_report(
     analysis_dir: str | os.PathLike[str], run: Mapping[str, Any] | None = None
 ) -> str:
@@ -419,23 +438,27 @@ def render_report(
 
     analysis = Path(analysis_dir)
     summary = json.loads((analysis / "summary.json").read_text())
-    reports = read_reports(str(analysis))
-    rows = _privacy_rows(reports)
-    shown = rows[:MAX_TABLE_ROWS]
-    more = len(rows) - len(shown)
+    totals = _totals(summary)
+    # The first parts holding the rows shown, when summary.json counts the rest (as it does):
+    # an analysis of many crowds is not read whole to show a few hundred of them.
+    reports = read_reports(str(analysis), MAX_TABLE_ROWS if totals else None)
+    if totals is None:
+        totals = tuple(len(reports[name]) for name in ("histograms", "longitudinal", "withheld"))
+    estimated, longitudinal, withheld = totals
+    shown = _privacy_rows(reports, MAX_TABLE_ROWS)
+    more = estimated + longitudinal - len(shown)
     histograms, bands = _charts(analysis, reports)
     title = "ESA analysis: " + (", ".join(summary.get("inputs", {}).get("recipes", [])) or "-")
     body = [
         f"<h1>{_e(title)}</h1>",
-        f'<p class="note">{_e(analysis)} · {len(reports["histograms"]):,} histogram and '
-        f"{len(reports['longitudinal']):,} longitudinal crowd windows estimated, "
-        f"{len(reports['withheld']):,} withheld.</p>",
+        f'<p class="note">{_e(analysis)} · {estimated:,} histogram and '
+        f"{longitudinal:,} longitudinal crowd windows estimated, {withheld:,} withheld.</p>",
         "<h2>Privacy and accuracy per crowd and window</h2>",
         _table(_PRIVACY_HEADERS, shown, "privacy") if shown else "<p>No crowd was estimated.</p>",
         f"<p>… and {more:,} more in reports.jsonl/</p>" if more > 0 else "",
         _PRIVACY_NOTES,
         "<h2>Withheld crowds</h2>",
-        _withheld_section(reports, summary),
+        _withheld_section(reports, summary, withheld),
         "<h2>Counters</h2>",
         _counters_section(summary),
         "<h2>Histograms</h2>",

@@ -131,12 +131,12 @@ def record_reasons(analysis_dir: str) -> dict[str, int]:
     import os
     from collections import Counter
 
-    from transforms.analyzer.report_files import read_reports
+    from transforms.analyzer.report_files import read_withheld
 
     path = os.path.join(analysis_dir, "summary.json")
     with open(path, encoding="utf-8") as handle:
         summary = json.load(handle)
-    notes = explain_withheld_in(read_reports(analysis_dir)["withheld"], summary)
+    notes = explain_withheld_in(read_withheld(analysis_dir), summary)
     reasons = dict(Counter(note["reason"] for note in notes).most_common())
     summary.setdefault("withheld", {})["reasons"] = reasons
     temporary = f"{path}.tmp"

@@ -111,3 +111,77 @@ def test_the_browser_check_sees_console_errors_and_network_requests(tmp_path):
     _, console = open_in_chromium(page)
     assert any("Content Security Policy" in line for line in console)
     assert any("boom" in line for line in console)
+
+
+def _crowd_rows_by_python(table, entry, time_column):
+    """The rows of ``entry``'s crowd and window as the page picked them before: the whole table
+    as Python values, compared row by row."""
+    data = table.to_pydict()
+    start = entry.get("window_start", entry.get("round_start"))
+    rows = [
+        i
+        for i in range(table.num_rows)
+        if data["channel"][i] == entry.get("channel")
+        and data["crowd"][i] == entry.get("crowd_id")
+        and data["recipe_id"][i] == entry.get("recipe_id")
+        and int(data[time_column][i].timestamp() * 1000) == int(start)
+    ]
+    return {name: [values[i] for i in rows] for name, values in data.items()}
+
+
+def test_a_chart_takes_its_crowd_s_rows_as_a_row_by_row_pick_would():
+    import pyarrow as pa
+
+    day = 86_400_000
+    crowds = [None, "a", "b", None, "a"]
+    starts = [0, 0, day, day, day]
+    channels = ["c", "c", "c", "c", "d"]
+    table = pa.table(
+        {
+            "window_start": pa.array(
+                [s for s in starts for _ in range(3)], pa.timestamp("ms", tz="UTC")
+            ),
+            "channel": [c for c in channels for _ in range(3)],
+            "recipe_id": ["r@1"] * 15,
+            "crowd": [c for c in crowds for _ in range(3)],
+            "bucket": list(range(3)) * 5,
+            "estimate": [float(i) for i in range(15)],
+        }
+    )
+    entries = [
+        {"channel": channel, "recipe_id": "r@1", "crowd_id": crowd, "window_start": start}
+        for channel, crowd, start in zip(channels, crowds, starts, strict=True)
+    ] + [{"channel": "c", "recipe_id": "r@1", "crowd_id": "z", "window_start": 0}]
+    for entry in entries:
+        picked = report_html._crowd_rows(table, entry, "window_start")
+        assert picked == _crowd_rows_by_python(table, entry, "window_start")
+    assert len(report_html._crowd_rows(table, entries[3], "window_start")["bucket"]) == 3
+    assert report_html._crowd_rows(table, entries[-1], "window_start")["bucket"] == []
+
+
+@pytest.mark.slow
+def test_the_page_of_many_crowds_reads_the_parts_it_shows_and_counts_from_the_summary(
+    tmp_path, monkeypatch
+):
+    from benchmarks import bench_crowds
+    from transforms.analyzer import report_files
+
+    crowds = bench_crowds.measure(tmp_path, 2 * report_html.MAX_TABLE_ROWS)["analyze"]["crowds"]
+    analysis = tmp_path / "analysis"
+    summary = json.loads((analysis / "summary.json").read_text())
+    assert summary["reports"]["histograms"] == crowds > report_html.MAX_TABLE_ROWS
+    limits = []
+    read = report_files.read_json_parts
+
+    def read_json_parts(directory, limit=None):
+        limits.append(limit)
+        return read(directory, limit)
+
+    monkeypatch.setattr(report_files, "read_json_parts", read_json_parts)
+    page = report_html.render_report(str(analysis))
+    assert limits == [report_html.MAX_TABLE_ROWS] * 2  # reports and withheld notes
+    table = page.split('<table class="privacy">', 1)[1].split("</table>", 1)[0]
+    assert table.count("<tr>") == report_html.MAX_TABLE_ROWS + 1  # the head's row too
+    assert f"… and {crowds - report_html.MAX_TABLE_ROWS:,} more in reports.jsonl/" in page
+    assert f"{crowds:,} histogram and 0 longitudinal crowd windows estimated" in page
+    assert page.count("<svg") == report_html.MAX_CHARTS

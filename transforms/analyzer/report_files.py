@@ -450,6 +450,12 @@ def read_json_parts(directory: str, limit: int | None = None) -> list[dict[str, 
     return records
 
 
+def read_withheld(output_dir: str) -> list[dict[str, Any]]:
+    """An analysis's withheld-crowd notes, sorted (without its reports, which may be many
+    more)."""
+    return sorted(read_json_parts(os.path.join(output_dir, WITHHELD_DIR)), key=note_order)
+
+
 def read_reports(output_dir: str, limit: int | None = None) -> dict[str, list[dict[str, Any]]]:
     """An analysis's reports and notes as ``{"histograms", "longitudinal", "withheld"}`` lists,
     each sorted: every one (small analyses, tests) or those of the first parts holding at least

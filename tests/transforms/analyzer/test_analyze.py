@@ -33,6 +33,7 @@ from transforms.analyzer.report_files import (
     pack_lines,
     read_json_parts,
     read_reports,
+    read_withheld,
     report_order,
     write_json_part,
 )
@@ -273,6 +274,7 @@ def test_estimate_and_write_analysis(release_files, tmp_path, spill):
     assert summary["metrics"]["chunks_of_unknown_records"] == {"unreadable_file": 1}
     [withheld] = reports["withheld"]
     assert withheld["window_start"] == T0 + DAY and not withheld["estimated"]
+    assert read_withheld(str(output)) == reports["withheld"]  # the notes without the reports
     assert summary["inputs"] == {"test": True}
 
 
