@@ -150,9 +150,11 @@ SPREAD_MIN_SEALED_MESSAGES = 100_000
 SPREAD_MIN_MESSAGES = 1_000_000
 # Many crowds are work of their own (~35 us each in one process: a bucket's estimates, report
 # line and table rows, whatever the messages), spread one worker per CROWDS_PER_WORKER from
-# twice that many where the workers are forked (a spawned one takes seconds to start). bench_crowds' 99,518 crowds of 327,851 messages on 2 cores, alternating:
-# one process 3.8-5.8 s, 2 forked workers 3.3-4.0 s; its 9,959 crowds 1.9-2.4 s either way
-# (the workers' start and the stages' fixed costs match what a worker's share saves).
+# twice that many where the workers are forked (a spawned one takes seconds to start).
+# bench_crowds' 99,518 crowds of 327,851 messages on 2 cores, alternating: one process
+# 3.8-5.8 s, 2 forked workers 3.3-4.0 s (its full run at bc3443f: 4.9 s and 3.5 s); its 9,959
+# crowds 1.9-2.4 s either way (the workers' start and the stages' fixed costs match what a
+# worker's share saves).
 CROWDS_PER_WORKER = 10_000
 MAX_WORKER_PROCESSES = 16
 RANGES_PER_WORKER = 8  # file ranges per worker at least, when spread over processes

@@ -426,7 +426,8 @@ def _totals(summary: Mapping[str, Any]) -> tuple[int, int, int] | None:
     counts = (reports.get("histograms"), reports.get("longitudinal"), withheld.get("crowds"))
     if not all(type(count) is int and count >= 0 for count in counts):
         return None
-    return counts  # type: ignore[return-value]
+    histograms, longitudinal, withheld_notes = counts
+    return histograms, longitudinal, withheld_notes
 
 
 def render_report(

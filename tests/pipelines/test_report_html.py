@@ -185,3 +185,16 @@ def test_the_page_of_many_crowds_reads_the_parts_it_shows_and_counts_from_the_su
     assert f"… and {crowds - report_html.MAX_TABLE_ROWS:,} more in reports.jsonl/" in page
     assert f"{crowds:,} histogram and 0 longitudinal crowd windows estimated" in page
     assert page.count("<svg") == report_html.MAX_CHARTS
+
+
+def test_the_page_takes_its_totals_from_the_summary_only_when_it_counts_them():
+    counted = {"reports": {"histograms": 3, "longitudinal": 0}, "withheld": {"crowds": 1}}
+    assert report_html._totals(counted) == (3, 0, 1)
+    for broken in (
+        {},
+        {"reports": {"histograms": 3, "longitudinal": 0}},
+        {"reports": {"histograms": 3, "longitudinal": 0}, "withheld": {"crowds": True}},
+        {"reports": {"histograms": -1, "longitudinal": 0}, "withheld": {"crowds": 1}},
+        {"reports": {"histograms": "3", "longitudinal": 0}, "withheld": {"crowds": 1}},
+    ):
+        assert report_html._totals(broken) is None  # then every report is read and counted
