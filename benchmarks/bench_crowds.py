@@ -14,11 +14,11 @@ the growth of peak RSS per added crowd between the two sizes. ``crowds_analyze``
 larger size given no runner flags, as a user runs it (target: :data:`ANALYZE_CROWDS_PER_S` at
 100,000 crowds, full mode): from 20,000 crowds it spreads them over worker processes
 (``pipelines/analyze.py: worker_processes``), so this third analysis runs just after the
-one-process one, whose rate is the row's baseline (the memory rows stay one process's). ``crowds_estimate`` times
-the estimates alone (``EstimateBucket`` in this process, buckets of :data:`BUCKET_CROWDS` crowds
-of the same recipes): the histogram crowds of a recipe de-biased together as rows against the
-same buckets one crowd at a time (``crowd_at_a_time``). The ``crowds_flink_*`` rows run
-the same stages on a standalone Flink cluster (``make engines``) at 10,000 vs 1,000 crowds in
+one-process one, whose rate is the row's baseline (the memory rows stay one process's).
+``crowds_estimate`` times the estimates alone (``EstimateBucket`` in this process, buckets of
+:data:`BUCKET_CROWDS` crowds of the same recipes): the histogram crowds of a recipe de-biased
+together as rows against the same buckets one crowd at a time (``crowd_at_a_time``). The
+``crowds_flink_*`` rows run the same stages on a standalone Flink cluster (``make engines``) at 10,000 vs 1,000 crowds in
 both modes, with the peak RSS of the Python process (driver and LOOPBACK worker), the
 TaskManager and the JobManager.
 
@@ -283,6 +283,7 @@ def analyze_rate_row(default: dict, one: dict, tenth: dict) -> dict:
     per CPU) against the same analysis in one process (``one``, FnApiRunner, whose peak RSS
     the memory rows give), with the one process's seconds at a tenth of the crowds."""
     rate = default["crowds"] / default["seconds"]
+    one_rate = one["crowds"] / one["seconds"]
     workers = default.get("workers", 1)
     note = (
         f"{default['seconds']:.1f} s on {workers} worker process{'es' if workers > 1 else ''} "
@@ -299,8 +300,8 @@ def analyze_rate_row(default: dict, one: dict, tenth: dict) -> dict:
         "benchmark": "crowds_analyze",
         "metric": "crowds_per_s",
         "value": rate,
-        "baseline": one["crowds"] / one["seconds"],
-        "ratio": rate / (one["crowds"] / one["seconds"]),
+        "baseline": one_rate,
+        "ratio": rate / one_rate,
         "note": note,
     }
 

@@ -176,7 +176,7 @@ def _withheld_section(
             _e("yes" if note.get("estimated") else "no"),
             f'<span class="text" data-field="reason">{_e(note["reason"])}</span>',
         ]
-        for note in notes[:MAX_TABLE_ROWS]
+        for note in notes
     ]
     more = withheld - len(rows)
     return _table(

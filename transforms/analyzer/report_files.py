@@ -450,10 +450,11 @@ def read_json_parts(directory: str, limit: int | None = None) -> list[dict[str, 
     return records
 
 
-def read_withheld(output_dir: str) -> list[dict[str, Any]]:
+def read_withheld(output_dir: str, limit: int | None = None) -> list[dict[str, Any]]:
     """An analysis's withheld-crowd notes, sorted (without its reports, which may be many
-    more)."""
-    return sorted(read_json_parts(os.path.join(output_dir, WITHHELD_DIR)), key=note_order)
+    more): every one, or those of the first parts holding at least ``limit``."""
+    notes = read_json_parts(os.path.join(output_dir, WITHHELD_DIR), limit)
+    return sorted(notes, key=note_order)
 
 
 def read_reports(output_dir: str, limit: int | None = None) -> dict[str, list[dict[str, Any]]]:
@@ -461,10 +462,9 @@ def read_reports(output_dir: str, limit: int | None = None) -> dict[str, list[di
     each sorted: every one (small analyses, tests) or those of the first parts holding at least
     ``limit`` (the console table)."""
     reports = read_json_parts(os.path.join(output_dir, REPORTS_DIR), limit)
-    notes = read_json_parts(os.path.join(output_dir, WITHHELD_DIR), limit)
-    reports, notes = sorted(reports, key=report_order), sorted(notes, key=note_order)
+    reports = sorted(reports, key=report_order)
     return {
         "histograms": [r for r in reports if r.get("kind") == arithmetic.HISTOGRAM],
         "longitudinal": [r for r in reports if r.get("kind") == arithmetic.LONGITUDINAL],
-        "withheld": notes,
+        "withheld": read_withheld(output_dir, limit),
     }
