@@ -169,12 +169,10 @@ def hockey_stick_shifted_binomial(
     first = np.floor((c + 1.0) * gamma) + 1.0
     first = np.clip(first, 0.0, c + 1.0)
     c_safe = np.maximum(c, 0.0)
-    point = binomial.pmf(first - 1.0, c_safe, rho_a)
-    tail = binomial.sf(first - 1.0, c_safe, rho_a)
+    # Pr[A = first-1] and Pr[A >= first]; for the neighbouring thresholds (term(x) = P(x) -
+    # e^eps Q(x) at x = first-1 and x = first) also Pr[A = first-2] and Pr[A = first].
+    (below, point, here), tail = binomial.around(first - 1.0, c_safe, rho_a)
     value = den_l * point - math.expm1(epsilon) * tail
-    # Neighbouring thresholds: term(x) = P(x) - e^eps Q(x) at x = first-1 and x = first.
-    below = binomial.pmf(first - 2.0, c_safe, rho_a)
-    here = binomial.pmf(first, c_safe, rho_a)
     before_p = high * below + (1 - high) * point
     before_q = e * (low * below + (1 - low) * point)
     at_p = high * point + (1 - high) * here
@@ -183,8 +181,7 @@ def hockey_stick_shifted_binomial(
     options = np.stack([value, value + before_p - before_q, value - at_p + at_q])
     sizes = np.stack([base, base + before_p + before_q, base + at_p + at_q])
     best = np.argmax(options, axis=0)
-    value = np.take_along_axis(options, best[None], axis=0)[0]
-    magnitude = np.take_along_axis(sizes, best[None], axis=0)[0]
+    value, magnitude = np.choose(best, options), np.choose(best, sizes)
     return np.where(live, np.maximum(value, 0.0), 0.0), np.where(live, magnitude, 0.0)
 
 

@@ -55,6 +55,35 @@ def test_quantiles_match_scipy_bit_for_bit(name):
             _same(getattr(ours, name)(value), getattr(frozen, name)(value))
 
 
+def test_around_gives_the_four_calls_floats_bit_for_bit():
+    """binomial.around: pmf at k-1, k, k+1 and sf at k, the same floats as the calls themselves,
+    on the integer points of valid laws (its own pass) and on the whole grid (invalid laws,
+    fractions, infinities and NaN: the calls' own path)."""
+
+    def calls(k, n, p):
+        with np.errstate(all="ignore"):
+            masses = [binomial.pmf(k + shift, n, p) for shift in (-1.0, 0.0, 1.0)]
+            return np.stack(np.broadcast_arrays(*masses)), np.asarray(binomial.sf(k, n, p))
+
+    k, n, p = _grid(K)
+    valid = (
+        (n >= 0) & (n == np.round(n)) & (p >= 0) & (p <= 1) & np.isfinite(k) & (k == np.floor(k))
+    )
+    for arguments in ((k, n, p), (k[valid], n[valid], p[valid])):
+        with np.errstate(all="ignore"):
+            masses, tails = binomial.around(*arguments)
+        expected_masses, expected_tails = calls(*arguments)
+        _same(masses, expected_masses)
+        _same(tails, expected_tails)
+    # as the variation-ratio reduction calls it: one probability for every law
+    clones = np.arange(-1.0, 60.0)
+    first = np.clip(np.floor((clones + 1.0) * 0.37), 0.0, clones + 1.0) - 1.0
+    masses, tails = binomial.around(first, np.maximum(clones, 0.0), 0.42)
+    expected_masses, expected_tails = calls(first, np.maximum(clones, 0.0), 0.42)
+    _same(masses, expected_masses)
+    _same(tails, expected_tails)
+
+
 def test_frozen_law_matches_scipy():
     ours, theirs = binomial.Binomial(999, 0.02), stats.binom(999, 0.02)
     x = np.arange(-3, 60, dtype=np.float64)
