@@ -100,6 +100,8 @@ from privacy.accounting.solvers import (
     cohort_epsilon,
     mechanism_bounds,
     min_respondents,
+    recorded_amplifications,
+    remember_amplifications,
     solve_epsilon_local,
 )
 from privacy.accounting.tight import (
@@ -188,6 +190,8 @@ __all__ = [
     "min_respondents",
     "privacy_report",
     "randomizer_central",
+    "recorded_amplifications",
+    "remember_amplifications",
     "report_fragment_epsilon",
     "report_fragment_local_guarantee",
     "solve_epsilon_local",

@@ -4,6 +4,8 @@ samplable-anonymous-aggregation's Check 3, and the analyzer's privacy report."""
 from __future__ import annotations
 
 import math
+import pickle
+import threading
 from collections.abc import Callable, Mapping
 from operator import attrgetter
 from types import MappingProxyType
@@ -54,6 +56,8 @@ __all__ = [
     "mechanism_bounds",
     "central_epsilon",
     "amplify",
+    "recorded_amplifications",
+    "remember_amplifications",
     "cohort_epsilon",
     "solve_epsilon_local",
     "min_respondents",
@@ -201,12 +205,76 @@ def amplify(
     The local guarantee itself (no amplification) is always a candidate. Every candidate is
     evaluated; ``details["candidates"]`` holds each value or the reason it does not apply, and
     ``bound`` names the smallest.
+
+    Each distinct (eps_l, n, delta, mechanism, local model) is evaluated once per process and
+    kept (:data:`AMPLIFIED_KEPT` of them; the memo empties when full), or taken from evaluations
+    another process made (:func:`remember_amplifications`): it is a pure function of them, and
+    its root searches take tens of milliseconds, which every crowd of that size, every recipe of
+    those parameters and every report's comparison bound would repeat. Each call gets a fresh
+    copy.
     """
     mechanism = _check_mechanism(mechanism)
     local_model = _check_local_model(local_model)
     eps = check_epsilon(epsilon_local, "epsilon_local")
     n = check_respondents(respondents)
     d = check_delta(delta)
+    key = (eps, n, d, mechanism, local_model)
+    found = _GIVEN.get(key) or _AMPLIFIED.get(key)
+    if found is None:
+        found = _amplified(*key)
+        if len(_AMPLIFIED) >= AMPLIFIED_KEPT:
+            _AMPLIFIED.clear()
+        _AMPLIFIED[key] = found
+    recording = getattr(_RECORDING, "entries", None)
+    if recording is not None:
+        recording[key] = found
+    epsilon, bound, details = found
+    return CentralGuarantee(
+        epsilon=epsilon,
+        delta=d,
+        bound=bound,
+        epsilon_local=eps,
+        respondents=n,
+        details=pickle.loads(details),
+    )
+
+
+# Distinct amplify() arguments kept per process (a few KB each).
+AMPLIFIED_KEPT = 4096
+# amplify()'s arguments -> (epsilon, bound, pickled details): evaluated here, and given.
+_Amplified = dict[tuple[float, int, float, str, str], tuple[float, str, bytes]]
+_AMPLIFIED: _Amplified = {}
+_GIVEN: _Amplified = {}
+_RECORDING = threading.local()
+
+
+def recorded_amplifications(compute: Callable[[], Any]) -> _Amplified:
+    """Every :func:`amplify` evaluation ``compute()`` needs (made, or found kept), as entries
+    for :func:`remember_amplifications` in another process; what ``compute`` raises propagates."""
+    entries: _Amplified = {}
+    outer = getattr(_RECORDING, "entries", None)
+    _RECORDING.entries = entries
+    try:
+        compute()
+    finally:
+        _RECORDING.entries = outer
+    if outer is not None:
+        outer.update(entries)
+    return entries
+
+
+def remember_amplifications(entries: _Amplified) -> None:
+    """Let :func:`amplify` answer from ``entries`` (:func:`recorded_amplifications` of the same
+    code), in place of those given before: evaluations spread over processes once, instead of
+    made again by every process that needs them."""
+    global _GIVEN
+    _GIVEN = dict(entries)
+
+
+def _amplified(
+    eps: float, n: int, d: float, mechanism: str, local_model: str
+) -> tuple[float, str, bytes]:
+    """:func:`amplify`'s epsilon, bound and details (pickled) for checked arguments."""
     candidates: dict[str, float | str] = {}
     tight: dict[str, Any] | str
     try:
@@ -234,14 +302,7 @@ def amplify(
         "candidates": candidates,
         "tight": tight,
     }
-    return CentralGuarantee(
-        epsilon=float(candidates[best]),
-        delta=d,
-        bound=best,
-        epsilon_local=eps,
-        respondents=n,
-        details=details,
-    )
+    return float(candidates[best]), best, pickle.dumps(details, pickle.HIGHEST_PROTOCOL)
 
 
 def _smallest_candidate(candidates: Mapping[str, float | str]) -> str:

@@ -102,3 +102,62 @@ def test_privacy_report_table_i_row():
     without = unfragmented.central_without_attribute_fragmentation
     assert without.epsilon > unfragmented.central.epsilon
     assert without.details["fmt_epsilon_0"] == 4.0
+
+
+def test_amplify_keeps_each_evaluation_and_hands_out_copies(monkeypatch):
+    import privacy.accounting.solvers as solvers
+
+    monkeypatch.setattr(solvers, "_AMPLIFIED", {})
+    first = acc.amplify(2.0, 500, 1e-6, acc.ONE_HOT_RAPPOR)
+    evaluations = []
+    tight_bound = solvers.tight_bound
+
+    def counted(*args, **kwargs):
+        evaluations.append(args)
+        return tight_bound(*args, **kwargs)
+
+    monkeypatch.setattr(solvers, "tight_bound", counted)
+    again = acc.amplify(2.0, 500, 1e-6, acc.ONE_HOT_RAPPOR)
+    assert again == first and again is not first and not evaluations
+    again.details["candidates"]["local"] = -1.0  # a caller's copy: the kept one is untouched
+    assert acc.amplify(2.0, 500, 1e-6, acc.ONE_HOT_RAPPOR) == first
+    # the same arguments as other types (numpy floats, integral floats) are the same evaluation
+    import numpy as np
+
+    assert acc.amplify(np.float64(2.0), 500.0, np.float64(1e-6), acc.ONE_HOT_RAPPOR) == first
+    assert not evaluations
+    acc.amplify(2.0, 501, 1e-6, acc.ONE_HOT_RAPPOR)  # another size is evaluated
+    assert len(evaluations) == 1
+
+
+def test_recorded_amplifications_let_another_process_skip_the_evaluation(monkeypatch):
+    import privacy.accounting.solvers as solvers
+
+    monkeypatch.setattr(solvers, "_AMPLIFIED", {})
+    monkeypatch.setattr(solvers, "_GIVEN", {})
+    report = acc.privacy_report(3.0, 1234, 1e-7)
+    entries = acc.recorded_amplifications(lambda: acc.privacy_report(3.0, 1234, 1e-7))
+    assert len(entries) == 2  # the one-hot bound and Table X's comparison without fragmentation
+    nested = {}
+
+    def outer():
+        nested.update(acc.recorded_amplifications(lambda: acc.amplify(1.0, 99, 1e-6)))
+        acc.amplify(1.0, 98, 1e-6)
+
+    outside = acc.recorded_amplifications(outer)
+    assert set(nested) < set(outside) and len(outside) == 2  # an inner recording counts outside
+    # A process that was given the entries answers without evaluating anything.
+    monkeypatch.setattr(solvers, "_AMPLIFIED", {})
+    acc.remember_amplifications(entries)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("evaluated again")
+
+    monkeypatch.setattr(solvers, "tight_bound", refuse)
+    monkeypatch.setattr(solvers, "central_epsilon", refuse)
+    assert acc.privacy_report(3.0, 1234, 1e-7) == report
+    with pytest.raises(AssertionError, match="evaluated again"):  # a size it was not given
+        acc.privacy_report(3.0, 1235, 1e-7)
+    acc.remember_amplifications({})  # the next ones replace them
+    with pytest.raises(AssertionError, match="evaluated again"):
+        acc.privacy_report(3.0, 1234, 1e-7)
