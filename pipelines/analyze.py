@@ -683,7 +683,9 @@ def run(
     buckets = aggregated.buckets | "OnlyAgreeingBuckets" >> beam.Map(
         refuse_on_problems, checked, spill_dir
     )
-    estimates = buckets | "EstimateBuckets" >> EstimateBuckets(config, parts, spill_dir=spill_dir)
+    estimates = buckets | "EstimateBuckets" >> EstimateBuckets(
+        config, parts, spill_dir=spill_dir, sizes=aggregated.crowd_sizes
+    )
     letters = aggregated.dead_letters | "OnlyAgreeingDeadLetters" >> beam.Map(
         refuse_on_problems, checked, spill_dir
     )

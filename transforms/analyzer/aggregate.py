@@ -85,6 +85,8 @@ CROWD_RECORD_SCHEMA = pa.schema(
 # Messages released per crowd key of each crowd table, keyed by release file bucket (read with
 # the table's crowds: ``CrowdBuckets`` with ``stated_bucket``).
 STATED_TAG = "stated"
+# (recipe ID, respondents released) of a source's released crowds, each pair once per element.
+SIZES_TAG = "sizes"
 BUCKETS_TAG = "buckets"
 # Records per range of a release file (``esa analyze --range-records``).
 DEFAULT_RANGE_RECORDS = 20_000
@@ -666,7 +668,11 @@ class CrowdBuckets(beam.DoFn):
     bucket of all of a source's crowds when it is known without hashing them (None: hashed;
     :func:`table_analyzer_bucket`). ``grouped``: each element is a group of
     sources that ``read_crowds`` reads into ``(source, its crowds)`` pairs; each source is
-    counted on its own and the group's crowds bucketed together (fewer partial buckets)."""
+    counted on its own and the group's crowds bucketed together (fewer partial buckets).
+
+    On output :data:`SIZES_TAG`, each distinct ``(recipe ID, respondents released)`` of the
+    released crowds read (:func:`released_sizes`): the crowd sizes whose privacy the reports
+    will state, so that it is evaluated once per size before them (``EstimateBuckets``)."""
 
     def __init__(
         self,
@@ -705,6 +711,11 @@ class CrowdBuckets(beam.DoFn):
             if self._part_bucket is not None:
                 known = self._part_bucket(part, self._buckets)
             gathered.append((part_crowds, known))
+        sizes: set[tuple[str, int]] = set()
+        for part_crowds, _ in gathered:
+            sizes |= released_sizes(part_crowds)
+        for size in sorted(sizes):
+            yield beam.pvalue.TaggedOutput(SIZES_TAG, size)
         tables = [(crowds.instance, crowds.crowds, known)
                   for crowds, known in gathered if isinstance(crowds, TableCrowds)]  # fmt: skip
         if gathered and len(tables) == len(gathered):  # all as columns: no dict per crowd
@@ -715,6 +726,43 @@ class CrowdBuckets(beam.DoFn):
         yield from arithmetic.commit_buckets(
             pairs, self._book, self._buckets, buckets if self._part_bucket else None
         ).items()
+
+
+def released_sizes(crowds: Sequence[tuple[int, Mapping[str, Any]]]) -> set[tuple[str, int]]:
+    """The distinct ``(recipe_id, respondents_released)`` of the released crowds of a crowd
+    table's ``(instance, crowd)`` pairs (columns of a :class:`TableCrowds` read at once); crowds
+    without a recipe ID or a count of at least 1 are left out (the buckets say what is wrong
+    with them)."""
+    if isinstance(crowds, TableCrowds):
+        columns = crowds.crowds
+        released = pc.fill_null(pc.equal(columns.column("status"), "released"), False)
+        counts = columns.column("respondents_released")
+        kept = pc.and_(released, pc.fill_null(pc.greater_equal(counts, 1), False))
+        kept = pc.and_(kept, columns.column("recipe_id").is_valid())
+        if not pc.any(kept).as_py():
+            return set()
+        pairs = (
+            pa.table({"recipe_id": columns.column("recipe_id"), "count": counts})
+            .filter(kept)
+            .group_by(["recipe_id", "count"])
+            .aggregate([])
+        )
+        return set(
+            zip(pairs.column("recipe_id").to_pylist(), pairs.column("count").to_pylist(),
+                strict=True)
+        )  # fmt: skip
+    sizes = set()
+    for _, crowd in crowds:
+        count, recipe_id = crowd.get("respondents_released"), crowd.get("recipe_id")
+        if (
+            crowd.get("status") == "released"
+            and isinstance(recipe_id, str)
+            and isinstance(count, int)
+            and not isinstance(count, bool)
+            and count >= 1
+        ):
+            sizes.add((recipe_id, count))
+    return sizes
 
 
 class CombineBucket(beam.CombineFn):
@@ -774,6 +822,8 @@ class AggregateOutputs(NamedTuple):
     # ((release directory, bucket key), packed stated_records) per crowd table (with
     # ``stated_bucket``; else empty)
     stated_records: beam.PCollection
+    # (recipe ID, respondents released) of released crowds (CrowdBuckets' SIZES_TAG)
+    crowd_sizes: beam.PCollection
 
 
 class AggregateReleases(beam.PTransform):
@@ -850,7 +900,7 @@ class AggregateReleases(beam.PTransform):
         )
         parts = (decoded, released, whole)
         from_commits = crowd_sources | "CrowdsFromCommits" >> beam.ParDo(self._crowds).with_outputs(
-            STATED_TAG, main=BUCKETS_TAG
+            STATED_TAG, SIZES_TAG, main=BUCKETS_TAG
         )
         buckets = (
             (*(part[BUCKETS_TAG] for part in parts), from_commits[BUCKETS_TAG])
@@ -866,7 +916,10 @@ class AggregateReleases(beam.PTransform):
         dead_letters = letters | "AllDeadLetters" >> beam.Flatten()
         crowd_records = [part[CROWD_RECORDS_TAG] for part in parts]
         records = crowd_records | "AllCrowdRecords" >> beam.Flatten()
-        return AggregateOutputs(buckets, dead_letters, counts, records, from_commits[STATED_TAG])
+        return AggregateOutputs(
+            buckets, dead_letters, counts, records, from_commits[STATED_TAG],
+            from_commits[SIZES_TAG],
+        )  # fmt: skip
 
 
 def _must_read_whole(checks: tuple[str, Iterable[tuple[bool, np.ndarray]]]) -> Iterator[str]:

@@ -18,11 +18,13 @@ never one element per crowd (pictures aside: at most a few dozen crowds) nor per
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import operator
+import pickle
 import typing
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -33,6 +35,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from privacy import accounting
 from transforms.analyzer import arithmetic
 from transforms.analyzer.aggregate import metrics_summary
 from transforms.analyzer.report_files import (
@@ -656,11 +659,27 @@ class EstimateBucket(beam.DoFn):
 
     def setup(self) -> None:
         self._estimator.setup()
+        self._given: object = None
+
+    def _remember(self, amplifications: list[bytes]) -> None:
+        """The privacy evaluations of the released crowd sizes (:class:`EvaluateCrowdSizes`),
+        given to this process's accounting once per list."""
+        if amplifications is self._given:
+            return
+        entries: dict = {}
+        for blob in amplifications:
+            entries.update(pickle.loads(blob))
+        accounting.remember_amplifications(entries)
+        self._given = amplifications
 
     def process(
-        self, element: tuple[arithmetic.AnalysisBucketKey, arithmetic.CrowdBucket | None]
+        self,
+        element: tuple[arithmetic.AnalysisBucketKey, arithmetic.CrowdBucket | None],
+        amplifications: list[bytes] | None = None,
     ) -> Iterator[Any]:
         unit, bucket = element
+        if amplifications is not None:
+            self._remember(amplifications)
         if bucket is None:
             return
         part = shard_of(unit, self._parts)
@@ -818,22 +837,76 @@ class EstimateOutputs(NamedTuple):
     pictures: beam.PCollection  # (report, Arrow table) of the crowds in config.pictured
 
 
+class EvaluateCrowdSizes(beam.DoFn):
+    """(respondents, recipe IDs) -> the ``amplify`` evaluations of the privacy reports of
+    crowds of that size of each recipe (``privacy.accounting.recorded_amplifications`` of
+    ``arithmetic.privacy_summary``), pickled.
+
+    A report's central guarantee takes tens of milliseconds per distinct crowd size (its root
+    searches); in :class:`EstimateBucket` every worker would evaluate every size its buckets
+    hold, and crowds of many sizes spread over every bucket, so more workers would not make it
+    shorter. Here each size is evaluated once, the sizes spread over the workers, and the
+    estimates read the evaluations as a side input. One size's recipes are evaluated together:
+    recipes of the same privacy parameters share their evaluations. A recipe the accounting
+    refuses at that size gives nothing: the report's own evaluation says why."""
+
+    def __init__(self, config: AnalysisConfig) -> None:
+        self._config = config
+
+    def process(self, size: tuple[int, Iterable[str]]) -> Iterator[bytes]:
+        respondents, recipe_ids = size
+        entries: dict = {}
+        for recipe_id in sorted(set(recipe_ids)):
+            recipe = self._config.book.get(recipe_id)
+            if recipe is None:
+                continue
+            weights = recipe.instance_weights
+            crowd = {instance: int(respondents) for instance in range(len(weights))}
+            try:
+                summary = functools.partial(
+                    arithmetic.privacy_summary, recipe, crowd, self._config.deletion
+                )
+                entries.update(accounting.recorded_amplifications(summary))
+            except (ValueError, ArithmeticError):
+                continue
+        if entries:
+            yield pickle.dumps(entries, pickle.HIGHEST_PROTOCOL)
+
+
 class EstimateBuckets(beam.PTransform):
     """(bucket key, CrowdBucket) -> :class:`EstimateOutputs` (batches for ``parts`` parts,
-    spilled to files under ``spill_dir`` when given: :class:`EstimateBucket`)."""
+    spilled to files under ``spill_dir`` when given: :class:`EstimateBucket`). With ``sizes``
+    (``(recipe ID, respondents)`` of the released crowds, ``AggregateOutputs.crowd_sizes``),
+    each distinct size's privacy is evaluated once first (:class:`EvaluateCrowdSizes`)."""
 
     def __init__(
-        self, config: AnalysisConfig, parts: int = 1, spill_dir: str | None = None
+        self,
+        config: AnalysisConfig,
+        parts: int = 1,
+        spill_dir: str | None = None,
+        sizes: beam.PCollection | None = None,
     ) -> None:
         super().__init__()
         self._config = config
         self._parts = int(parts)
         self._spill_dir = spill_dir
+        self._sizes = sizes
 
     def expand(self, buckets: beam.PCollection) -> EstimateOutputs:
         estimate = EstimateBucket(self._config, self._parts, spill_dir=self._spill_dir)
+        side_inputs = []
+        if self._sizes is not None:
+            evaluated = (
+                self._sizes
+                | "BySize" >> beam.Map(lambda size: (size[1], size[0]))
+                | "GroupSizes" >> beam.GroupByKey()
+                | "EvaluateSizes" >> beam.ParDo(EvaluateCrowdSizes(self._config))
+            )
+            side_inputs.append(beam.pvalue.AsList(evaluated))
         tags = (REPORT_TAG, NOTE_TAG, HISTOGRAM_TAG, LONGITUDINAL_TAG, PICTURE_TAG)
-        outputs = buckets | "Estimate" >> beam.ParDo(estimate).with_outputs(*tags, main="totals")
+        outputs = buckets | "Estimate" >> beam.ParDo(estimate, *side_inputs).with_outputs(
+            *tags, main="totals"
+        )
         return EstimateOutputs(outputs.totals, *(outputs[tag] for tag in tags))
 
 

@@ -227,3 +227,44 @@ def test_crowd_tables_in_groups_read_as_one_by_one(tmp_path, monkeypatch):
     write_avro(second, parsed_schema("released_crowd"), [])
     with pytest.raises(ValueError, match="SHA-256 differs"):
         pinned_crowd_table_group_records(groups[1])
+
+
+def test_released_sizes_are_the_released_crowds_recipes_and_counts(tmp_path):
+    """released_sizes gives each distinct (recipe, respondents released) of the released crowds
+    once, the same from a group's columns (TableCrowds) as from its crowds one by one; withheld
+    crowds and counts that are missing or below 1 are left out."""
+    from transforms.analyzer.aggregate import TableCrowds, released_sizes
+
+    (tmp_path / "crowds").mkdir()
+    files, expected = [], set()
+    for bucket in range(3):
+        table = tmp_path / "crowds" / f"0-u1-b{bucket:05d}.avro"
+        rows = []
+        for i in range(12):
+            released = i % 4 != 0
+            count = (3 + i % 5) if released and i != 7 else None
+            recipe = "grid@1" if i % 2 else "other@1"
+            rows.append({"window_start": 0, "window_end": 1000, "instance": 1, "channel": "grid",
+                         "recipe_id": recipe, "crowd_id": f"c{bucket}-{i:02d}",
+                         "status": "released" if released else "withheld",
+                         "respondents_released": count, "messages_released": i})  # fmt: skip
+            if released and count is not None:
+                expected.add((recipe, count))
+        write_avro(str(table), parsed_schema("released_crowd"), rows)
+        files.append({"path": f"crowds/{table.name}", "sha256": sha256_of(str(table))})
+    content = json.dumps({"files": files}).encode()
+    (tmp_path / "_COMMIT.json").write_bytes(content)
+    pinned = (1, str(tmp_path), hashlib.sha256(content).hexdigest())
+    group = [table for group in pinned_crowd_table_groups(pinned) for table in group]
+    read = pinned_crowd_table_group_records(group)
+    assert all(isinstance(pairs, TableCrowds) for _, pairs in read)
+    from_columns = set().union(*(released_sizes(pairs) for _, pairs in read))
+    one_by_one = set().union(*(released_sizes(list(pairs)) for _, pairs in read))
+    assert from_columns == one_by_one == expected
+    assert all(type(count) is int for _, count in from_columns)
+    assert released_sizes([]) == set()
+    assert released_sizes([(0, {"status": "released", "recipe_id": "r", "respondents_released": 0}),
+                           (0, {"status": "released", "recipe_id": "r", "respondents_released": True}),
+                           (0, {"status": "released", "recipe_id": None, "respondents_released": 4}),
+                           (0, {"status": "released", "recipe_id": "r", "respondents_released": 4})]
+                          ) == {("r", 4)}  # fmt: skip

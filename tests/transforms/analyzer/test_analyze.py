@@ -223,10 +223,11 @@ def test_aggregate_releases_adds_every_file_and_dead_letters_bad_records(release
         assert_that(balance, equal_to([(4, 3, False)]), label="counts")
 
 
-@pytest.mark.parametrize("spill", [False, True])
-def test_estimate_and_write_analysis(release_files, tmp_path, spill):
+@pytest.mark.parametrize(("spill", "sizes"), [(False, False), (True, False), (False, True)])
+def test_estimate_and_write_analysis(release_files, tmp_path, spill, sizes):
     """The same analysis whether the estimates' batches cross the groupings as bytes or are
-    spilled to files whose paths cross instead."""
+    spilled to files whose paths cross instead, and whether the crowd sizes' privacy is
+    evaluated before the estimates (``sizes``) or by them."""
     files, commits, _, true_counts = release_files
     spill_dir = str(tmp_path / "spilled") if spill else None
     truth_path = tmp_path / "truth.parquet"
@@ -241,7 +242,9 @@ def test_estimate_and_write_analysis(release_files, tmp_path, spill):
             pipeline | "Files" >> beam.Create(files),
             pipeline | "Commits" >> beam.Create(commits),
         ) | AggregateReleases(BOOK, {1}, read_crowds=_pairs)
-        estimates = aggregated.buckets | EstimateBuckets(config, spill_dir=spill_dir)
+        estimates = aggregated.buckets | EstimateBuckets(
+            config, spill_dir=spill_dir, sizes=aggregated.crowd_sizes if sizes else None
+        )
         _ = (estimates, aggregated.counts) | WriteAnalysis(str(output), config, {"test": True})
     if spill:  # a bucket's batches in one file, named by its key: the crowd's bucket (its
         # histogram rows and report) and the withheld crowd's, a day later (its note)
@@ -355,6 +358,40 @@ def test_json_lines_written_directly_equal_those_of_json_ready():
     for record in records:
         assert json_line(record) == json.dumps(json_ready(record), allow_nan=False)
     assert json.loads(json_line(records[2])) == {"nan": None, "arr": [1.0, None]}
+
+
+def test_crowd_sizes_are_evaluated_once_for_the_estimates(monkeypatch):
+    """EvaluateCrowdSizes gives, per size, the evaluations the reports of that size need (of
+    each of its recipes), so that a worker given them evaluates nothing; a recipe it does not
+    know, or a size the accounting refuses, gives nothing."""
+    import pickle
+
+    import privacy.accounting.solvers as solvers
+    from transforms.analyzer.analyze import EvaluateCrowdSizes
+
+    monkeypatch.setattr(solvers, "_AMPLIFIED", {})
+    monkeypatch.setattr(solvers, "_GIVEN", {})
+    recipe = BOOK.get("grid@1")
+    evaluate = EvaluateCrowdSizes(AnalysisConfig(BOOK, deletion={0: (0.5, 1e-9)}))
+    [blob] = evaluate.process((250, ["grid@1", "nope@1", "grid@1"]))
+    assert not list(evaluate.process((250, ["nope@1"])))
+    assert not list(evaluate.process((10**11, ["grid@1"])))  # more than the bounds accept
+    fresh = {
+        "both": arithmetic.privacy_summary(recipe, {0: 250, 1: 250}, {0: (0.5, 1e-9)}),
+        "one": arithmetic.privacy_summary(recipe, {1: 250}, None),
+    }
+    monkeypatch.setattr(solvers, "_AMPLIFIED", {})
+    solvers.remember_amplifications(pickle.loads(blob))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("evaluated again")
+
+    monkeypatch.setattr(solvers, "tight_bound", refuse)
+    monkeypatch.setattr(solvers, "central_epsilon", refuse)
+    assert arithmetic.privacy_summary(recipe, {0: 250, 1: 250}, {0: (0.5, 1e-9)}) == fresh["both"]
+    assert arithmetic.privacy_summary(recipe, {1: 250}, None) == fresh["one"]
+    with pytest.raises(AssertionError, match="evaluated again"):
+        arithmetic.privacy_summary(recipe, {0: 251, 1: 252}, None)
 
 
 def test_cached_privacy_reports_equal_fresh_ones_and_are_copies():

@@ -3,7 +3,6 @@ accuracy against a simulation's truth, and notes on withheld crowds."""
 
 from __future__ import annotations
 
-import functools
 import math
 import pickle
 from collections.abc import Iterable, Mapping
@@ -35,11 +34,6 @@ from transforms.analyzer.arithmetic.estimate import (
 
 THEOREM_3_2 = "shuffled_model_histograms_theorem_3_2"
 ALGORITHM_3 = "algorithm_3_deletion"
-
-# Many crowds of one recipe share their n (small crowds above all): each bound is a pure function
-# of its arguments and its result is frozen, so a worker computes it once per distinct argument
-# tuple (the tight bounds take ~0.1 s each, more than everything else a crowd costs).
-_randomizer_central = functools.lru_cache(maxsize=4096)(randomizer_central)
 
 
 def _finite_or_none(value: float) -> float | None:
@@ -132,7 +126,8 @@ def privacy_summary(
             )
     else:
         # One definition with the devices' Check 3 (privacy.accounting.randomizer_central).
-        guarantee, comparison = _randomizer_central(randomizer, n, delta)
+        # privacy.accounting.amplify keeps each evaluation (and takes those given to it)
+        guarantee, comparison = randomizer_central(randomizer, n, delta)
         central = guarantee.to_dict()
         without = None if comparison is None else comparison.to_dict()
         if isinstance(randomizer, LongitudinalClient):
