@@ -70,6 +70,10 @@ CHANNELS = 2
 WINDOWS = 10
 RESPONDENTS_PER_CROWD = 3
 ROWS_PER_FILE = 200_000
+# The crowds_sizes row: crowds of many sizes (crowd_sizes), in full mode (a tenth in quick).
+SIZES_CROWDS = 20_000
+SIZES_MEDIAN = 8
+SIZES_SIGMA = 1.2
 
 _STAGES = """
 import json, sys, time
@@ -125,14 +129,19 @@ def _recipes(directory: Path) -> list[str]:
     return paths
 
 
-def generate(directory: Path, crowds: int, seed: int = 0) -> list[str]:
-    """Report files of ``crowds`` crowds (channels x windows x crowd IDs), rows in random order."""
+def generate(
+    directory: Path, crowds: int, seed: int = 0, sizes: np.ndarray | None = None
+) -> list[str]:
+    """Report files of ``crowds`` crowds (channels x windows x crowd IDs), rows in random order;
+    :data:`RESPONDENTS_PER_CROWD` respondents each, or ``sizes[i]`` in crowd i."""
     directory.mkdir(parents=True, exist_ok=True)
     recipe_paths = _recipes(directory)
     recipes = [load_recipe(path) for path in recipe_paths]
     rng = np.random.default_rng(seed)
-    respondents = crowds * RESPONDENTS_PER_CROWD
-    crowd = np.arange(respondents) // RESPONDENTS_PER_CROWD
+    if sizes is None:
+        sizes = np.full(crowds, RESPONDENTS_PER_CROWD, dtype=np.int64)
+    crowd = np.repeat(np.arange(crowds), sizes)
+    respondents = crowd.size
     channel = crowd % CHANNELS
     window = (crowd // CHANNELS) % WINDOWS
     crowd_id = crowd // (CHANNELS * WINDOWS)
@@ -188,12 +197,17 @@ def _stage(stage: dict, engine: str) -> dict:
 
 
 def measure(
-    work: Path, crowds: int, engine: str = "fnapi", default_too: bool = False
+    work: Path,
+    crowds: int,
+    engine: str = "fnapi",
+    default_too: bool = False,
+    sizes: np.ndarray | None = None,
 ) -> dict[str, dict]:
-    """Generate, shuffle and analyze ``crowds`` crowds; each stage's child result (and with
-    ``default_too``, ``analyze_default``: the same analysis on the runner ``esa analyze`` picks
-    given no runner flags, run just after)."""
-    recipes = generate(work / "reports", crowds)
+    """Generate (``sizes``: respondents per crowd, :func:`generate`), shuffle and analyze
+    ``crowds`` crowds; each stage's child result (and with ``default_too``,
+    ``analyze_default``: the same analysis on the runner ``esa analyze`` picks given no runner
+    flags, run just after)."""
+    recipes = generate(work / "reports", crowds, sizes=sizes)
     shuffled = _stage(
         {"stage": "shuffle", "input": str(work / "reports" / "*.avro"),
          "output": str(work / "shuffled"), "recipes": recipes},
@@ -274,7 +288,51 @@ def run(quick: bool) -> list[dict]:
             }
         )
     rows.append(estimate_row(large))
+    rows.append(sizes_row(SIZES_CROWDS // (10 if quick else 1)))
     return rows
+
+
+def crowd_sizes(crowds: int, seed: int = 0) -> np.ndarray:
+    """Respondents per crowd as telemetry's crowds come (a few large, many small): lognormal with
+    median :data:`SIZES_MEDIAN` and sigma :data:`SIZES_SIGMA`, at least
+    :data:`RESPONDENTS_PER_CROWD`."""
+    rng = np.random.default_rng(seed)
+    drawn = np.round(rng.lognormal(np.log(SIZES_MEDIAN), SIZES_SIGMA, size=crowds))
+    return np.maximum(drawn, RESPONDENTS_PER_CROWD).astype(np.int64)
+
+
+def sizes_row(crowds: int) -> dict:
+    """``crowds_sizes`` crowds/s: ``esa analyze`` given no runner flags of ``crowds`` crowds of
+    many sizes (:func:`crowd_sizes`) against as many crowds of :data:`RESPONDENTS_PER_CROWD`
+    respondents each. Each distinct size's privacy report costs root searches of tens of
+    milliseconds (``privacy.accounting.amplify``), which the crowds of one size share: the row
+    shows what many sizes cost beside the messages they bring."""
+    sizes = crowd_sizes(crowds)
+    work = Path(tempfile.mkdtemp(prefix="bench-crowds-"))
+    try:
+        uniform = measure(work / "uniform", crowds, engine="default")["analyze"]
+        varied = measure(work / "sizes", crowds, engine="default", sizes=sizes)["analyze"]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    rate, uniform_rate = (r["crowds"] / r["seconds"] for r in (varied, uniform))
+    note = (
+        f"{varied['crowds']:,} crowds of {np.unique(sizes).size:,} distinct sizes "
+        f"({varied['records']:,} messages; lognormal, median {SIZES_MEDIAN}) in "
+        f"{varied['seconds']:.1f} s vs {uniform['crowds']:,} of {RESPONDENTS_PER_CROWD} "
+        f"respondents ({uniform['records']:,} messages) in {uniform['seconds']:.1f} s; esa "
+        f"analyze given no runner flags ({varied.get('workers', 1)} worker processes); "
+        "baseline: the crowds of one size"
+    )
+    if stages := describe(varied.get("stage_log")):
+        note += f"; {stages}"
+    return {
+        "benchmark": "crowds_sizes",
+        "metric": "crowds_per_s",
+        "value": rate,
+        "baseline": uniform_rate,
+        "ratio": rate / uniform_rate,
+        "note": note,
+    }
 
 
 def analyze_rate_row(default: dict, one: dict, tenth: dict) -> dict:

@@ -20,3 +20,41 @@ def test_the_rate_is_the_default_runs_and_the_baseline_one_process():
     assert slow["note"].endswith(": not met")
     single = analyze_rate_row({**default, "workers": 1}, one, tenth)
     assert "on 1 worker process (" in single["note"]
+
+
+def test_crowds_of_many_sizes_hold_as_many_respondents_as_drawn(tmp_path):
+    """crowd_sizes: fixed by its seed, none below the uniform crowds' size, many distinct; the
+    report files generate() writes of them hold crowd i's messages from sizes[i] respondents
+    (fewer origins where a respondent's randomized bits were all 0: about 1 in 10 here)."""
+    import collections
+
+    import fastavro
+
+    from benchmarks.bench_crowds import (
+        CHANNELS,
+        RESPONDENTS_PER_CROWD,
+        T0,
+        WINDOWS,
+        crowd_sizes,
+        generate,
+    )
+
+    sizes = crowd_sizes(400)
+    assert (sizes == crowd_sizes(400)).all() and sizes.min() >= RESPONDENTS_PER_CROWD
+    assert len(set(sizes.tolist())) > 40
+    generate(tmp_path, 60, sizes=sizes[:60])
+    origins = collections.defaultdict(set)
+    for path in sorted(tmp_path.glob("*.avro")):
+        with open(path, "rb") as handle:
+            for record in fastavro.reader(handle):
+                day = int(record["event_time"].timestamp()) // 86_400
+                key = (record["channel"], day, record["crowd_id"])
+                origins[key].add(record["origin"])
+    assert len(origins) == 60
+    t0_day = T0 // 86_400_000
+    seen = [
+        len(origins[(f"crowds{c % CHANNELS}", t0_day + (c // CHANNELS) % WINDOWS, f"c{c // (CHANNELS * WINDOWS):06d}")])
+        for c in range(60)
+    ]  # fmt: skip
+    assert all(0 < count <= size for count, size in zip(seen, sizes[:60].tolist(), strict=True))
+    assert sum(seen) >= 0.8 * sizes[:60].sum()
