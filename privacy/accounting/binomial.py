@@ -17,7 +17,7 @@ import numpy as np
 
 from privacy.accounting.special_functions import ufuncs
 
-__all__ = ["Binomial", "pmf", "cdf", "sf", "ppf", "isf", "around"]
+__all__ = ["Binomial", "pmf", "cdf", "sf", "ppf", "isf", "around", "valid_laws"]
 
 
 def _arrays(x, n, p) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -69,23 +69,35 @@ def sf(k, n, p) -> np.ndarray | float:
     return _result(out)
 
 
-def around(k: np.ndarray, n: np.ndarray, p) -> tuple[np.ndarray, np.ndarray]:
-    """(``pmf(k + [-1, 0, 1], n, p)`` stacked as 3 rows, ``sf(k, n, p)``): the same floats as
-    those four calls, in one pass of each ufunc. Where every k is an integer and every (n, p)
-    valid (the variation-ratio reduction's evaluations, ``variation_ratio``, tens of thousands
-    per crowd size) the rules above reduce to a mask, without the calls' general argument
-    handling (most of their time on the few hundred points such a call has); other arguments go
-    through the four calls themselves."""
-    k = np.asarray(k, dtype=np.float64)
+def valid_laws(n, p) -> bool:
+    """Whether every (n, p) is a binomial law: n a whole number >= 0, p in [0, 1]."""
     n = np.asarray(n, dtype=np.float64)
     p = np.asarray(p, dtype=np.float64)
-    points = np.stack((k - 1.0, k, k + 1.0))
-    if not (
-        (np.mod(k, 1.0) == 0.0).all()
-        and (np.mod(n, 1.0) == 0.0).all()
-        and (n >= 0.0).all()
-        and ((p >= 0.0) & (p <= 1.0)).all()
-    ):
+    return bool(
+        (np.mod(n, 1.0) == 0.0).all() and (n >= 0.0).all() and ((p >= 0.0) & (p <= 1.0)).all()
+    )
+
+
+def around(
+    k: np.ndarray,
+    n: np.ndarray,
+    p,
+    shifts: tuple[float, ...] = (-1.0, 0.0, 1.0),
+    *,
+    laws_valid: bool | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(``pmf(k + shift, n, p)`` for each of ``shifts``, stacked as rows, ``sf(k, n, p)``): the
+    same floats as those calls, in one pass of each ufunc. Where every k is an integer and every
+    (n, p) valid (the shuffle bounds' evaluations, ``variation_ratio`` and ``shuffle``, tens of
+    thousands per crowd size) the rules above reduce to a mask, without the calls' general
+    argument handling (most of their time on the few hundred points such a call has); other
+    arguments go through the calls themselves. ``laws_valid``: :func:`valid_laws` of (n, p)
+    when the caller knows it (checked here when None)."""
+    k = np.asarray(k, dtype=np.float64)
+    points = np.array([k if shift == 0.0 else k + shift for shift in shifts])
+    if laws_valid is None:
+        laws_valid = valid_laws(n, p)
+    if not (laws_valid and (np.mod(k, 1.0) == 0.0).all()):
         return np.asarray(pmf(points, n, p), dtype=np.float64), np.asarray(sf(k, n, p))
     functions = ufuncs()
     inside = (points >= 0.0) & (points <= n)

@@ -220,8 +220,7 @@ def _conditional_deltas(
     denominator = -math.expm1(epsilon - epsilon_local)
     gamma = denominator / (numerator + denominator)
     first = (clones + 2.0 - np.ceil((clones + 1.0) * gamma)).astype(np.int64)
-    point = binomial.pmf(first - 1, clones, 0.5)
-    above = binomial.sf(first - 1, clones, 0.5)
+    (point,), above = binomial.around(first - 1, clones, 0.5, (0.0,))
     positive = u * point
     negative = math.expm1(epsilon) * above
     return np.maximum(positive - negative, 0.0), positive + negative

@@ -40,8 +40,8 @@ from privacy.accounting.core import (
 from privacy.accounting.variation_ratio import (
     LARGEST_EPSILON,
     ReducedPair,
+    ShiftedBinomialPair,
     VariationRatio,
-    hockey_stick_shifted_binomial,
     variation_ratio_parameters,
 )
 
@@ -161,6 +161,11 @@ def binary_rr_pair_delta(epsilon_local: float, respondents: int, epsilon: float)
     eps0 = check_epsilon(epsilon_local, "epsilon_local")
     n = check_count(respondents, "respondents")
     eps = check_epsilon(epsilon, "epsilon", allow_zero=True)
+    return _larger_direction(_binary_rr_pair(eps0, n), eps)
+
+
+def _binary_rr_pair(eps0: float, n: int) -> ShiftedBinomialPair:
+    """Both directions of :func:`binary_rr_pair_delta`'s pair, as one pair of two elements."""
     import numpy as np
 
     flip = 1.0 / (1.0 + math.exp(eps0))
@@ -168,9 +173,13 @@ def binary_rr_pair_delta(epsilon_local: float, respondents: int, epsilon: float)
     # Count of ones K = Bin(n-1, flip) + victim bit (Bern(keep) for 1, Bern(flip) for 0). D(1||0)
     # directly; D(0||1) by x -> n - x, which maps K to Bin(n-1, keep) + the complement bit. Both
     # in one call (elementwise, so each is what a call of its own gives; half the time).
-    one_zero, _ = hockey_stick_shifted_binomial(
-        np.full(2, float(n - 1)), np.array([flip, keep]), np.full(2, keep), np.full(2, flip), eps
+    return ShiftedBinomialPair(
+        np.full(2, float(n - 1)), np.array([flip, keep]), np.full(2, keep), np.full(2, flip)
     )
+
+
+def _larger_direction(pair: ShiftedBinomialPair, eps: float) -> float:
+    one_zero, _ = pair.divergence(eps)
     return float(max(one_zero[0], one_zero[1]))
 
 
@@ -181,10 +190,12 @@ def binary_rr_pair_epsilon(
     still has delta(eps) > delta: the true central eps is at least this (0 if none)."""
     eps0 = check_epsilon(epsilon_local, "epsilon_local")
     d = check_delta(delta)
+    pair = _binary_rr_pair(eps0, check_count(respondents, "respondents"))  # made once
 
     def excess(eps: float) -> float:
         # 1e-9 relative headroom covers the rounding of scipy's binomial functions.
-        value = binary_rr_pair_delta(eps0, respondents, eps) * (1.0 - 1e-9)
+        eps = check_epsilon(eps, "epsilon", allow_zero=True)
+        value = _larger_direction(pair, eps) * (1.0 - 1e-9)
         return math.log(max(value, 1e-300)) - math.log(d)
 
     if excess(0.0) <= 0.0:

@@ -41,6 +41,7 @@ __all__ = [
     "variation_ratio_parameters",
     "ReducedPair",
     "hockey_stick_shifted_binomial",
+    "ShiftedBinomialPair",
     "MAX_RESPONDENTS",
 ]
 
@@ -158,31 +159,59 @@ def hockey_stick_shifted_binomial(
     computed k are tried as well (the divergence is the maximum over such sets), so rounding in
     k cannot make the value fall below the true divergence.
     """
-    c = np.asarray(clones, dtype=np.float64)
-    rho_a = np.broadcast_to(np.asarray(rho, dtype=np.float64), c.shape)
-    e = math.exp(epsilon)
-    num = e * (1.0 - low) - (1.0 - high)
-    den = high - e * low
-    live = (den > 0.0) & (c >= 0.0)
-    num_l, den_l = np.where(live, num, 1.0), np.where(live, den, 1.0)
-    gamma = rho_a * num_l / (rho_a * num_l + (1.0 - rho_a) * den_l)
-    first = np.floor((c + 1.0) * gamma) + 1.0
-    first = np.clip(first, 0.0, c + 1.0)
-    c_safe = np.maximum(c, 0.0)
-    # Pr[A = first-1] and Pr[A >= first]; for the neighbouring thresholds (term(x) = P(x) -
-    # e^eps Q(x) at x = first-1 and x = first) also Pr[A = first-2] and Pr[A = first].
-    (below, point, here), tail = binomial.around(first - 1.0, c_safe, rho_a)
-    value = den_l * point - math.expm1(epsilon) * tail
-    before_p = high * below + (1 - high) * point
-    before_q = e * (low * below + (1 - low) * point)
-    at_p = high * point + (1 - high) * here
-    at_q = e * (low * point + (1 - low) * here)
-    base = np.abs(den_l) * point + math.expm1(epsilon) * tail
-    options = np.stack([value, value + before_p - before_q, value - at_p + at_q])
-    sizes = np.stack([base, base + before_p + before_q, base + at_p + at_q])
-    best = np.argmax(options, axis=0)
-    value, magnitude = np.choose(best, options), np.choose(best, sizes)
-    return np.where(live, np.maximum(value, 0.0), 0.0), np.where(live, magnitude, 0.0)
+    return ShiftedBinomialPair(clones, rho, high, low).divergence(epsilon)
+
+
+class ShiftedBinomialPair:
+    """:func:`hockey_stick_shifted_binomial` of fixed (clones, rho, high, low) at any epsilon,
+    what does not depend on epsilon made once (a root search evaluates one pair tens of times):
+    the same floats, operation for operation."""
+
+    def __init__(
+        self, clones: np.ndarray, rho: float | np.ndarray, high: np.ndarray, low: np.ndarray
+    ) -> None:
+        c = np.asarray(clones, dtype=np.float64)
+        self.rho = np.broadcast_to(np.asarray(rho, dtype=np.float64), c.shape)
+        self.high, self.low = high, low
+        self.high_complement, self.low_complement = 1.0 - high, 1.0 - low
+        self.rho_complement = 1.0 - self.rho
+        self.slots = c + 1.0  # values A + Y may take
+        self.counted = c >= 0.0
+        self.trials = np.maximum(c, 0.0)
+        self.laws_valid = binomial.valid_laws(self.trials, self.rho)
+        self.columns = np.arange(c.size) if c.ndim == 1 else None  # of each point's options
+
+    def divergence(self, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
+        high, low = self.high, self.low
+        e = math.exp(epsilon)
+        num = e * self.low_complement - self.high_complement
+        den = high - e * low
+        live = (den > 0.0) & self.counted
+        num_l, den_l = np.where(live, num, 1.0), np.where(live, den, 1.0)
+        weighted = self.rho * num_l
+        gamma = weighted / (weighted + self.rho_complement * den_l)
+        first = np.floor(self.slots * gamma) + 1.0
+        first = np.clip(first, 0.0, self.slots)
+        # Pr[A = first-1] and Pr[A >= first]; for the neighbouring thresholds (term(x) = P(x) -
+        # e^eps Q(x) at x = first-1 and x = first) also Pr[A = first-2] and Pr[A = first].
+        (below, point, here), tail = binomial.around(
+            first - 1.0, self.trials, self.rho, laws_valid=self.laws_valid
+        )
+        grows = math.expm1(epsilon)
+        value = den_l * point - grows * tail
+        before_p = high * below + self.high_complement * point
+        before_q = e * (low * below + self.low_complement * point)
+        at_p = high * point + self.high_complement * here
+        at_q = e * (low * point + self.low_complement * here)
+        base = np.abs(den_l) * point + grows * tail
+        options = np.array([value, value + before_p - before_q, value - at_p + at_q])
+        sizes = np.array([base, base + before_p + before_q, base + at_p + at_q])
+        best = np.argmax(options, axis=0)
+        if self.columns is None:
+            value, magnitude = np.choose(best, options), np.choose(best, sizes)
+        else:
+            value, magnitude = options[best, self.columns], sizes[best, self.columns]
+        return np.where(live, np.maximum(value, 0.0), 0.0), np.where(live, magnitude, 0.0)
 
 
 class ReducedPair:
@@ -237,6 +266,8 @@ class ReducedPair:
         # Upper: fewest clones and largest lam of the block; lower: most clones, smallest lam.
         self.upper_args = (starts - 1.0, lam_end)
         self.lower_args = (ends - 1.0, lam_start)
+        self._upper_pairs = self._directions(self.upper_args)
+        self._lower_pairs = [] if self.exact else self._directions(self.lower_args)
 
     def _c_cdf(self, x: np.ndarray, clones) -> np.ndarray:
         return clones.cdf(x) if self.n > 1 else (np.asarray(x) >= 0).astype(np.float64)
@@ -268,26 +299,24 @@ class ReducedPair:
         lam = 1.0 / (1.0 + odds)
         return np.where(t <= 0, 0.0, np.where(t >= self.n, 1.0, lam))
 
-    def _directions(self, args: tuple[np.ndarray, np.ndarray], epsilon: float) -> list:
-        """Per direction (x0 vs x1, and x1 vs x0 when q0 != q1): the conditional divergences
-        D_t and the sizes of their terms."""
+    def _directions(self, args: tuple[np.ndarray, np.ndarray]) -> list[ShiftedBinomialPair]:
+        """Per direction (x0 vs x1, and x1 vs x0 when q0 != q1): the pair whose divergences
+        are the conditional D_t (:meth:`_sum` of an epsilon)."""
         clones, lam = args
         informative = 1.0 - self.w if self.w < 1.0 else 1.0
         pi0 = lam * self.a0 / informative + (1.0 - lam) * self.rho
         pi1 = lam * self.a1 / informative + (1.0 - lam) * self.rho
-        found = [hockey_stick_shifted_binomial(clones, self.rho, pi0, pi1, epsilon)]
+        found = [ShiftedBinomialPair(clones, self.rho, pi0, pi1)]
         if not self.symmetric:  # the other direction: x -> t - x swaps the roles
-            found.append(
-                hockey_stick_shifted_binomial(clones, 1.0 - self.rho, 1.0 - pi1, 1.0 - pi0, epsilon)
-            )
+            found.append(ShiftedBinomialPair(clones, 1.0 - self.rho, 1.0 - pi1, 1.0 - pi0))
         return found
 
-    def _sum(self, args: tuple[np.ndarray, np.ndarray], epsilon: float) -> tuple[float, float]:
+    def _sum(self, pairs: list[ShiftedBinomialPair], epsilon: float) -> tuple[float, float]:
         """The larger direction's sum over t of Pr[T in block] D, and its term size."""
-        sums = [
-            (float(self.masses @ value), float(self.masses @ size))
-            for value, size in self._directions(args, epsilon)
-        ]
+        sums = []
+        for pair in pairs:
+            value, size = pair.divergence(epsilon)
+            sums.append((float(self.masses @ value), float(self.masses @ size)))
         return max(sums)
 
     def delta(self, epsilon: float) -> tuple[float, float]:
@@ -297,11 +326,11 @@ class ReducedPair:
         at 700 is returned as the upper end (delta(eps) does not increase) and 0 as the lower."""
         if epsilon > 700.0:
             return 0.0, self.delta(700.0)[1]
-        upper, magnitude = self._sum(self.upper_args, epsilon)
+        upper, magnitude = self._sum(self._upper_pairs, epsilon)
         if self.exact:
             lower, low_mag = upper, magnitude
         else:
-            lower, low_mag = self._sum(self.lower_args, epsilon)
+            lower, low_mag = self._sum(self._lower_pairs, epsilon)
         upper += self.tail + ROUNDING * (magnitude + upper) + 1e-300
         lower -= ROUNDING * (low_mag + lower)
         return max(lower, 0.0), min(upper, 1.0)
