@@ -17,8 +17,13 @@ larger size given no runner flags, as a user runs it (target: :data:`ANALYZE_CRO
 one-process one, whose rate is the row's baseline (the memory rows stay one process's).
 ``crowds_estimate`` times the estimates alone (``EstimateBucket`` in this process, buckets of
 :data:`BUCKET_CROWDS` crowds of the same recipes): the histogram crowds of a recipe de-biased
-together as rows against the same buckets one crowd at a time (``crowd_at_a_time``). The
-``crowds_flink_*`` rows run the same stages on a standalone Flink cluster (``make engines``) at 10,000 vs 1,000 crowds in
+together as rows against the same buckets one crowd at a time (``crowd_at_a_time``).
+``crowds_sizes`` times ``esa analyze`` given no runner flags of :data:`SIZES_CROWDS` crowds
+whose respondents are drawn lognormal (:func:`crowd_sizes`: hundreds of distinct sizes, as
+telemetry's crowds come) against as many crowds of one size: each distinct size has a privacy
+report of its own to evaluate (root searches of milliseconds, once per size, spread over the
+workers: ``transforms.analyzer.analyze.EvaluateCrowdSizes``). The ``crowds_flink_*`` rows run
+the same stages on a standalone Flink cluster (``make engines``) at 10,000 vs 1,000 crowds in
 both modes, with the peak RSS of the Python process (driver and LOOPBACK worker), the
 TaskManager and the JobManager.
 
