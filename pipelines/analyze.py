@@ -683,8 +683,13 @@ def run(
     buckets = aggregated.buckets | "OnlyAgreeingBuckets" >> beam.Map(
         refuse_on_problems, checked, spill_dir
     )
+    # The crowd sizes' privacy is evaluated for agreeing releases only, like the rest: a
+    # refused release costs no evaluation.
+    sizes = aggregated.crowd_sizes | "OnlyAgreeingSizes" >> beam.Map(
+        refuse_on_problems, checked, spill_dir
+    )
     estimates = buckets | "EstimateBuckets" >> EstimateBuckets(
-        config, parts, spill_dir=spill_dir, sizes=aggregated.crowd_sizes
+        config, parts, spill_dir=spill_dir, sizes=sizes
     )
     letters = aggregated.dead_letters | "OnlyAgreeingDeadLetters" >> beam.Map(
         refuse_on_problems, checked, spill_dir

@@ -136,6 +136,31 @@ def test_a_refused_release_never_has_results_written(
     assert not [name for name in left if name.split("/")[0] in analyze.RESULT_NAMES], left
 
 
+def test_crowd_sizes_are_evaluated_for_agreeing_releases_only(
+    made: tuple[Path, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The crowd sizes' privacy evaluations (EvaluateCrowdSizes) wait for the count check too:
+    a refused release costs none, an accepted one evaluates its sizes (written to a file, so a
+    worker process's calls count as well)."""
+    from transforms.analyzer.analyze import EvaluateCrowdSizes
+
+    calls = tmp_path / "evaluated.txt"
+    process = EvaluateCrowdSizes.process
+
+    def recorded(self, size):
+        with open(calls, "a") as handle:
+            handle.write(f"{size[0]}\n")
+        return process(self, size)
+
+    monkeypatch.setattr(EvaluateCrowdSizes, "process", recorded)
+    copy, recipe = _edited_copy(made, tmp_path, _move)
+    assert _analyze(copy, recipe, tmp_path / "refused") == 2
+    assert not calls.exists()
+    release_dir, recipe = made
+    assert _analyze(release_dir, recipe, tmp_path / "accepted") == 0
+    assert calls.read_text().split()  # the sizes of its released crowds
+
+
 def test_files_are_counted_per_crowd_key(made: tuple[Path, str]) -> None:
     release_dir, _ = made
     [(table, files)] = release_stems(rel.verify_release(str(release_dir)))
