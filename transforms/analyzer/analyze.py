@@ -656,10 +656,10 @@ class EstimateBucket(beam.DoFn):
         self._spill_dir = spill_dir
         self._crowd_at_a_time = bool(crowd_at_a_time)
         self._estimator = CrowdEstimator(config)
+        self._given: object = None  # the list of evaluations last given (_remember)
 
     def setup(self) -> None:
         self._estimator.setup()
-        self._given: object = None
 
     def _remember(self, amplifications: list[bytes]) -> None:
         """The privacy evaluations of the released crowd sizes (:class:`EvaluateCrowdSizes`),
@@ -842,9 +842,10 @@ class EvaluateCrowdSizes(beam.DoFn):
     crowds of that size of each recipe (``privacy.accounting.recorded_amplifications`` of
     ``arithmetic.privacy_summary``), pickled.
 
-    A report's central guarantee takes tens of milliseconds per distinct crowd size (its root
-    searches); in :class:`EstimateBucket` every worker would evaluate every size its buckets
-    hold, and crowds of many sizes spread over every bucket, so more workers would not make it
+    A report's central guarantee costs milliseconds per distinct crowd size (its root searches:
+    about 17 ms for a one-hot recipe's two bounds at a few hundred respondents, more for large
+    crowds); in :class:`EstimateBucket` every worker would evaluate every size its buckets hold,
+    and crowds of many sizes spread over every bucket, so more workers would not make it
     shorter. Here each size is evaluated once, the sizes spread over the workers, and the
     estimates read the evaluations as a side input. One size's recipes are evaluated together:
     recipes of the same privacy parameters share their evaluations. A recipe the accounting
