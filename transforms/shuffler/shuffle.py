@@ -303,35 +303,40 @@ class Decide(beam.DoFn):
             respondents[row, columns] = unpack_ints(count.respondents)
             messages[columns] += unpack_ints(count.messages)
             np.maximum.at(min_crowd, columns, unpack_ints(count.min_crowd))
-        texts = sorted(position, key=lambda text: crowd_order(*crowd_of_text(text)))
+        names = {text: crowd_of_text(text) for text in position}  # each key parsed once
+        texts = sorted(position, key=lambda text: crowd_order(*names[text]))
         window_end = key[0] + self._config.window.period_ms
         deleted = np.zeros_like(respondents)
         released = np.zeros(crowds, dtype=bool)
         decisions = np.zeros((crowds, len(DRAFT_COLUMNS)), dtype=np.int64)
-        counts: dict[str, int] = {}
+        crowd_respondents = respondents.sum(axis=0)
+        withheld_messages = withheld_crowds = 0
         for index, text in enumerate(texts):
             column = position[text]
-            recipe_id = crowd_of_text(text)[1]
-            route = self._config.rules.routes.get(recipe_id)
+            route = self._config.rules.routes.get(names[text][1])
             threshold = decide.crowd_threshold(
                 self._config.crowd_threshold,
                 route.min_crowd_size if route else 0,
                 int(min_crowd[column]),
             )
-            crowd_respondents = respondents[:, column]
             decision = decide.decide_crowd(
-                int(crowd_respondents.sum()), threshold, self._config.deletion, self._source
+                int(crowd_respondents[column]), threshold, self._config.deletion, self._source
             )
             decisions[index] = draft_row(decision, int(messages[column]))
             if decision.status == decide.WITHHELD:
-                _count(counts, WITHHELD, int(messages[column]))
-                _count(counts, "crowds_withheld", 1)
+                withheld_messages += int(messages[column])
+                withheld_crowds += 1
                 continue
-            _count(counts, "crowds_released", 1)
             released[column] = True
-            deleted[:, column] = decide.split_deletions(
-                crowd_respondents, decision.respondents_deleted, self._source
-            )
+            if decision.respondents_deleted:  # none deleted: no draw, nothing to split
+                deleted[:, column] = decide.split_deletions(
+                    respondents[:, column], decision.respondents_deleted, self._source
+                )
+        # counted once per bucket (a Beam counter per crowd cost more than the decision)
+        counts: dict[str, int] = {}
+        _count(counts, WITHHELD, withheld_messages)
+        _count(counts, "crowds_withheld", withheld_crowds)
+        _count(counts, "crowds_released", crowds - withheld_crowds)
         yield beam.pvalue.TaggedOutput("counts", counts)
         # Enough slots for the largest release possible (every message kept); the group count
         # is chosen later from the released count, which the analyzer sees anyway.
