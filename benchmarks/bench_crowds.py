@@ -280,21 +280,26 @@ def run(quick: bool) -> list[dict]:
         note = (
             f"{big['seconds']:.1f} s vs {little['seconds']:.1f} s; baseline: a tenth of the crowds"
         )
-        if stages := describe(big.get("stage_log")):
-            note += f"; {stages}"
-        rows.append(
-            {
-                "benchmark": f"crowds_{stage}",
-                "metric": "crowds_per_s",
-                "value": big["crowds"] / big["seconds"],
-                "baseline": little["crowds"] / little["seconds"],
-                "ratio": (big["crowds"] / big["seconds"]) / (little["crowds"] / little["seconds"]),
-                "note": note,
-            }
-        )
+        rows.append(_rate_row(f"crowds_{stage}", big, little, note))
     rows.append(estimate_row(large))
     rows.append(sizes_row(SIZES_CROWDS // (10 if quick else 1)))
     return rows
+
+
+def _rate_row(benchmark: str, run: dict, baseline: dict, note: str, tail: str = "") -> dict:
+    """A crowds/s row: ``run``'s crowds over its seconds against ``baseline``'s, the note
+    followed by ``run``'s slowest stages and ``tail``."""
+    rate, baseline_rate = (r["crowds"] / r["seconds"] for r in (run, baseline))
+    if stages := describe(run.get("stage_log")):
+        note += f"; {stages}"
+    return {
+        "benchmark": benchmark,
+        "metric": "crowds_per_s",
+        "value": rate,
+        "baseline": baseline_rate,
+        "ratio": rate / baseline_rate,
+        "note": note + tail,
+    }
 
 
 def crowd_sizes(crowds: int, seed: int = 0) -> np.ndarray:
@@ -309,9 +314,10 @@ def crowd_sizes(crowds: int, seed: int = 0) -> np.ndarray:
 def sizes_row(crowds: int) -> dict:
     """``crowds_sizes`` crowds/s: ``esa analyze`` given no runner flags of ``crowds`` crowds of
     many sizes (:func:`crowd_sizes`) against as many crowds of :data:`RESPONDENTS_PER_CROWD`
-    respondents each. Each distinct size's privacy report costs root searches of tens of
-    milliseconds (``privacy.accounting.amplify``), which the crowds of one size share: the row
-    shows what many sizes cost beside the messages they bring."""
+    respondents each. Each distinct size's privacy report costs root searches of milliseconds
+    (``privacy.accounting.amplify``, evaluated once per size: ``EvaluateCrowdSizes``), which the
+    crowds of one size share: the row shows what many sizes cost beside the messages they
+    bring."""
     sizes = crowd_sizes(crowds)
     work = Path(tempfile.mkdtemp(prefix="bench-crowds-"))
     try:
@@ -319,7 +325,6 @@ def sizes_row(crowds: int) -> dict:
         varied = measure(work / "sizes", crowds, engine="default", sizes=sizes)["analyze"]
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    rate, uniform_rate = (r["crowds"] / r["seconds"] for r in (varied, uniform))
     note = (
         f"{varied['crowds']:,} crowds of {np.unique(sizes).size:,} distinct sizes "
         f"({varied['records']:,} messages; lognormal, median {SIZES_MEDIAN}) in "
@@ -328,16 +333,7 @@ def sizes_row(crowds: int) -> dict:
         f"analyze given no runner flags ({varied.get('workers', 1)} worker processes); "
         "baseline: the crowds of one size"
     )
-    if stages := describe(varied.get("stage_log")):
-        note += f"; {stages}"
-    return {
-        "benchmark": "crowds_sizes",
-        "metric": "crowds_per_s",
-        "value": rate,
-        "baseline": uniform_rate,
-        "ratio": rate / uniform_rate,
-        "note": note,
-    }
+    return _rate_row("crowds_sizes", varied, uniform, note)
 
 
 def analyze_rate_row(default: dict, one: dict, tenth: dict) -> dict:
@@ -346,7 +342,6 @@ def analyze_rate_row(default: dict, one: dict, tenth: dict) -> dict:
     per CPU) against the same analysis in one process (``one``, FnApiRunner, whose peak RSS
     the memory rows give), with the one process's seconds at a tenth of the crowds."""
     rate = default["crowds"] / default["seconds"]
-    one_rate = one["crowds"] / one["seconds"]
     workers = default.get("workers", 1)
     note = (
         f"{default['seconds']:.1f} s on {workers} worker process{'es' if workers > 1 else ''} "
@@ -354,19 +349,10 @@ def analyze_rate_row(default: dict, one: dict, tenth: dict) -> dict:
         f"(FnApiRunner; {tenth['seconds']:.1f} s at a tenth of the crowds); baseline: one "
         "process"
     )
-    if stages := describe(default.get("stage_log")):
-        note += f"; {stages}"
-    note += f"; target >= {ANALYZE_CROWDS_PER_S:,} crowds/s at 100,000 crowds (full mode)"
+    target = f"; target >= {ANALYZE_CROWDS_PER_S:,} crowds/s at 100,000 crowds (full mode)"
     if default["crowds"] >= 90_000:
-        note += ": met" if rate >= ANALYZE_CROWDS_PER_S else ": not met"
-    return {
-        "benchmark": "crowds_analyze",
-        "metric": "crowds_per_s",
-        "value": rate,
-        "baseline": one_rate,
-        "ratio": rate / one_rate,
-        "note": note,
-    }
+        target += ": met" if rate >= ANALYZE_CROWDS_PER_S else ": not met"
+    return _rate_row("crowds_analyze", default, one, note, target)
 
 
 def _estimate_buckets(recipe_paths: list[str], crowds: int, seed: int = 0) -> list:
