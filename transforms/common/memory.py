@@ -32,13 +32,17 @@ import pyarrow as pa
 
 @functools.cache
 def _malloc_trim() -> Any:
-    """glibc's ``malloc_trim``, or None where the C library has none (musl, macOS, Windows)."""
-    name = ctypes.util.find_library("c")
+    """glibc's ``malloc_trim``, or None where the C library has none (musl, macOS, Windows).
+    Looked up among the symbols the interpreter already has loaded (its C library's) before
+    by name: ``ctypes.util.find_library`` runs ``ldconfig -p`` in a subprocess, a fork of a
+    worker of hundreds of megabytes on every worker's first batch."""
     try:
-        library = ctypes.CDLL(name)
-        trim = library.malloc_trim
-    except (OSError, AttributeError, TypeError):
-        return None
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        try:
+            trim = ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim
+        except (OSError, AttributeError, TypeError):
+            return None
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int
     return trim

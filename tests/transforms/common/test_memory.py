@@ -91,3 +91,24 @@ def test_resident_bytes_reads_this_process():
 def test_the_real_release_runs():
     releaser = memory.MemoryReleaser()
     assert releaser() is True  # the first call always releases
+
+
+@pytest.mark.skipif(
+    not __import__("sys").platform.startswith("linux"), reason="glibc's malloc_trim"
+)
+def test_malloc_trim_is_found_without_a_subprocess(monkeypatch):
+    """glibc's malloc_trim is found among the symbols already loaded: no ``ldconfig -p`` (a
+    fork of the worker) on a worker's first batch; releasing still works."""
+    import subprocess
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"a subprocess was started: {args[:1]}")
+
+    monkeypatch.setattr(subprocess, "Popen", refuse)
+    memory._malloc_trim.cache_clear()
+    try:
+        trim = memory._malloc_trim()
+        assert trim is not None and trim(0) in (0, 1)
+        memory.release_freed_memory()
+    finally:
+        memory._malloc_trim.cache_clear()
