@@ -79,6 +79,7 @@ from pathlib import Path
 from typing import Any
 
 import apache_beam as beam
+import pyarrow as pa
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import (
@@ -157,6 +158,9 @@ SPREAD_MIN_MESSAGES = 1_000_000
 # worker's share saves).
 CROWDS_PER_WORKER = 10_000
 MAX_WORKER_PROCESSES = 16
+# The crowd tables' picture candidates are found this many crowds at a time (at most about this
+# many crowd rows wait in the driver).
+PICTURE_BATCH_ROWS = 1 << 16
 RANGES_PER_WORKER = 8  # file ranges per worker at least, when spread over processes
 _INSTANCE_DIR = re.compile(r"instance=(\d+)$")
 _UNCOMPRESSED = CompressionTypes.UNCOMPRESSED
@@ -287,11 +291,13 @@ class ReleaseSelection:
         self._rows: dict[Any, int] = {}
         self._crowds: dict[Any, int] = {}
         self._units: dict[tuple, int] = {}
+        self._waiting: list[CrowdColumns] = []  # tables whose picture candidates are not found
+        self._waiting_rows = 0
 
     def add(self, instance: Any, crowds: Sequence[Mapping[str, Any]]) -> None:
         """One crowd table's rows of release ``instance``: counted per recipe, window and
-        status (a table holds a few of those), then added per group; the pictured crowd keys
-        alone are looked at crowd by crowd."""
+        status (a table holds a few of those), then added per group; of the crowds that may be
+        pictured, only the few ``pictures.picture_candidates`` finds are looked at one by one."""
         self._crowds[instance] = self._crowds.get(instance, 0) + len(crowds)
         if isinstance(crowds, CrowdColumns):  # counted by Arrow, no dict per crowd
             groups: Counter = Counter()
@@ -325,10 +331,40 @@ class ReleaseSelection:
             self._rows[instance] = self._rows.get(instance, 0) + self._sizes[recipe.id] * count
         if not self.pictures_wanted:
             return
+        if isinstance(crowds, CrowdColumns):  # a batch of tables at a time: Arrow's calls
+            self._waiting.append(crowds)  # cost about as much on a table as on many
+            self._waiting_rows += len(crowds)
+            if self._waiting_rows >= PICTURE_BATCH_ROWS:
+                self._add_waiting()
+            return
+        self._add_crowds(crowds)
+
+    def _add_crowds(self, crowds: Sequence[Mapping[str, Any]]) -> None:
+        """Every released crowd of a known recipe, one by one, to the pictured crowds."""
         for crowd in crowds:
             recipe = self.book.get(crowd["recipe_id"])
             if crowd["status"] == "released" and recipe is not None:
                 self._pictured.add(arithmetic.crowd_key(recipe, crowd))
+
+    def _add_waiting(self) -> None:
+        """The waiting tables' candidates (``pictures.picture_candidates``) to the pictured
+        crowds; crowd by crowd where Arrow cannot find them."""
+        waiting, self._waiting, self._waiting_rows = self._waiting, [], 0
+        if not waiting:
+            return
+        try:
+            table = pa.concat_tables(
+                [pa.table(crowds.table) for crowds in waiting]
+            ).combine_chunks()
+            keys = pictures.picture_candidates(table, self.book, self._pictured.limit)
+        except (pa.ArrowInvalid, pa.ArrowTypeError):  # tables of different schemas
+            keys = None
+        if keys is None:
+            for crowds in waiting:
+                self._add_crowds(crowds)
+            return
+        for key in keys:
+            self._pictured.add(key)
 
     def unit_crowds(self) -> int:
         """The most crowds (released or withheld) one instance holds in one analysis unit: the
@@ -338,6 +374,7 @@ class ReleaseSelection:
 
     def result(self) -> tuple[frozenset, int, int]:
         """(pictured crowd keys, histogram rows, crowds)."""
+        self._add_waiting()
         return (
             self._pictured.chosen() if self.pictures_wanted else frozenset(),
             max(self._rows.values(), default=0),

@@ -55,3 +55,81 @@ def test_pictured_crowds_are_the_first_in_order_streamed_with_repeats():
         for kind in ("histogram", "longitudinal"):
             expected |= set(sorted({k for k in keys if k[0] == kind}, key=order)[:limit])
         assert pictures.pictured_crowds(iter(stream), limit) == expected
+
+
+def _crowd_rows(rng, recipes, rows: int, repeats: int) -> list[dict]:
+    """Crowd-table rows of ``recipes`` (and of a recipe no book holds), released or withheld,
+    with channels and crowd IDs that order differently as code points and as UTF-16 (``"é"``,
+    ``"😀"``, ``"ｚ"``), null and empty crowd IDs, and each crowd in ``repeats`` windows."""
+    texts = ["a", "Z", "é", "😀", "ｚ", "a😀", "aé", ""]
+    day = 86_400_000
+    out = []
+    for index in range(rows):
+        recipe = recipes[int(rng.integers(0, len(recipes)))]
+        recipe_id = recipe.id if index % 11 else "no_such_recipe@1"
+        crowd = (
+            None
+            if index % 13 == 0
+            else texts[int(rng.integers(0, len(texts)))] + str(int(rng.integers(0, 5)))
+        )
+        channel = texts[int(rng.integers(0, len(texts)))]
+        status = "withheld" if index % 5 == 0 else "released"
+        for window in range(repeats):
+            start = 1_704_067_200_000 + (index % 3 + window) * day
+            out.append({"window_start_ms": start, "window_end_ms": start + day, "instance": 0,
+                        "channel": channel, "recipe_id": recipe_id, "crowd_id": crowd,
+                        "status": status, "respondents_released": 9, "messages_released": 9})  # fmt: skip
+    return out
+
+
+def test_picture_candidates_hold_the_crowds_chosen_one_by_one():
+    """Given the candidates Arrow finds in crowd tables, PicturedCrowds chooses what it does
+    given every released crowd of a known recipe: over strings whose code-point order is not
+    their UTF-16 one, null and empty crowd IDs, withheld crowds and unknown recipes, crowds
+    repeated over windows (longitudinal ones share a key: the selection must then fall back
+    to a grouping) and tables of either kind alone."""
+    import pyarrow as pa
+
+    from schemas.recipes import load_recipe
+    from transforms.analyzer import arithmetic
+
+    histogram, longitudinal = load_recipe("small_one_hot_rappor"), load_recipe("small_longitudinal")
+    book = arithmetic.RecipeBook([histogram, longitudinal])
+    rng = seeded_generator(21)
+    for recipes, rows, repeats in (
+        ([histogram, longitudinal], 400, 1),
+        ([histogram, longitudinal], 200, 8),
+        ([longitudinal], 300, 12),
+        ([histogram], 50, 1),
+    ):
+        crowds = _crowd_rows(rng, recipes, rows, repeats)
+        for limit in (0, 1, 5, 24):
+            one_by_one = pictures.PicturedCrowds(limit)
+            for crowd in crowds:
+                recipe = book.get(crowd["recipe_id"])
+                if crowd["status"] == "released" and recipe is not None:
+                    one_by_one.add(arithmetic.crowd_key(recipe, crowd))
+            keys = pictures.picture_candidates(pa.Table.from_pylist(crowds), book, limit)
+            assert keys is not None and len(keys) <= 2 * pictures.CANDIDATE_ROWS_PER_CROWD * limit
+            assert pictures.pictured_crowds(keys, limit) == one_by_one.chosen()
+
+
+def test_picture_candidates_leave_to_the_caller_what_arrow_cannot_order():
+    """A null channel or recipe, or a longitudinal window whose length overflows: None (the
+    caller looks at each crowd)."""
+    import pyarrow as pa
+
+    from schemas.recipes import load_recipe
+    from transforms.analyzer import arithmetic
+
+    longitudinal = load_recipe("small_longitudinal")
+    book = arithmetic.RecipeBook([longitudinal])
+    row = {"window_start_ms": 0, "window_end_ms": 86_400_000, "instance": 0, "channel": "c",
+           "recipe_id": longitudinal.id, "crowd_id": "x", "status": "released",
+           "respondents_released": 9, "messages_released": 9}  # fmt: skip
+    assert pictures.picture_candidates(pa.Table.from_pylist([row]), book) == [
+        (arithmetic.LONGITUDINAL, 0, 86_400_000, "c", longitudinal.id, "x")
+    ]
+    for changed in ({"channel": None}, {"recipe_id": None},
+                    {"window_start_ms": -(1 << 63), "window_end_ms": (1 << 63) - 1}):  # fmt: skip
+        assert pictures.picture_candidates(pa.Table.from_pylist([{**row, **changed}]), book) is None

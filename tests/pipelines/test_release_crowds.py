@@ -257,6 +257,46 @@ def test_the_analyzer_sizes_its_buckets_by_the_largest_unit_not_by_all_crowds(
     assert selection.unit_crowds() == 3_000
 
 
+@pytest.mark.parametrize("batch_rows", [1, 700, 1 << 16])
+def test_the_pictured_crowds_of_columns_are_those_of_crowd_dicts(
+    batch_rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ReleaseSelection: tables given as the verifying pass's columns (their picture
+    candidates found by Arrow a batch of tables at a time) get the pictures tables of crowd
+    dicts (each crowd looked at) get, whatever the batch's size."""
+    import pyarrow as pa
+
+    from pipelines import analyze as analyze_pipeline
+    from schemas.recipes import load_recipe
+    from schemas.release.crowd_tables import CrowdColumns
+    from transforms.analyzer import arithmetic
+
+    monkeypatch.setattr(analyze_pipeline, "PICTURE_BATCH_ROWS", batch_rows)
+    one_hot, tree = load_recipe("small_one_hot_rappor"), load_recipe("small_longitudinal")
+    book = arithmetic.RecipeBook([one_hot, tree])
+    day = 86_400_000
+    tables = []
+    for instance in (0, 1):
+        for window in range(6):
+            start = rf.T0 + window * day
+            tables.append((instance, [
+                {"window_start_ms": start, "window_end_ms": start + day, "instance": instance,
+                 "channel": recipe.channel, "recipe_id": recipe.id,
+                 "crowd_id": None if i == 0 else f"c{(i * 7919 + window) % 997}",
+                 "status": "withheld" if i % 4 == 3 else "released",
+                 "respondents_released": 9, "messages_released": 9}
+                for recipe in (one_hot, tree) for i in range(150)
+            ]))  # fmt: skip
+    by_dicts = analyze_pipeline.ReleaseSelection(book)
+    by_columns = analyze_pipeline.ReleaseSelection(book)
+    for instance, rows in tables:
+        by_dicts.add(instance, rows)
+        by_columns.add(instance, CrowdColumns(pa.Table.from_pylist(rows)))
+    chosen = by_dicts.result()
+    assert len(chosen[0]) == 2 * 24
+    assert by_columns.result() == chosen
+
+
 @pytest.mark.parametrize("pending_rows", [2, 1 << 12])
 def test_the_columnar_count_check_agrees_with_the_crowd_by_crowd_one(
     pending_rows: int, monkeypatch: pytest.MonkeyPatch
