@@ -71,5 +71,5 @@ setup(
             "pandas",
         ],
     },
-    entry_points={"console_scripts": ["esa=pipelines.commandline.main:main"]},
+    entry_points={"console_scripts": ["esa=pipelines.commandline.main:entry"]},
 )

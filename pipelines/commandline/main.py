@@ -11,9 +11,12 @@ handler.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import importlib
+import os
 import sys
+import threading
 from typing import Any, NoReturn
 
 # command -> module under pipelines/ that registers it. Only the module of the command being run is
@@ -250,5 +253,26 @@ def _output_paths(args: argparse.Namespace) -> list[tuple[str, str]]:
     return outputs
 
 
+def entry() -> NoReturn:
+    """``esa`` (the console script, and ``python -m pipelines.commandline.main``): :func:`main`
+    in this process, which then ends with its exit status without the interpreter's teardown.
+    A pipeline command leaves Beam, gRPC, Arrow and its results' objects behind, which Python
+    tears down object by object at exit: 0.33-0.41 s (three runs; 0.02-0.03 s now) from the
+    return of ``esa analyze`` of 99,518 crowds on 2 cores to the end of its process. What exit
+    must still do is done first: the threads that are not daemons are waited for, then the
+    ``atexit`` functions (logging's flush, ``weakref.finalize``'s clean-ups) run and the
+    standard streams are flushed. An exception (a bug, argparse's exit) leaves the ordinary
+    way."""
+    status = main()
+    for thread in threading.enumerate():  # as at exit: threads that are not daemons finish
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()  # then what sys.exit would run, in the same order
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing more to say
+            stream.flush()
+    os._exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
