@@ -15,6 +15,8 @@ larger size given no runner flags, as a user runs it (target: :data:`ANALYZE_CRO
 100,000 crowds, full mode): from 20,000 crowds it spreads them over worker processes
 (``pipelines/analyze.py: worker_processes``), so this third analysis runs just after the
 one-process one, whose rate is the row's baseline (the memory rows stay one process's).
+``crowds_command`` times ``esa analyze`` at the larger size as a user runs it, in a fresh
+process with its pictures, report and summary table, against that third analysis.
 ``crowds_estimate`` times the estimates alone (``EstimateBucket`` in this process, buckets of
 :data:`BUCKET_CROWDS` crowds of the same recipes): the histogram crowds of a recipe de-biased
 together as rows against the same buckets one crowd at a time (``crowd_at_a_time``).
@@ -44,6 +46,7 @@ from __future__ import annotations
 import json
 import pickle
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -226,7 +229,46 @@ def measure(
     if default_too:
         output = str(work / "analysis-default")
         results["analyze_default"] = _stage({**analysis, "output": output}, "default")
+        results["analyze_command"] = analyze_command(
+            work / "shuffled", work / "analysis-command", recipes
+        )
     return results
+
+
+def analyze_command(release: Path, output: Path, recipes: list[str]) -> dict:
+    """``esa analyze`` as a user runs it, given no flags but its input, output and recipes:
+    a fresh process (imports, the verifying pass, the analysis, the pictures, report.html,
+    the summary table, the process's end), timed from outside; the pictures it drew."""
+    command = [sys.executable, "-m", "pipelines.commandline.main", "analyze",
+               "--input", str(release), "--output", str(output)]  # fmt: skip
+    for recipe in recipes:
+        command += ["--recipe", recipe]
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"esa analyze failed ({done.returncode}): {done.stderr[-2000:]}")
+    return {"seconds": seconds, "pictures": len(list((output / "pictures").glob("*.png")))}
+
+
+def command_row(command: dict, default: dict) -> dict:
+    """``crowds_command`` seconds: :func:`analyze_command` against the same analysis run
+    given no runner flags inside a process that had imported everything, without pictures
+    (``default``, the ``crowds_analyze`` row's run): what the command adds around it."""
+    note = (
+        f"esa analyze of {default['crowds']:,} crowds as a user runs it (a fresh process, "
+        f"{command['pictures']} pictures, report.html, the summary table) in "
+        f"{command['seconds']:.1f} s against {default['seconds']:.1f} s for the analysis alone "
+        "(no pictures, imports done; baseline)"
+    )
+    return {
+        "benchmark": "crowds_command",
+        "metric": "wall_s",
+        "value": command["seconds"],
+        "baseline": default["seconds"],
+        "ratio": command["seconds"] / default["seconds"],
+        "note": note,
+    }
 
 
 def kb_per_crowd(big: dict, little: dict) -> float:
@@ -275,7 +317,9 @@ def run(quick: bool) -> list[dict]:
             }
         )
         if stage == "analyze":
-            rows.append(analyze_rate_row(results[large]["analyze_default"], big, little))
+            default = results[large]["analyze_default"]
+            rows.append(analyze_rate_row(default, big, little))
+            rows.append(command_row(results[large]["analyze_command"], default))
             continue
         note = (
             f"{big['seconds']:.1f} s vs {little['seconds']:.1f} s; baseline: a tenth of the crowds"

@@ -58,3 +58,32 @@ def test_crowds_of_many_sizes_hold_as_many_respondents_as_drawn(tmp_path):
     ]  # fmt: skip
     assert all(0 < count <= size for count, size in zip(seen, sizes[:60].tolist(), strict=True))
     assert sum(seen) >= 0.8 * sizes[:60].sum()
+
+
+def test_the_command_row_is_the_commands_seconds_against_the_analysis_alone():
+    from benchmarks.bench_crowds import command_row
+
+    row = command_row({"seconds": 6.0, "pictures": 24}, {"crowds": 99_518, "seconds": 3.0})
+    assert (row["benchmark"], row["metric"]) == ("crowds_command", "wall_s")
+    assert (row["value"], row["baseline"], row["ratio"]) == (6.0, 3.0, 2.0)
+    assert "99,518 crowds" in row["note"] and "24 pictures" in row["note"]
+
+
+def test_the_command_is_timed_as_a_user_runs_it(tmp_path):
+    """analyze_command: esa analyze in a fresh process over a release, with its pictures; a
+    refused one raises with its error line."""
+    from benchmarks import bench_crowds
+    from benchmarks.bench_crowds import analyze_command
+
+    recipes = bench_crowds.generate(tmp_path / "reports", 40)
+    shuffled = bench_crowds._stage(
+        {"stage": "shuffle", "input": str(tmp_path / "reports" / "*.avro"),
+         "output": str(tmp_path / "shuffled"), "recipes": recipes},
+        "fnapi",
+    )  # fmt: skip
+    assert shuffled["adds_up"]
+    done = analyze_command(tmp_path / "shuffled", tmp_path / "analysis", recipes)
+    assert done["seconds"] > 0 and done["pictures"] > 0
+    assert (tmp_path / "analysis" / "report.html").is_file()
+    with pytest.raises(RuntimeError, match="no_such_dir"):
+        analyze_command(tmp_path / "no_such_dir", tmp_path / "other", recipes)
