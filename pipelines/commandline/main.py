@@ -259,15 +259,20 @@ def entry() -> NoReturn:
     A pipeline command leaves Beam, gRPC, Arrow and its results' objects behind, which Python
     tears down object by object at exit: 0.33-0.41 s (three runs; 0.02-0.03 s now) from the
     return of ``esa analyze`` of 99,518 crowds on 2 cores to the end of its process. What exit
-    must still do is done first: the threads that are not daemons are waited for, then the
-    ``atexit`` functions (logging's flush, ``weakref.finalize``'s clean-ups) run and the
-    standard streams are flushed. An exception (a bug, argparse's exit) leaves the ordinary
+    must still do is done first, in exit's order: threading's exit hooks (an executor never
+    shut down tells its idle workers to stop) and the joining of every thread that is not a
+    daemon, then the ``atexit`` functions (logging's flush, ``weakref.finalize``'s clean-ups),
+    then the standard streams' flush. An exception (a bug, argparse's exit) leaves the ordinary
     way."""
     status = main()
-    for thread in threading.enumerate():  # as at exit: threads that are not daemons finish
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
-    atexit._run_exitfuncs()  # then what sys.exit would run, in the same order
+    shutdown = getattr(threading, "_shutdown", None)  # what the interpreter calls at exit:
+    if shutdown is not None:  # threading's own exit hooks (an executor's idle workers are
+        shutdown()  # told to stop), then every thread that is not a daemon joined
+    else:
+        for thread in threading.enumerate():
+            if thread is not threading.current_thread() and not thread.daemon:
+                thread.join()
+    atexit._run_exitfuncs()  # then the atexit functions, in the same order as at exit
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing more to say
             stream.flush()

@@ -1,6 +1,7 @@
 """pipelines/commandline/main.py: ``entry``, the ``esa`` process, ends without the interpreter's
 teardown, yet with what exit does: its status, every line written (to a pipe, block-buffered),
-the threads that are not daemons finished and the ``atexit`` functions run."""
+the threads that are not daemons finished (an executor never shut down told to stop, as at exit)
+and the ``atexit`` functions run."""
 
 from __future__ import annotations
 
@@ -24,6 +25,9 @@ def late():
     time.sleep(0.2)
     print("thread finished")
 threading.Thread(target=late).start()
+import concurrent.futures
+idle = concurrent.futures.ThreadPoolExecutor(1)  # never shut down: its worker waits for work
+idle.submit(int).result()
 sys.argv = ["esa", *sys.argv[1:]]
 main.entry()
 print("never printed")
@@ -32,7 +36,7 @@ print("never printed")
 
 def _esa(*argv: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-c", _COMMAND, *argv], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", _COMMAND, *argv], capture_output=True, text=True, timeout=60
     )
 
 
