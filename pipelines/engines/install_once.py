@@ -1,7 +1,8 @@
 """Installing a change to Beam at most once per process.
 
 The modules here that patch Beam (``busy_bundles.py``, ``dofn_specs.py``,
-``pickle_compression.py``, ``process_workers.py``, ``state_sampling.py``, ``worker_shutdown.py``; and the benchmarks' ``stage_log.py``) are called
+``pickle_compression.py``, ``process_workers.py``, ``state_sampling.py``, ``worker_shutdown.py``,
+``yield_checks.py``; and the benchmarks' ``stage_log.py``) are called
 from every pipeline's options (``with_default_runner``) and from ``esa run``'s fork server:
 :func:`install_once` makes their install functions run once, under a lock, and return what the
 first call returned (whether the change fits the installed Beam and is in place) to every later
