@@ -204,6 +204,21 @@ def _stage(stage: dict, engine: str) -> dict:
     return result
 
 
+def shuffled_release(
+    work: Path, crowds: int, engine: str = "fnapi", sizes: np.ndarray | None = None
+) -> tuple[list[str], dict]:
+    """Report files of ``crowds`` crowds under ``work/reports`` (:func:`generate`), shuffled on
+    ``engine`` (:func:`_stage`) into ``work/shuffled``: the recipes' paths and the shuffle's
+    child result."""
+    recipes = generate(work / "reports", crowds, sizes=sizes)
+    shuffled = _stage(
+        {"stage": "shuffle", "input": str(work / "reports" / "*.avro"),
+         "output": str(work / "shuffled"), "recipes": recipes},
+        engine,
+    )  # fmt: skip
+    return recipes, shuffled
+
+
 def measure(
     work: Path,
     crowds: int,
@@ -215,12 +230,7 @@ def measure(
     ``crowds`` crowds; each stage's child result (and with ``default_too``,
     ``analyze_default``: the same analysis on the runner ``esa analyze`` picks given no runner
     flags, run just after)."""
-    recipes = generate(work / "reports", crowds, sizes=sizes)
-    shuffled = _stage(
-        {"stage": "shuffle", "input": str(work / "reports" / "*.avro"),
-         "output": str(work / "shuffled"), "recipes": recipes},
-        engine,
-    )  # fmt: skip
+    recipes, shuffled = shuffled_release(work, crowds, engine, sizes)
     analysis = {"stage": "analyze", "input": str(work / "shuffled"), "recipes": recipes}
     results = {
         "shuffle": shuffled,

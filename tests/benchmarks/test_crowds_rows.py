@@ -75,12 +75,7 @@ def test_the_command_is_timed_as_a_user_runs_it(tmp_path):
     from benchmarks import bench_crowds
     from benchmarks.bench_crowds import analyze_command
 
-    recipes = bench_crowds.generate(tmp_path / "reports", 40)
-    shuffled = bench_crowds._stage(
-        {"stage": "shuffle", "input": str(tmp_path / "reports" / "*.avro"),
-         "output": str(tmp_path / "shuffled"), "recipes": recipes},
-        "fnapi",
-    )  # fmt: skip
+    recipes, shuffled = bench_crowds.shuffled_release(tmp_path, 40)
     assert shuffled["adds_up"]
     done = analyze_command(tmp_path / "shuffled", tmp_path / "analysis", recipes)
     assert done["seconds"] > 0 and done["pictures"] > 0

@@ -58,15 +58,9 @@ def _analyze(
 
 def _release(tmp_path: Path) -> tuple[Path, list[str]]:
     """bench_crowds' CROWDS crowds, shuffled (FnApiRunner)."""
-    recipes = bench_crowds.generate(tmp_path / "reports", CROWDS)
-    release = tmp_path / "shuffled"
-    shuffled = bench_crowds._stage(
-        {"stage": "shuffle", "input": str(tmp_path / "reports" / "*.avro"),
-         "output": str(release), "recipes": recipes},
-        "fnapi",
-    )  # fmt: skip
+    recipes, shuffled = bench_crowds.shuffled_release(tmp_path, CROWDS)
     assert shuffled["adds_up"] and shuffled["crowds"] > 0.9 * CROWDS
-    return release, recipes
+    return tmp_path / "shuffled", recipes
 
 
 def _files(directory: Path) -> dict[str, bytes]:
