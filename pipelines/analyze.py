@@ -353,9 +353,7 @@ class ReleaseSelection:
         if not waiting:
             return
         try:
-            table = pa.concat_tables(
-                [pa.table(crowds.table) for crowds in waiting]
-            ).combine_chunks()
+            table = pa.concat_tables([pa.table(crowds.table) for crowds in waiting])
             keys = pictures.picture_candidates(table, self.book, self._pictured.limit)
         except (pa.ArrowInvalid, pa.ArrowTypeError):  # tables of different schemas
             keys = None

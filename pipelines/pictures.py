@@ -370,21 +370,21 @@ def _first_rows(ordered: pa.Table, limit: int) -> pa.Table:
 
 
 def picture_candidates(
-    crowds: pa.Table | pa.RecordBatch, book: RecipeBook, limit: int = MAX_PICTURED_CROWDS
+    table: pa.Table, book: RecipeBook, limit: int = MAX_PICTURED_CROWDS
 ) -> list[tuple] | None:
-    """The keys (``arithmetic.crowd_key``) of a crowd table's released crowds of recipes in
-    ``book`` that :class:`PicturedCrowds` may choose: per kind, the table's ``limit`` first
-    distinct keys in its order, found by Arrow (:func:`_first_rows`; strings compare by their
-    UTF-8 bytes, code point order, as Python's do). The first
-    ``limit`` keys over many tables are among each table's own first ``limit``, so the driver
-    looks at a few dozen crowds per table, not at each (0.18 s of Python for 100,000 crowds).
-    None where the columns do not allow it (a null channel or recipe, a window whose length
-    overflows): the caller then looks at each crowd."""
-    if limit <= 0 or not crowds.num_rows:
+    """The keys (``arithmetic.crowd_key``) of the released crowds of recipes in ``book`` in
+    ``table`` (crowd tables' rows, as ``crowd_tables.CrowdColumns`` holds them) that
+    :class:`PicturedCrowds` may choose: per kind, the table's ``limit`` first distinct keys in
+    its order, found by Arrow (:func:`_first_rows`; strings compare by their UTF-8 bytes, code
+    point order, as Python's do). The first ``limit`` keys over many tables are among each
+    table's own first ``limit``, so the driver looks at a few dozen crowds per batch of tables,
+    not at each (0.18 s of Python for 100,000 crowds). None where the columns do not allow it
+    (a null channel or recipe, a window whose length overflows): the caller then looks at each
+    crowd."""
+    if limit <= 0 or not table.num_rows:
         return []
-    if crowds.column("channel").null_count or crowds.column("recipe_id").null_count:
+    if table.column("channel").null_count or table.column("recipe_id").null_count:
         return None
-    table = crowds if isinstance(crowds, pa.Table) else pa.Table.from_batches([crowds])
     recipe_ids = table.column("recipe_id")
     kinds: dict[bool, list[str]] = {False: [], True: []}
     for recipe_id in pc.unique(recipe_ids).to_pylist():

@@ -863,10 +863,10 @@ class EvaluateCrowdSizes(beam.DoFn):
                 continue
             weights = recipe.instance_weights
             crowd = {instance: int(respondents) for instance in range(len(weights))}
+            summary = functools.partial(
+                arithmetic.privacy_summary, recipe, crowd, self._config.deletion
+            )
             try:
-                summary = functools.partial(
-                    arithmetic.privacy_summary, recipe, crowd, self._config.deletion
-                )
                 entries.update(accounting.recorded_amplifications(summary))
             except (ValueError, ArithmeticError):
                 continue
