@@ -29,6 +29,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
+import tempfile
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -58,6 +60,8 @@ ENGINES = ("fnapi", "prism", "flink", "flink_cluster")
 # The JVM property that tells the assembled Flink job server (flink_job_server/) that the cluster
 # already holds its jars, so that its jobs stage none of them.
 CLUSTER_HOLDS_JARS = "esa.flink.clusterHoldsJobServerJars"
+# The JVM property of its temporary directory (Flink's io.tmp.dirs defaults to it).
+JAVA_TEMP_PROPERTY = "java.io.tmpdir"
 
 
 def engines_dir() -> Path:
@@ -163,7 +167,8 @@ def one_job_server(flags: Sequence[str]) -> Iterator[list[str]]:
     simulate -> shuffle x K -> analyze run kept K + 2 of them alive, busy, at once. With FlinkRunner
     flags this starts the job server once, yields the same flags submitting through
     ``PortableRunner`` to it (``--job_endpoint``; LOOPBACK workers for an embedded cluster, as
-    FlinkRunner does), and stops it on leaving. Other runners' flags are yielded unchanged.
+    FlinkRunner does), and stops it on leaving, removing the JVM's temporary directory (one of
+    its own unless its flags name one). Other runners' flags are yielded unchanged.
     """
     flags = list(flags)
     options = PipelineOptions(flags)
@@ -176,9 +181,23 @@ def one_job_server(flags: Sequence[str]) -> Iterator[list[str]]:
     job_server = options.view_as(JobServerOptions)
     job_server.job_port = job_server.job_port or free_port()
     endpoint = f"localhost:{job_server.job_port}"
+    properties = list(job_server.job_server_jvm_properties or [])
+    java_temp = None
+    if not any(p.startswith(f"-D{JAVA_TEMP_PROPERTY}=") for p in properties):
+        # The JVM's temporary files (an embedded cluster unpacks its RPC system there, a 21 MB
+        # flink-rpc-akka*.jar, and keeps a minicluster_* directory) in a directory of this
+        # server's own, removed when it stops: when Flink did not get to remove its own first,
+        # they used to stay in the system's temporary directory.
+        java_temp = tempfile.mkdtemp(prefix="esa-flink-job-server-")
+        job_server.job_server_jvm_properties = [*properties, f"-D{JAVA_TEMP_PROPERTY}={java_temp}"]
     server = FlinkJarJobServer(options)
     forked_workers.grpc_in_use()  # its readiness check opens a channel in this process
-    server.start()  # returns once the job service answers at the endpoint
+    try:
+        server.start()  # returns once the job service answers at the endpoint
+    except BaseException:
+        if java_temp is not None:
+            shutil.rmtree(java_temp, ignore_errors=True)
+        raise
     try:
         shared = [*_without_runner(flags), "--runner=PortableRunner", f"--job_endpoint={endpoint}"]
         if (
@@ -188,7 +207,11 @@ def one_job_server(flags: Sequence[str]) -> Iterator[list[str]]:
             shared.append("--environment_type=LOOPBACK")
         yield shared
     finally:
-        server.stop()
+        try:
+            server.stop()
+        finally:
+            if java_temp is not None:
+                shutil.rmtree(java_temp, ignore_errors=True)
 
 
 # The LOOPBACK worker's data-plane reader thread (apache_beam/runners/worker/data_plane.py) and the
