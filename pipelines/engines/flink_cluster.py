@@ -56,16 +56,17 @@ PRESTAGED_JAR_PREFIX = "esa-prestaged-job-server-"
 JOB_MANAGER_MAIN = "org.apache.flink.runtime.entrypoint.StandaloneSessionClusterEntrypoint"
 TASK_MANAGER_MAIN = "org.apache.flink.runtime.taskexecutor.TaskManagerRunner"
 BASH_JAVA_UTILS = "org.apache.flink.runtime.util.bash.BashJavaUtils"
-# The TaskManager's memory without the slots' gRPC buffers (MB), and the direct memory each task
-# slot gets for them (Flink's task off-heap memory, 0 by default): Beam's runner streams a
+# The TaskManager's task heap and managed memory (MB: what a 3 GB TaskManager had by Flink's
+# defaults), and the direct memory each task slot gets on top for its gRPC streams to SDK workers
+# (Flink's task off-heap memory, 0 by default; the process's size follows): Beam's runner streams a
 # bundle's elements to its SDK worker in messages of up to about 1 MB and asks whether the stream
 # can take more only every 100 messages (DirectStreamObserver), so an SDK worker that reads more
-# slowly than its task sends (a slow step, a loaded machine) holds up to ~100 MB of direct buffers
-# per slot, more where an element is larger than a message (a shuffle's batches of reports cross
-# Flink between ReadReportFile and SpillBatch, whose side input starts a stage there). Without
-# this they came out of the framework's own 128 MB: two slots' workers ran the TaskManager out of
-# direct memory ("OutOfMemoryError: Direct buffer memory", then "call is closed") and the job
-# failed, about one 2-slot shuffle of 1.9 M messages in six on 2 loaded cores, and every time
+# slowly than its task sends (a slow step, a loaded machine) leaves up to ~100 MB of direct buffers
+# queued per slot, more where an element is larger than a message (a shuffle's batches of reports
+# cross Flink between ReadReportFile and SpillBatch, whose side input starts a stage there).
+# Without this they came out of the framework's own 128 MB: two slots' workers ran the TaskManager
+# out of direct memory ("OutOfMemoryError: Direct buffer memory", then "call is closed") and the
+# job failed, about one 2-slot shuffle of 1.9 M messages in six on 2 loaded cores, and every time
 # with a step slower than its input (tests/engines/test_flink_memory.py).
 TASK_HEAP_MB = 768
 MANAGED_MB = 1024
@@ -192,8 +193,6 @@ class FlinkCluster:
             "taskmanager.host": "localhost",
             "taskmanager.bind-host": "localhost",
             "taskmanager.numberOfTaskSlots": self.slots,
-            # Heap and managed memory as a 3 GB process had them by default, the slots' gRPC
-            # buffers on top (the process's size follows from the parts).
             "taskmanager.memory.task.heap.size": f"{TASK_HEAP_MB}m",
             "taskmanager.memory.managed.size": f"{MANAGED_MB}m",
             "taskmanager.memory.task.off-heap.size": f"{grpc_off_heap_mb}m",

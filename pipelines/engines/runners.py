@@ -194,24 +194,21 @@ def one_job_server(flags: Sequence[str]) -> Iterator[list[str]]:
     forked_workers.grpc_in_use()  # its readiness check opens a channel in this process
     try:
         server.start()  # returns once the job service answers at the endpoint
-    except BaseException:
+        try:
+            shared = [
+                *_without_runner(flags), "--runner=PortableRunner", f"--job_endpoint={endpoint}"
+            ]  # fmt: skip
+            if (
+                flink.flink_master in MAGIC_HOST_NAMES
+                and not options.view_as(PortableOptions).environment_type
+            ):
+                shared.append("--environment_type=LOOPBACK")
+            yield shared
+        finally:
+            server.stop()
+    finally:  # after the JVM has stopped, or failed to start
         if java_temp is not None:
             shutil.rmtree(java_temp, ignore_errors=True)
-        raise
-    try:
-        shared = [*_without_runner(flags), "--runner=PortableRunner", f"--job_endpoint={endpoint}"]
-        if (
-            flink.flink_master in MAGIC_HOST_NAMES
-            and not options.view_as(PortableOptions).environment_type
-        ):
-            shared.append("--environment_type=LOOPBACK")
-        yield shared
-    finally:
-        try:
-            server.stop()
-        finally:
-            if java_temp is not None:
-                shutil.rmtree(java_temp, ignore_errors=True)
 
 
 # The LOOPBACK worker's data-plane reader thread (apache_beam/runners/worker/data_plane.py) and the
